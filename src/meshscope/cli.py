@@ -1,0 +1,215 @@
+"""The ``meshscope`` command line.
+
+Stable interface (design brief): with ``--json`` stdout carries exactly one JSON document; progress,
+logs and worker output go to stderr. Bad input is one line on stderr, exit code 2, nothing written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from . import experiments
+from .errors import UsageError
+from .mesh import DEFAULT_ORDER, Layout
+
+OVERRIDES = {
+    # flag: (dest, type, help)
+    "--world": ("world", int, "number of ranks"),
+    "--tp": ("tp", int, "tensor-parallel size"),
+    "--cp": ("cp", int, "context-parallel size"),
+    "--dp": ("dp", int, "data-parallel size"),
+    "--pp": ("pp", int, "pipeline-parallel size (stages)"),
+    "--ep": ("ep", int, "expert-parallel size"),
+    "--etp": ("etp", int, "expert tensor-parallel size"),
+    "--batch": ("batch", int, "global batch (rows)"),
+    "--hidden": ("hidden", int, "model dim D"),
+    "--ffn": ("ffn", int, "hidden dim H of the MLP"),
+    "--microbatches": ("microbatches", int, "pipeline microbatches M"),
+    "--schedule": ("schedule", str, "pipeline schedule: gpipe | 1f1b"),
+    "--semantics": ("semantics", str, "TP gradient semantics: summed-loss | replicated-loss"),
+    "--routing": ("routing", str, "MoE routing: balanced | skewed | learned"),
+    "--skew": ("skew", str, "MoE skew ratio, e.g. 7:1"),
+    "--topk": ("topk", int, "router top-k"),
+    "--capacity-factor": ("capacity_factor", float, "expert capacity factor"),
+    "--experts": ("experts", int, "number of experts"),
+    "--steps": ("steps", int, "training steps"),
+}
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, as every other bad input
+        raise UsageError(message)
+
+
+def _add_overrides(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("overrides (where they apply to the experiment)")
+    for flag, (dest, typ, help_) in OVERRIDES.items():
+        g.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
+    g.add_argument("--input-grad", dest="input_grad", action=argparse.BooleanOptionalAction, default=None,
+                   help="whether the model input requires grad")
+
+
+def _overrides(args) -> dict:
+    dests = [d for d, _, _ in OVERRIDES.values()] + ["input_grad"]
+    return {d: getattr(args, d) for d in dests if getattr(args, d, None) is not None}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="meshscope", description="Predict, run, verify and explain the communication of N-D parallel training.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    lay = sub.add_parser("layout", help="rank coordinates and process groups of a layout")
+    lay.add_argument("--world", type=int, required=True)
+    for axis in ("tp", "cp", "pp", "ep", "etp"):
+        lay.add_argument(f"--{axis}", type=int, default=1)
+    lay.add_argument("--order", default=DEFAULT_ORDER, help="axis order, leftmost fastest (default %(default)s)")
+    lay.add_argument("--json", action="store_true")
+
+    pred = sub.add_parser("predict", help="the collectives every rank must issue per step")
+    pred.add_argument("experiment")
+    _add_overrides(pred)
+    pred.add_argument("--json", action="store_true")
+
+    run = sub.add_parser("run", help="run an experiment on torch.distributed, capture and verify it")
+    run.add_argument("experiment")
+    _add_overrides(run)
+    run.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    run.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may take (default %(default)s)")
+    run.add_argument("--out", type=Path, default=None, help="run directory (default runs/<experiment>-<time>)")
+    run.add_argument("--json", action="store_true")
+
+    sub.add_parser("list", help="the named experiments")
+    return p
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        return COMMANDS[args.command](args)
+    except UsageError as exc:
+        print(f"meshscope: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("meshscope: interrupted", file=sys.stderr)
+        return 130
+
+
+# -- commands ------------------------------------------------------------------------------------
+def cmd_layout(args) -> int:
+    layout = Layout(args.world, tp=args.tp, cp=args.cp, ep=args.ep, etp=args.etp, pp=args.pp, order=args.order)
+    if args.json:
+        print(json.dumps(layout.to_json()))
+        return 0
+    from .report import print_layout
+
+    print_layout(layout)
+    return 0
+
+
+def cmd_list(args) -> int:
+    for name in experiments.names():
+        print(f"{name:16s} {experiments.get(name).description}")
+    return 0
+
+
+def cmd_predict(args) -> int:
+    exp = experiments.get(args.experiment)
+    cfg = exp.config(_overrides(args))
+    events = exp.predict(cfg)
+    from .events import counts
+
+    world = exp.layout(cfg).world
+    doc = {"experiment": exp.name, "config": _asdict(cfg),
+           "per_rank": [{"rank": r, "counts": counts(e for e in events if e.rank == r),
+                         "events": [e.to_json() for e in events if e.rank == r]} for r in range(world)]}
+    if args.json:
+        print(json.dumps(doc))
+        return 0
+    from .report import print_prediction
+
+    print_prediction(exp, cfg, events)
+    return 0
+
+
+def cmd_run(args) -> int:
+    exp = experiments.get(args.experiment)
+    cfg = exp.config(_overrides(args))
+    layout = exp.layout(cfg)
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout {args.timeout} must be positive")
+    spec = {"backend": args.backend, "timeout": args.timeout,
+            "experiments": [{"name": exp.name, "overrides": _overrides(args)}]}
+    from .launch import in_torchrun
+
+    if in_torchrun():
+        return _run_as_rank(args, spec)
+    _check_backend(args.backend, layout.world)
+    run_dir = args.out or Path("runs") / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    result = launch_spec(run_dir, spec, layout.world, args.timeout)
+    if result is None:
+        return 1
+    if args.json:
+        print(json.dumps(result))
+    else:
+        from .report import print_result
+
+        print_result(result, run_dir)
+    return 0 if result["passed"] else 1
+
+
+def launch_spec(run_dir: Path, spec: dict, world: int, timeout: float) -> dict | None:
+    """Write the spec, launch the ranks, return rank 0's result (None after printing why it failed)."""
+    from .launch import launch
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "spec.json").write_text(json.dumps(spec, indent=1))
+    outcome = launch(run_dir, world, timeout, on_progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
+    if outcome.returncode != 0 or not (run_dir / "result.json").exists():
+        print(f"meshscope: run failed: {outcome.error or 'no result written'} (logs: {run_dir})", file=sys.stderr)
+        return None
+    return json.loads((run_dir / "result.json").read_text())
+
+
+def _run_as_rank(args, spec) -> int:
+    """Inside a user's torchrun job: this process is one rank; rank 0 prints the result."""
+    from .runtime import RankContext
+    from .worker import run_spec
+
+    run_dir = args.out or Path("runs") / f"{args.experiment}-{os.environ.get('TORCHELASTIC_RUN_ID', 'torchrun')}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ctx = RankContext.start(spec["backend"], spec["timeout"], run_dir)
+    try:
+        results = run_spec(ctx, spec)
+    finally:
+        ctx.close()
+    if results is None:
+        return 0
+    print(json.dumps(results[0]) if args.json else json.dumps(results[0], indent=1))
+    return 0 if results[0]["passed"] else 1
+
+
+def _check_backend(backend: str, world: int) -> None:
+    if backend == "nccl":
+        import torch
+
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if n < world:
+            raise UsageError(f"--backend nccl needs {world} GPUs (one per rank); this machine has {n}")
+
+
+def _asdict(cfg) -> dict:
+    from dataclasses import asdict
+
+    return asdict(cfg)
+
+
+COMMANDS = {"layout": cmd_layout, "predict": cmd_predict, "run": cmd_run, "list": cmd_list}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""CommEvent: the one record type shared by the predictor and the capture, and the ledger diff.
+
+Payload is always *logical* bytes: ``bytes_in`` is what the caller hands to the collective and
+``bytes_out`` what it gets back on this rank. The seed ("乘 dtype 字节并区分 input/output bytes") insists
+these are neither the same figure (an all-gather takes 128 KiB in and gives 256 KiB out) nor wire bytes
+on NVLink or the NIC.
+
+Ordering: NCCL and gloo order collectives per communicator, so a ledger is compared per rank and per
+group, event by event, in issue order (``seq`` counts per rank and group). Order across different
+groups is not part of the contract.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import asdict, dataclass, fields
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast", "barrier")
+PHASES = ("forward", "backward", "optimizer")
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int8": 1, "uint8": 1}
+
+
+@dataclass(frozen=True)
+class CommEvent:
+    """One collective or point-to-point call, as issued by one rank."""
+
+    rank: int
+    """Global rank that issued the call."""
+    seq: int
+    """Position of this call among this rank's calls on the same group (0-based)."""
+    op: str
+    """One of `OPS`."""
+    axis: str
+    """Mesh axis name of the group (``tp``, ``dp``, ``ep``...; ``world`` for the default group)."""
+    group: tuple[int, ...]
+    """Global ranks of the group, ascending."""
+    phase: str
+    """``forward``, ``backward`` (issued inside the autograd engine) or ``optimizer``."""
+    dtype: str
+    bytes_in: int
+    """Logical input bytes on this rank."""
+    bytes_out: int
+    """Logical output bytes on this rank."""
+    region: str = ""
+    """User label of the code region (layer name), empty if none."""
+    microbatch: int | None = None
+    input_splits: tuple[int, ...] | None = None
+    """all_to_all: rows sent to each group member, in group order."""
+    output_splits: tuple[int, ...] | None = None
+    """all_to_all: rows received from each group member, in group order."""
+    peer: int | None = None
+    """send/recv: the global rank on the other end."""
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        for key in ("group", "input_splits", "output_splits"):
+            if out[key] is not None:
+                out[key] = list(out[key])
+        return out
+
+    @classmethod
+    def from_json(cls, d: dict) -> "CommEvent":
+        d = dict(d)
+        for key in ("group", "input_splits", "output_splits"):
+            if d.get(key) is not None:
+                d[key] = tuple(d[key])
+        return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
+
+
+COMPARED_FIELDS = ("op", "axis", "group", "phase", "dtype", "bytes_in", "bytes_out", "region", "microbatch",
+                   "input_splits", "output_splits", "peer")
+"""Fields a captured event must share with its predicted twin (rank and seq are the match key)."""
+
+
+def payload_bytes(op: str, numel_in: int, group_size: int, elem_bytes: int) -> tuple[int, int]:
+    """Logical (bytes_in, bytes_out) of an even collective whose input holds `numel_in` elements.
+
+    all_gather multiplies by the group size, reduce_scatter divides by it (and must divide evenly),
+    all_reduce, all_to_all (even splits) and broadcast keep the size.
+    """
+    b = numel_in * elem_bytes
+    if op == "all_gather":
+        return b, b * group_size
+    if op == "reduce_scatter":
+        if numel_in % group_size:
+            raise ValueError(f"reduce_scatter input of {numel_in} elements does not split over {group_size} ranks")
+        return b, b // group_size
+    if op == "send":
+        return b, 0
+    if op == "recv":
+        return 0, b
+    if op == "barrier":
+        return 0, 0
+    return b, b
+
+
+def by_group(events) -> dict[tuple[int, str, tuple[int, ...]], list[CommEvent]]:
+    """Events keyed by (rank, axis, group ranks), each list in seq order."""
+    out: dict = defaultdict(list)
+    for e in sorted(events, key=lambda e: (e.rank, e.axis, e.group, e.seq)):
+        out[(e.rank, e.axis, e.group)].append(e)
+    return dict(out)
+
+
+def counts(events) -> dict[str, int]:
+    """Number of events per op, in `OPS` order, only ops that occur."""
+    c = Counter(e.op for e in events)
+    return {op: c[op] for op in OPS if c[op]}
+
+
+def diff(predicted, captured, limit: int = 10) -> list[str]:
+    """Differences between two ledgers, event by event per rank and group; empty when they match.
+
+    Each line names the rank, the group, the seq and the first differing fields, so that a mismatch
+    points at the first divergent call rather than at a count.
+    """
+    p, c = by_group(predicted), by_group(captured)
+    problems: list[str] = []
+    for key in sorted(set(p) | set(c)):
+        rank, axis, group = key
+        pl, cl = p.get(key, []), c.get(key, [])
+        where = f"rank {rank} {axis}{list(group)}"
+        for i in range(max(len(pl), len(cl))):
+            if i >= len(pl):
+                problems.append(f"{where} #{i}: captured {_brief(cl[i])} that was not predicted")
+            elif i >= len(cl):
+                problems.append(f"{where} #{i}: predicted {_brief(pl[i])} was not issued")
+            else:
+                bad = [f for f in COMPARED_FIELDS if getattr(pl[i], f) != getattr(cl[i], f)]
+                if bad:
+                    detail = ", ".join(f"{f} predicted {getattr(pl[i], f)!r} captured {getattr(cl[i], f)!r}" for f in bad)
+                    problems.append(f"{where} #{i} {pl[i].op}: {detail}")
+            if len(problems) >= limit:
+                return problems
+    return problems
+
+
+def _brief(e: CommEvent) -> str:
+    extra = f" peer {e.peer}" if e.peer is not None else ""
+    return f"{e.op} {e.phase} {e.bytes_in}->{e.bytes_out} B{extra}"
+
+
+def human_bytes(n: int) -> str:
+    """1024-based size as the seed writes it: 64 KiB, 1 MiB."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            v = n / scale
+            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.1f} {unit}"
+    return f"{n} B"

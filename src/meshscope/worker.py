@@ -1,0 +1,70 @@
+"""One rank of a run: ``python -m meshscope.worker RUN_DIR`` (started by torchrun).
+
+Reads ``RUN_DIR/spec.json`` (written by the CLI before launch), runs each experiment in it, gathers
+every rank's output to rank 0, which verifies and writes ``result.json``. A rank that fails writes
+``errors/rank<R>.json`` (time, error, traceback) before exiting non-zero, so the launcher can name the
+first failing rank.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+from pathlib import Path
+
+from . import experiments
+from .runtime import RankContext
+from .verify import build_result
+
+
+def write_json(path: Path, doc) -> None:
+    """Write atomically: a reader never sees half a file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(doc, indent=1))
+    tmp.replace(path)
+
+
+def run_spec(ctx: RankContext, spec: dict) -> list[dict] | None:
+    """Run every experiment of the spec; rank 0 returns their results."""
+    results = []
+    for i, item in enumerate(spec["experiments"]):
+        exp = experiments.get(item["name"])
+        cfg = exp.config(item.get("overrides", {}))
+        ctx.progress(f"{exp.name} ({i + 1}/{len(spec['experiments'])}): running")
+        out = exp.run_rank(ctx, cfg)
+        outs = ctx.gather(out)
+        if ctx.rank == 0:
+            results.append(build_result(exp, cfg, ctx.backend, outs))
+            ctx.progress(f"{exp.name}: {'passed' if results[-1]['passed'] else 'FAILED'}")
+    return results if ctx.rank == 0 else None
+
+
+def main(run_dir: str) -> int:
+    run_dir = Path(run_dir)
+    spec = json.loads((run_dir / "spec.json").read_text())
+    ctx = None
+    try:
+        ctx = RankContext.start(spec["backend"], spec["timeout"], run_dir)
+        results = run_spec(ctx, spec)
+        if results is not None:
+            write_json(run_dir / "result.json", results[0] if len(results) == 1 else {"results": results})
+        return 0
+    except Exception as exc:  # noqa: BLE001 - every failure is reported, then the rank exits non-zero
+        import os
+
+        rank = int(os.environ.get("RANK", -1))
+        (run_dir / "errors").mkdir(exist_ok=True)
+        message = f"{type(exc).__name__}: {exc}".splitlines()[0]
+        write_json(run_dir / "errors" / f"rank{rank}.json",
+                   {"rank": rank, "time": time.time(), "error": message, "traceback": traceback.format_exc()})
+        print(f"rank {rank} failed: {message}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if ctx is not None:
+            ctx.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
