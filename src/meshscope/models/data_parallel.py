@@ -1,0 +1,44 @@
+"""Data-parallel gradient sync: the orthogonal step 6 of the seed's method.
+
+"TP/PP/EP 解决模型计算分布，DP 仍要同步'同一坐标'的参数 gradient": after backward, each parameter's
+gradient is averaged over the ranks that hold the *same* shard (the dp group for dense shards, the edp
+group for experts), one all_reduce per parameter, in parameter order, phase ``optimizer``. Never over
+ranks holding different shards (the seed: DP over [0,1] would add unrelated gradients).
+
+`sync_grads` runs it; `predict_grad_sync` emits the same calls into a predicted `Ledger`, so the two
+cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..capture import phase, region
+from ..groups import AxisGroup
+from ..predict import Ledger
+
+
+def sync_grads(named_params, group: AxisGroup, label: str = "dp.grad_sync") -> None:
+    """Average each parameter's .grad over `group` (no-op on a one-rank group)."""
+    if group.size == 1:
+        return
+    with phase("optimizer"):
+        for name, p in named_params:
+            with region(f"{label}:{name}"):
+                dist.all_reduce(p.grad, group=group.pg)
+            p.grad.div_(group.size)
+
+
+def predict_grad_sync(ledger: Ledger, rank: int, axis: str, named_numels, label: str = "dp.grad_sync") -> None:
+    """Predicted twin of `sync_grads`: one all_reduce per (name, numel), in order."""
+    for name, numel in named_numels:
+        ledger.emit(rank, "all_reduce", axis, "optimizer", numel=numel, region=f"{label}:{name}")
+
+
+@torch.no_grad()
+def sgd_step(params, lr: float) -> None:
+    """Plain SGD, identical on the sharded model and the unsharded reference."""
+    for p in params:
+        p.add_(p.grad, alpha=-lr)
+        p.grad = None

@@ -1,0 +1,34 @@
+"""Test helpers: launch several experiments in one torchrun launch (one start-up cost per world)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from meshscope.launch import launch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_many(tmp_path: Path, items, world: int, timeout: float = 60.0, backend: str = "gloo") -> list[dict]:
+    """Run [(experiment, overrides), ...] on `world` gloo ranks in one launch; return their results."""
+    spec = {"backend": backend, "timeout": timeout,
+            "experiments": [{"name": name, "overrides": overrides} for name, overrides in items]}
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    outcome = launch(tmp_path, world, timeout)
+    assert outcome.returncode == 0, f"run failed: {outcome.error}\n{(tmp_path / 'launcher.log').read_text()[-3000:]}"
+    doc = json.loads((tmp_path / "result.json").read_text())
+    return doc["results"] if "results" in doc else [doc]
+
+
+def cli(*args, timeout: float = 120.0) -> subprocess.CompletedProcess:
+    """Run `python -m meshscope ARGS` and return the completed process (text stdout/stderr)."""
+    return subprocess.run([sys.executable, "-m", "meshscope", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def failed_checks(result: dict) -> list[dict]:
+    return [c for c in result["checks"] if not c["passed"]]
