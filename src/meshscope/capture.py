@@ -150,8 +150,10 @@ _C10D = {
     "all_reduce": _c10d_all_reduce,
     "all_gather": _c10d_all_gather,
     "all_gather_into_tensor": _c10d_all_gather_into_tensor,
+    "all_gather_single": _c10d_all_gather_into_tensor,  # torch >= 2.13 name
     "reduce_scatter": _c10d_reduce_scatter,
     "reduce_scatter_tensor": _c10d_reduce_scatter_tensor,
+    "reduce_scatter_single": _c10d_reduce_scatter_tensor,  # torch >= 2.13 name
     "all_to_all": _c10d_all_to_all,
     "all_to_all_single": _c10d_all_to_all_single,
     "broadcast": _c10d_broadcast,
@@ -268,7 +270,9 @@ class Capture:
         self.rank = dist.get_rank()
         Capture._active = self
         for name, describe_call in _C10D.items():
-            original = getattr(c10d, name)
+            original = getattr(c10d, name, None)
+            if original is None:
+                continue  # not in this torch version
             wrapper = self._wrap_c10d(original, describe_call)
             for module in (c10d, dist):
                 if getattr(module, name, None) is original:

@@ -38,10 +38,20 @@ def _all_reduce(x: torch.Tensor, group: AxisGroup) -> torch.Tensor:
     return out
 
 
+def _all_gather_tensor(out, x, group):
+    # torch 2.13 renamed the tensor-in/tensor-out collectives; older releases have only the old
+    # names. Looked up per call, so that an active Capture sees it.
+    getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(out, x, group=group)
+
+
+def _reduce_scatter_tensor(out, x, group):
+    getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)(out, x, group=group)
+
+
 def _all_gather(x: torch.Tensor, group: AxisGroup) -> torch.Tensor:
     x = x.contiguous()
     out = x.new_empty((x.shape[0] * group.size, *x.shape[1:]))
-    dist.all_gather_into_tensor(out, x, group=group.pg)
+    _all_gather_tensor(out, x, group=group.pg)
     return out
 
 
@@ -50,7 +60,7 @@ def _reduce_scatter(x: torch.Tensor, group: AxisGroup) -> torch.Tensor:
         raise UsageError(f"reduce_scatter over {group.axis} needs dim 0 ({x.shape[0]}) divisible by {group.size}")
     x = x.contiguous()
     out = x.new_empty((x.shape[0] // group.size, *x.shape[1:]))
-    dist.reduce_scatter_tensor(out, x, group=group.pg)
+    _reduce_scatter_tensor(out, x, group=group.pg)
     return out
 
 

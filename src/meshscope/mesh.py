@@ -134,6 +134,14 @@ class Layout:
                 f"world {self.world} is not divisible by etp*ep*pp = {self.etp}*{self.ep}*{self.pp} = {expert}; "
                 f"world must be a multiple of {expert}"
             )
+        # Both families linearise the same ranks; their pp groups must coincide (Megatron asserts the
+        # same), otherwise a pipeline stage would hold different ranks for dense and expert layers.
+        if self._dense.groups(("pp",)) != self._expert.groups(("pp",)):
+            raise UsageError(
+                f"order {self.order!r} gives different pp groups for dense axes (tp {self.tp}, cp {self.cp}, dp "
+                f"{self.dp}) and expert axes (etp {self.etp}, ep {self.ep}, edp {self.edp}); "
+                f"move pp to an end of the order or make the expert sizes mirror the dense ones"
+            )
 
     # -- sizes ----------------------------------------------------------------------------------
     @property

@@ -9,6 +9,7 @@ first failing rank.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 import traceback
@@ -52,8 +53,6 @@ def main(run_dir: str) -> int:
             write_json(run_dir / "result.json", results[0] if len(results) == 1 else {"results": results})
         return 0
     except Exception as exc:  # noqa: BLE001 - every failure is reported, then the rank exits non-zero
-        import os
-
         rank = int(os.environ.get("RANK", -1))
         (run_dir / "errors").mkdir(exist_ok=True)
         message = f"{type(exc).__name__}: {exc}".splitlines()[0]
@@ -67,4 +66,9 @@ def main(run_dir: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    code = main(sys.argv[1])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: gloo's C++ threads have been seen to abort ("terminate called
+    # without an active exception") in static destructors after a clean run; the work is done.
+    os._exit(code)

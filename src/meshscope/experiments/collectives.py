@@ -36,6 +36,8 @@ class CollectivesConfig:
     """Number of ranks."""
     tp: int = 2
     """Tensor-parallel size; dp = world / tp."""
+    skip_rank: int | None = None
+    """Fault knob (tests, doctor): this rank skips its first all_reduce, so its peers wait for it."""
 
 
 def _splits(i: int, g: int) -> list[int]:
@@ -132,7 +134,7 @@ class Collectives(Experiment):
             for axis in AXES:
                 group = mesh[axis]
                 if group.size > 1:
-                    checks += _exercise(group, ctx.rank, ctx.device)
+                    checks += _exercise(group, ctx.rank, ctx.device, skip=ctx.rank == cfg.skip_rank)
         ok = all(c.passed for c in checks)
         bad = [c.name for c in checks if not c.passed]
         summary = Check("collective results numerically right", ok,
@@ -140,7 +142,7 @@ class Collectives(Experiment):
         return RankOutput(ctx.rank, cap.events, checks=[summary])
 
 
-def _exercise(group, rank: int, device) -> list[Check]:
+def _exercise(group, rank: int, device, skip: bool = False) -> list[Check]:
     """Issue the plan's calls in `group`; return one numeric check per call."""
     g, i, pg = group.size, group.local_rank(rank), group.pg
     peer = lambda k: group.ranks[k]  # noqa: E731
@@ -160,7 +162,11 @@ def _exercise(group, rank: int, device) -> list[Check]:
         return region(name)
 
     with reg("c10d.all_reduce"):
-        t = val(i); dist.all_reduce(t, group=pg)
+        t = val(i)
+        if skip:
+            t = torch.full_like(t, total)  # the planted fault: the call is never issued
+        else:
+            dist.all_reduce(t, group=pg)
         checks.append(same("all_reduce", t, torch.full_like(t, total)))
     with reg("c10d.all_gather"):
         out = [torch.empty(ROWS, COLS, device=device) for _ in range(g)]

@@ -1,0 +1,139 @@
+"""One pipeline stage and its boundaries: where plain P2P cuts the autograd graph, and how it is rejoined.
+
+The seed ("Pipeline Parallel 的通信边界"): ``dist.send``/``dist.recv`` move bytes, not graphs. So
+
+  forward : the upstream stage sends ``h.detach()``; the downstream stage makes the received tensor a
+            NEW LEAF with ``requires_grad_(True)`` and builds its own local graph on it;
+  backward: after its local backward the downstream stage sends ``h.grad`` (the leaf's gradient)
+            upstream, and the upstream stage calls ``h.backward(grad)`` on the output it stashed,
+            which continues its own graph down to its weight.
+
+Nothing here relies on autograd crossing processes: the explicit gradient message IS the edge. The
+stash holds (input leaf, output) per microbatch from its forward to its backward; its size over a step
+is the activation memory a schedule costs (GPipe: M, 1F1B: min(M, pp - stage)).
+
+Legend: b = microbatch rows, I = this stage's input width, O = its output width.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from ...capture import phase, region
+from ...groups import AxisGroup
+from .schedules import Exchange, Message
+
+
+def stage_forward(x_bI: torch.Tensor, w_OI: torch.Tensor, last: bool) -> torch.Tensor:
+    """The chain's layer s: Linear (+ GELU except on the last stage, whose output feeds the loss)."""
+    y_bO = F.linear(x_bI, w_OI)
+    return y_bO if last else F.gelu(y_bO)
+
+
+class StageBoundary:
+    """This stage's P2P with its neighbours over the pipeline group (global ranks from the mesh)."""
+
+    def __init__(self, group: AxisGroup, stage: int, widths: list[int], rows: int, device,
+                 expect_extra_rows: int = 0):
+        self.group, self.stage, self.widths, self.rows, self.device = group, stage, widths, rows, device
+        self.pp = len(widths) - 1
+        self.expect_extra_rows = expect_extra_rows
+        """Fault knob: rows this stage wrongly expects on top of the activations it receives."""
+
+    def shape(self, msg: Message) -> tuple[int, int]:
+        """[b, width of the boundary]: an activation and its gradient have the same shape."""
+        extra = self.expect_extra_rows if msg.receiver == self.stage and msg.kind == "activation" else 0
+        return self.rows + extra, self.widths[msg.boundary + 1]
+
+    def check_shapes(self, microbatches: int) -> None:
+        """Agree on every message shape with both neighbours once, before training.
+
+        A blocking recv whose buffer differs from the message is not a clean error: gloo silently
+        accepts a shorter message into a larger buffer and aborts the process (SIGABRT, no Python
+        exception) on a longer one; NCCL hangs. So each stage sends the [M, rows, width] it will send
+        and the receiver compares it with what it expects, failing with both shapes in the message.
+        """
+        works, got = [], None
+        if self.stage + 1 < self.pp:
+            mine = Message("activation", 0, self.stage)
+            desc = torch.tensor([microbatches, *self.shape(mine)], dtype=torch.int64, device=self.device)
+            works.append(dist.isend(desc, self.group.ranks[self.stage + 1], group=self.group.pg))
+        if self.stage > 0:
+            got = torch.empty(3, dtype=torch.int64, device=self.device)
+            works.append(dist.irecv(got, self.group.ranks[self.stage - 1], group=self.group.pg))
+        for w in works:
+            w.wait()
+        if got is not None:
+            want = [microbatches, *self.shape(Message("activation", 0, self.stage - 1))]
+            if got.tolist() != want:
+                m, r, c = got.tolist()
+                raise RuntimeError(
+                    f"P2P shape mismatch: rank {self.group.ranks[self.stage]} (stage {self.stage}) expects "
+                    f"{want[0]} activations of [{want[1]}, {want[2]}] from rank {self.group.ranks[self.stage - 1]} "
+                    f"(stage {self.stage - 1}), which sends {m} of [{r}, {c}]")
+
+    def exchange(self, ex: Exchange, outbox: dict[Message, torch.Tensor]) -> dict[Message, torch.Tensor]:
+        """Post every message of `ex` (activation first), then wait for all; return what arrived."""
+        peer = self.group.ranks[ex.peer_stage]
+        works, inbox = [], {}
+        for msg in ex.messages:
+            with phase(msg.phase), region(msg.region, msg.microbatch):
+                if msg.sender == self.stage:
+                    works.append(dist.isend(outbox.pop(msg), peer, group=self.group.pg))
+                else:
+                    inbox[msg] = torch.empty(self.shape(msg), device=self.device)
+                    works.append(dist.irecv(inbox[msg], peer, group=self.group.pg))
+        for w in works:
+            w.wait()
+        return inbox
+
+
+def run_program(prog, boundary: StageBoundary, w_OI: torch.Tensor, x_mbI, target_mbO,
+                recorder) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+    """Execute one training step of a stage's program; return (outputs, losses, peak stash).
+
+    x_mbI: the stage-0 inputs per microbatch (ignored on other stages); target_mbO: the last stage's
+    targets. Each microbatch's loss is divided by M so the accumulated gradient is that of the mean
+    over the whole batch. `w_OI.grad` accumulates over the microbatches.
+    """
+    stage, m = boundary.stage, len(x_mbI)
+    first, last = stage == 0, stage == boundary.pp - 1
+    inbox: dict[Message, torch.Tensor] = {}
+    outbox: dict[Message, torch.Tensor] = {}
+    stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    outputs: list = [None] * m
+    losses: list = [None] * m
+    peak = 0
+    for step in prog:
+        if isinstance(step, Exchange):
+            inbox.update(boundary.exchange(step, outbox))
+            continue
+        i = step.microbatch
+        if step.kind == "F":
+            # The received activation is a fresh leaf: autograd on this rank starts here.
+            x_bI = x_mbI[i] if first else inbox.pop(Message("activation", i, stage - 1)).requires_grad_(True)
+            with recorder.span("F", i):
+                y_bO = stage_forward(x_bI, w_OI, last)
+                out = F.mse_loss(y_bO, target_mbO[i]) / m if last else y_bO
+            outputs[i] = y_bO.detach()
+            if last:
+                losses[i] = out.detach()
+            else:
+                outbox[Message("activation", i, stage)] = y_bO.detach()  # bytes only, no graph
+            stash[i] = (x_bI, out)
+            peak = max(peak, len(stash))
+        else:
+            x_bI, out = stash.pop(i)
+            with recorder.span("B", i):
+                if last:
+                    out.backward()
+                else:  # continue the local graph with the gradient the next stage sent back
+                    out.backward(inbox.pop(Message("gradient", i, stage)))
+            if not first:
+                outbox[Message("gradient", i, stage - 1)] = x_bI.grad
+    if inbox or outbox or stash:
+        raise RuntimeError(f"stage {stage} ended the step with unconsumed messages or activations "
+                           f"({len(inbox)} received, {len(outbox)} unsent, {len(stash)} stashed)")
+    return outputs, losses, peak

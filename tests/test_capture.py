@@ -1,0 +1,85 @@
+"""Capture on real gloo ranks: every collective type, exact events, phases, timeouts."""
+
+import time
+
+import torch.distributed as dist
+
+from meshscope.capture import Capture
+from meshscope.events import CommEvent
+from meshscope.experiments import get
+from meshscope.launch import launch
+
+from .helpers import failed_checks, run_many
+
+
+def test_every_collective_captured_exactly_on_2_and_4_ranks(tmp_path):
+    # world 4 tp 2 (tp and dp groups overlap) and tp 4; then world 2 in a second launch
+    r4 = run_many(tmp_path / "w4", [("collectives", {}), ("collectives", {"tp": 4})], world=4, timeout=120)
+    r2 = run_many(tmp_path / "w2", [("collectives", {"world": 2, "tp": 2})], world=2, timeout=120)
+    for result in r4 + r2:
+        assert result["passed"], failed_checks(result)
+        assert result["comm"]["match"]
+    seed = r4[0]
+    per_op = {"all_reduce": 8, "all_gather": 10, "reduce_scatter": 10, "all_to_all": 12, "send": 6, "recv": 6,
+              "broadcast": 2, "barrier": 2}
+    for row in seed["comm"]["per_rank"]:
+        assert row["captured"] == per_op == row["predicted"]
+    events = [CommEvent.from_json(e) for e in seed["comm"]["events"]["captured"]]
+    rank0_tp = [e for e in events if e.rank == 0 and e.axis == "tp"]
+    rank0_dp = [e for e in events if e.rank == 0 and e.axis == "dp"]
+    assert {e.group for e in rank0_tp} == {(0, 1)} and {e.group for e in rank0_dp} == {(0, 2)}
+    first = rank0_tp[0]
+    assert (first.op, first.phase, first.bytes_in, first.bytes_out, first.seq) == ("all_reduce", "forward", 128, 128, 0)
+    gather = next(e for e in rank0_tp if e.region == "c10d.all_gather_into_tensor")
+    assert (gather.bytes_in, gather.bytes_out) == (128, 256)
+    # uneven all_to_all_single: member i sends i + j + 1 rows of 8 fp32 to member j
+    a2a = {e.rank: e for e in events if e.axis == "tp" and e.region == "c10d.all_to_all_single"}
+    assert a2a[0].input_splits == (1, 2) and a2a[0].output_splits == (1, 2)
+    assert a2a[1].input_splits == (2, 3) and a2a[1].output_splits == (2, 3)
+    assert (a2a[1].bytes_in, a2a[1].bytes_out) == (5 * 32, 5 * 32)
+    sends = [e for e in rank0_tp if e.op == "send"]
+    assert {e.peer for e in sends} == {1} and len(sends) == 3
+    backward = [(e.region, e.op) for e in rank0_tp if e.phase == "backward"]
+    assert backward == [("loss.backward", "all_to_all"), ("autograd.AllToAllV", "all_to_all"),
+                        ("autograd.ReduceScatterSum", "all_gather"), ("autograd.AllGatherCat", "reduce_scatter"),
+                        ("autograd.AllReduceSum", "all_reduce")]
+    bwd_a2a = next(e for e in events if e.rank == 1 and e.axis == "tp" and e.phase == "backward"
+                   and e.region == "autograd.AllToAllV")
+    assert bwd_a2a.input_splits == (2, 3)  # swapped: what rank 1 received, it sends back
+
+
+def test_capture_is_removed_on_exit():
+    originals = (dist.all_reduce, dist.send, dist.all_to_all_single)
+    # entering needs an initialised group; the patch table itself must restore even after an error
+    cap = Capture()
+    try:
+        cap.__enter__()
+    except (RuntimeError, ValueError):
+        pass
+    finally:
+        cap.__exit__(None, None, None)
+    assert (dist.all_reduce, dist.send, dist.all_to_all_single) == originals
+    assert Capture._active is None
+
+
+def test_hung_collective_becomes_error_within_timeout(tmp_path):
+    import json
+
+    spec = {"backend": "gloo", "timeout": 8, "experiments": [{"name": "collectives", "overrides": {"skip_rank": 1}}]}
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    start = time.monotonic()
+    outcome = launch(tmp_path, 4, 8)
+    elapsed = time.monotonic() - start
+    assert outcome.returncode != 0
+    assert outcome.error and outcome.error.startswith("rank ")
+    assert elapsed < 8 + 30, elapsed
+    assert not (tmp_path / "result.json").exists()
+
+
+def test_predicted_ledger_of_collectives_is_per_group_ordered():
+    exp = get("collectives")
+    events = exp.predict(exp.config({}))
+    for rank in range(4):
+        for axis in ("tp", "dp"):
+            seqs = [e.seq for e in events if e.rank == rank and e.axis == axis]
+            assert seqs == list(range(len(seqs))) and len(seqs) == 28
