@@ -23,6 +23,7 @@ which fires just before the engine issues the backward collective.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import threading
 from dataclasses import dataclass
@@ -208,6 +209,11 @@ def _dual(call: _Call) -> _Call:
     return _Call(op, call.group, call.dtype, call.bytes_out, call.bytes_in, call.output_splits, call.input_splits)
 
 
+@functools.lru_cache(maxsize=None)
+def _signature(fn) -> inspect.Signature:
+    return inspect.signature(fn)
+
+
 # -- the capture -----------------------------------------------------------------------------------
 class _Labels:
     """Process-wide labels (not thread-local: CUDA backward runs on an autograd device thread)."""
@@ -299,7 +305,7 @@ class Capture:
         setattr(obj, name, new)
 
     def _wrap_c10d(self, original, describe_call):
-        signature = inspect.signature(original)
+        signature = _signature(original)
 
         def recorder(*args, **kwargs):
             if getattr(_NESTING, "depth", 0):
