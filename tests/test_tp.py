@@ -4,10 +4,12 @@ running both experiments x both semantics x input grad on/off at tp 2 and tp 4, 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from meshscope import experiments
 from meshscope.errors import UsageError
 from meshscope.events import counts
+from meshscope.experiments.tp import Worst
 from tests.helpers import cli, failed_checks, run_many
 
 KiB, MiB = 1 << 10, 1 << 20
@@ -99,6 +101,16 @@ def test_bad_config_is_a_usage_error(name, overrides, words):
         experiments.get(name).config(overrides)
 
 
+def test_gradient_check_sees_the_t_times_bug_and_nan():
+    """An undivided summed-loss gives T x the gradient (measured 2.000 at T=2, models/tp_mlp.py); a
+    gradient of the seed's size (~1e-3) doubled must fail, and so must a NaN or a missing gradient."""
+    g = torch.full((4, 4), 1e-3)
+    for got, ok in [(g + 1e-9, True), (2 * g, False), (g * float("nan"), False), (None, False)]:
+        worst = Worst()
+        worst.add("grad", got, g)
+        assert worst.check("grad", "grad").passed is ok
+
+
 def test_cli_bad_tp_is_one_line_exit_2():
     proc = cli("run", "tp_ar_b32", "--tp", "3", "--json")
     assert proc.returncode == 2
@@ -141,6 +153,7 @@ def test_run_passes_and_matches_prediction(results, index):
             "losses finite", "replicas equal: tp shard weights"} <= names
     assert ("input grad == unsharded" in names) == overrides["input_grad"]
     assert doc["numerics"]["max_abs_err_output"] <= 2e-5 and doc["numerics"]["max_abs_err_grad"] <= 2e-5
+    assert doc["numerics"]["max_rel_err_grad"] <= 1e-4
 
 
 def test_captured_sp_payloads_are_the_seeds(results):
