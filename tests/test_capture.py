@@ -4,7 +4,7 @@ import time
 
 import torch.distributed as dist
 
-from meshscope.capture import Capture
+from meshscope.capture import Capture, active
 from meshscope.events import CommEvent
 from meshscope.experiments import get
 from meshscope.launch import launch
@@ -48,18 +48,15 @@ def test_every_collective_captured_exactly_on_2_and_4_ranks(tmp_path):
     assert bwd_a2a.input_splits == (2, 3)  # swapped: what rank 1 received, it sends back
 
 
-def test_capture_is_removed_on_exit():
+def test_capture_patches_only_while_active_and_nests():
     originals = (dist.all_reduce, dist.send, dist.all_to_all_single)
-    # entering needs an initialised group; the patch table itself must restore even after an error
-    cap = Capture()
-    try:
-        cap.__enter__()
-    except (RuntimeError, ValueError):
-        pass
-    finally:
-        cap.__exit__(None, None, None)
+    with Capture():
+        assert dist.all_reduce is not originals[0]
+        with Capture():
+            assert active()
+        assert active() and dist.send is not originals[1]
     assert (dist.all_reduce, dist.send, dist.all_to_all_single) == originals
-    assert Capture._active is None
+    assert not active()
 
 
 def test_hung_collective_becomes_error_within_timeout(tmp_path):

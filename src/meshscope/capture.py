@@ -12,7 +12,8 @@ Phase is detected, not guessed: a call made while the autograd engine runs a bac
 code declared with `phase` (``forward`` unless it said ``optimizer``). `region` labels calls with the
 layer and microbatch that issued them.
 
-Calls nested inside a recorded call (``all_gather_object`` calling ``all_gather``, ``batch_isend_irecv``
+Several captures can listen at once (the run-long flight log, a one-step ledger); each numbers its
+own ``seq``. Calls nested inside a recorded call (``all_gather_object`` calling ``all_gather``, ``batch_isend_irecv``
 calling ``isend``) are recorded once, at the outermost entry point.
 
 Ops of ``torch.ops._c10d_functional_autograd`` (torch versions whose autograd collectives run their
@@ -23,6 +24,7 @@ which fires just before the engine issues the backward collective.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import threading
@@ -256,110 +258,141 @@ def current_labels() -> tuple[str, int | None]:
 class Capture:
     """Context manager recording this rank's collectives into ``events`` (a list of CommEvent).
 
+    Several captures may be active at once (the run-long flight log and a one-step ledger): the
+    entry points are patched while at least one is active, and each capture numbers its own ``seq``.
     `on_issue(event)` / `on_complete(event)`, if given, are called around each call (the flight
-    log writes both, so that a hung call shows as issued but not completed).
+    log writes both, so that a hung call shows as issued but never completed).
     """
-
-    _active: "Capture | None" = None
 
     def __init__(self, on_issue=None, on_complete=None):
         self.events: list[CommEvent] = []
         self._seq: dict[tuple, int] = {}
-        self._saved: list[tuple[object, str, object]] = []
         self._on_issue, self._on_complete = on_issue, on_complete
-        self.rank = -1
 
-    # patching ----------------------------------------------------------------------------------
     def __enter__(self) -> "Capture":
-        if Capture._active is not None:
-            raise RuntimeError("a Capture is already active in this process; captures do not nest")
-        self.rank = dist.get_rank()
-        Capture._active = self
-        for name, describe_call in _C10D.items():
-            original = getattr(c10d, name, None)
-            if original is None:
-                continue  # not in this torch version
-            wrapper = self._wrap_c10d(original, describe_call)
-            for module in (c10d, dist):
-                if getattr(module, name, None) is original:
-                    self._swap(module, name, wrapper)
-        for namespace, autograd in ((torch.ops._c10d_functional, False), (torch.ops._c10d_functional_autograd, True)):
-            for name, describe_call in _FUNCTIONAL.items():
-                if autograd and name not in _AUTOGRAD:
-                    continue
-                try:
-                    original = getattr(namespace, name)
-                except (AttributeError, RuntimeError):
-                    continue  # op not in this torch version
-                self._swap(namespace, name, self._wrap_functional(original, describe_call, autograd))
+        if not _ACTIVE:
+            _install()
+        _ACTIVE.append(self)
         return self
 
     def __exit__(self, *exc) -> None:
-        for obj, name, original in reversed(self._saved):
-            setattr(obj, name, original)
-        self._saved.clear()
-        Capture._active = None
+        _ACTIVE.remove(self)
+        if not _ACTIVE:
+            _uninstall()
 
-    def _swap(self, obj, name, new) -> None:
-        self._saved.append((obj, name, getattr(obj, name)))
-        setattr(obj, name, new)
+    def _add(self, proto: CommEvent) -> CommEvent:
+        key = (proto.axis, proto.group)
+        seq = self._seq.get(key, 0)
+        self._seq[key] = seq + 1
+        event = dataclasses.replace(proto, seq=seq)
+        self.events.append(event)
+        if self._on_issue:
+            self._on_issue(event)
+        return event
 
-    def _wrap_c10d(self, original, describe_call):
-        signature = _signature(original)
-
-        def recorder(*args, **kwargs):
-            if getattr(_NESTING, "depth", 0):
-                return original(*args, **kwargs)
-            bound = signature.bind(*args, **kwargs)
-            bound.apply_defaults()
-            return self._issue(describe_call(bound.arguments), original, args, kwargs)
-
-        recorder.__name__ = original.__name__
-        recorder.__wrapped__ = original
-        return recorder
-
-    def _wrap_functional(self, original, describe_call, autograd: bool):
-        def recorder(*args, **kwargs):
-            if getattr(_NESTING, "depth", 0):
-                return original(*args, **kwargs)
-            call = describe_call(*args, **kwargs)
-            out = self._issue([call], original, args, kwargs)
-            if autograd and isinstance(out, torch.Tensor) and out.requires_grad:
-                out.register_hook(lambda grad: self._record(_dual(call)))
-            return out
-
-        return recorder
-
-    # recording ---------------------------------------------------------------------------------
-    def _issue(self, calls, original, args, kwargs):
-        events = [self._event(c) for c in calls]
-        for e in events:
-            self.events.append(e)
-            if self._on_issue:
-                self._on_issue(e)
-        _NESTING.depth = getattr(_NESTING, "depth", 0) + 1
-        try:
-            out = original(*args, **kwargs)
-        finally:
-            _NESTING.depth -= 1
+    def _complete(self, events) -> None:
         if self._on_complete:
             for e in events:
                 self._on_complete(e)
+
+
+_ACTIVE: list[Capture] = []
+_SAVED: list[tuple[object, str, object]] = []
+
+
+def active() -> bool:
+    """True while any capture listens (the patched entry points are in place)."""
+    return bool(_ACTIVE)
+
+
+def _install() -> None:
+    for name, describe_call in _C10D.items():
+        original = getattr(c10d, name, None)
+        if original is None:
+            continue  # not in this torch version
+        wrapper = _wrap_c10d(original, describe_call)
+        for module in (c10d, dist):
+            if getattr(module, name, None) is original:
+                _swap(module, name, wrapper)
+    for namespace, autograd in ((torch.ops._c10d_functional, False), (torch.ops._c10d_functional_autograd, True)):
+        for name, describe_call in _FUNCTIONAL.items():
+            if autograd and name not in _AUTOGRAD:
+                continue
+            try:
+                original = getattr(namespace, name)
+            except (AttributeError, RuntimeError):
+                continue  # op not in this torch version
+            _swap(namespace, name, _wrap_functional(original, describe_call, autograd))
+
+
+def _uninstall() -> None:
+    for obj, name, original in reversed(_SAVED):
+        setattr(obj, name, original)
+    _SAVED.clear()
+
+
+def _swap(obj, name, new) -> None:
+    _SAVED.append((obj, name, getattr(obj, name)))
+    setattr(obj, name, new)
+
+
+def _wrap_c10d(original, describe_call):
+    signature = _signature(original)
+
+    def recorder(*args, **kwargs):
+        if getattr(_NESTING, "depth", 0):
+            return original(*args, **kwargs)
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return _issue(describe_call(bound.arguments), original, args, kwargs)
+
+    recorder.__name__ = original.__name__
+    recorder.__wrapped__ = original
+    return recorder
+
+
+def _wrap_functional(original, describe_call, autograd: bool):
+    def recorder(*args, **kwargs):
+        if getattr(_NESTING, "depth", 0):
+            return original(*args, **kwargs)
+        call = describe_call(*args, **kwargs)
+        out = _issue([call], original, args, kwargs)
+        if autograd and isinstance(out, torch.Tensor) and out.requires_grad:
+            out.register_hook(lambda grad: _record(_dual(call)))
         return out
 
-    def _record(self, call: _Call) -> None:
-        self.events.append(self._event(call))
+    return recorder
 
-    def _event(self, call: _Call) -> CommEvent:
-        axis, ranks = describe(call.group)
-        key = (axis, ranks)
-        seq = self._seq.get(key, 0)
-        self._seq[key] = seq + 1
-        in_backward = torch._C._current_graph_task_id() != -1
-        return CommEvent(
-            rank=self.rank, seq=seq, op=call.op, axis=axis, group=ranks,
-            phase="backward" if in_backward else _LABELS.phase,
-            dtype=call.dtype, bytes_in=call.bytes_in, bytes_out=call.bytes_out,
-            region=_LABELS.region, microbatch=_LABELS.microbatch,
-            input_splits=call.input_splits, output_splits=call.output_splits, peer=call.peer,
-        )
+
+def _issue(calls, original, args, kwargs):
+    """Record `calls` in every active capture, run the original, then mark them completed."""
+    protos = [_proto(c) for c in calls]
+    issued = [(cap, [cap._add(p) for p in protos]) for cap in list(_ACTIVE)]
+    _NESTING.depth = getattr(_NESTING, "depth", 0) + 1
+    try:
+        out = original(*args, **kwargs)
+    finally:
+        _NESTING.depth -= 1
+    for cap, events in issued:
+        cap._complete(events)
+    return out
+
+
+def _record(call: _Call) -> None:
+    """Record a call issued out of Python's sight (C++ autograd backward), as issued and completed."""
+    proto = _proto(call)
+    for cap in list(_ACTIVE):
+        cap._complete([cap._add(proto)])
+
+
+def _proto(call: _Call) -> CommEvent:
+    """The event of a call, seq still unassigned (each capture numbers its own)."""
+    axis, ranks = describe(call.group)
+    in_backward = torch._C._current_graph_task_id() != -1
+    return CommEvent(
+        rank=dist.get_rank(), seq=-1, op=call.op, axis=axis, group=ranks,
+        phase="backward" if in_backward else _LABELS.phase,
+        dtype=call.dtype, bytes_in=call.bytes_in, bytes_out=call.bytes_out,
+        region=_LABELS.region, microbatch=_LABELS.microbatch,
+        input_splits=call.input_splits, output_splits=call.output_splits, peer=call.peer,
+    )

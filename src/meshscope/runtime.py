@@ -36,6 +36,8 @@ class RankContext:
     control: object = None
     """A gloo group over the whole world for gathering results (NCCL cannot carry Python objects)."""
     meshes: dict[Layout, MeshGroups] = field(default_factory=dict)
+    flight: object = None
+    """This rank's FlightLog, when the run keeps one: group creations are logged to it."""
 
     @classmethod
     def start(cls, backend: str, timeout_s: float, run_dir: Path) -> "RankContext":
@@ -56,9 +58,10 @@ class RankContext:
             control = dist.group.WORLD
         return cls(rank, world, local_rank, backend, device, run_dir, timeout_s, control)
 
-    def mesh(self, layout: Layout, on_create=None) -> MeshGroups:
+    def mesh(self, layout: Layout) -> MeshGroups:
         """The groups of `layout`, created on first use by every rank in the global order."""
         if layout not in self.meshes:
+            on_create = self.flight.group_created if self.flight is not None else None
             self.meshes[layout] = create_groups(layout, self.rank, datetime.timedelta(seconds=self.timeout_s), on_create)
         return self.meshes[layout]
 

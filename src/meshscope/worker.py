@@ -16,6 +16,7 @@ import traceback
 from pathlib import Path
 
 from . import experiments
+from .flightlog import FlightLog
 from .runtime import RankContext
 from .verify import build_result
 
@@ -29,11 +30,18 @@ def write_json(path: Path, doc) -> None:
 
 def run_spec(ctx: RankContext, spec: dict) -> list[dict] | None:
     """Run every experiment of the spec; rank 0 returns their results."""
+    if spec.get("kind") == "sweep":  # a collective benchmark, not an experiment: no ledger to verify
+        from .sweep import SweepConfig, run_sweep_rank
+
+        doc = run_sweep_rank(ctx, SweepConfig.from_json(spec["sweep"]))
+        return [doc] if ctx.rank == 0 else None
     results = []
     for i, item in enumerate(spec["experiments"]):
         exp = experiments.get(item["name"])
         cfg = exp.config(item.get("overrides", {}))
         ctx.progress(f"{exp.name} ({i + 1}/{len(spec['experiments'])}): running")
+        if ctx.flight is not None:
+            ctx.flight.mark(f"experiment {exp.name}")
         out = exp.run_rank(ctx, cfg)
         outs = ctx.gather(out)
         if ctx.rank == 0:
@@ -48,7 +56,9 @@ def main(run_dir: str) -> int:
     ctx = None
     try:
         ctx = RankContext.start(spec["backend"], spec["timeout"], run_dir)
-        results = run_spec(ctx, spec)
+        ctx.flight = FlightLog(run_dir, ctx.rank)
+        with ctx.flight.capture():
+            results = run_spec(ctx, spec)
         if results is not None:
             write_json(run_dir / "result.json", results[0] if len(results) == 1 else {"results": results})
         return 0

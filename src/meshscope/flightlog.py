@@ -1,0 +1,63 @@
+"""Per-rank flight log: every group creation and every collective, written as it happens.
+
+The seed's production checklist ("生产故障诊断"): a hang is explained by comparing what each rank
+issued, in which group, in which order. Each rank appends JSON lines to ``RUN_DIR/flight/rank<R>.jsonl``
+and flushes every line, so a rank that hangs or is killed still leaves its log: a collective logged
+as ``issued`` without ``completed`` is where that rank is stuck. The doctor reads these files.
+
+Line kinds: ``group`` (axis, ranks, index in the creation sequence), ``issued`` / ``completed``
+(a CommEvent: seq per group, op, group, phase, dtype, bytes, splits, peer, region, microbatch),
+``mark`` (free-form progress, e.g. an experiment starting).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from .capture import Capture
+from .events import CommEvent
+
+
+class FlightLog:
+    def __init__(self, run_dir: Path, rank: int):
+        path = Path(run_dir) / "flight" / f"rank{rank}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file = open(path, "a", buffering=1)  # line-buffered: each line reaches the OS at once
+        self._groups = 0
+
+    def _write(self, kind: str, **fields) -> None:
+        self._file.write(json.dumps({"t": time.time(), "kind": kind, **fields}) + "\n")
+
+    def group_created(self, axis: str, ranks) -> None:
+        self._write("group", axis=axis, ranks=list(ranks), index=self._groups)
+        self._groups += 1
+
+    def mark(self, text: str) -> None:
+        self._write("mark", text=text)
+
+    def capture(self) -> Capture:
+        """A capture that logs every collective of this rank as issued, then completed."""
+        return Capture(on_issue=lambda e: self._write("issued", **e.to_json()),
+                       on_complete=lambda e: self._write("completed", **e.to_json()))
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def read(path: Path) -> list[dict]:
+    """The lines of one rank's flight log (a torn last line from a killed rank is skipped)."""
+    out = []
+    for line in Path(path).read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
+def events(lines: list[dict], state: str) -> list[CommEvent]:
+    """The CommEvents of one state (``issued`` or ``completed``) in a rank's log."""
+    return [CommEvent.from_json(line) for line in lines if line["kind"] == state]
