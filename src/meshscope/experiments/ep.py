@@ -1,0 +1,292 @@
+"""``ep_*``: expert-parallel MoE training, predicted, captured and checked (seed, "Expert Parallel / MoE").
+
+Seed defaults: world 4 = ep 2 x edp 2, FP32; every rank is a source of 64 tokens x 512 that require
+grad (they stand for a trainable upstream activation); 2 experts, one per EP rank, each Linear 512x512
++ GELU; loss = mean(out^2). Per rank per step the seed counts 4 all_to_all (dispatch, combine and their
+backwards) + 1 all_reduce (the expert's gradient in its expert-DP group); without input grad the
+reverse dispatch is pruned: 3 all_to_all ("为什么最初只有3个 A2A Kernel").
+
+``ep_learned`` adds the real router (gate, top-k, capacity, Switch aux loss). Its splits are not known
+before routing, so the counts go first in an all_to_all of int64 (splits [1] * ep); with ``--pad`` the
+buffers are fixed-size and that exchange disappears. The gate is a dense parameter: its gradient is
+averaged in the dense dp group, the experts' in edp.
+
+The predictor recomputes the routing on the CPU from the seeds and the initial weights (the router is
+a pure function of them), packs it with the same `pack_plan`, and walks forward and backward: dispatch
+-> combine, reverse combine -> reverse dispatch if the tokens need grad, then the grad syncs.
+Step 0 is the captured step. Legend: T tokens per source, D model dim, E experts, L local experts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from ..capture import Capture
+from ..errors import UsageError
+from ..events import CommEvent
+from ..mesh import Layout
+from ..models.data_parallel import predict_grad_sync, sgd_step, sync_grads
+from ..models.moe.dispatch import destination_splits, pack_plan
+from ..models.moe.layer import MoELayer
+from ..predict import Ledger
+from ..verify import digest
+from . import Check, Experiment, RankOutput, bound, register
+from .ep_model import (capacity, fixed_counts, initial_weights, make_router, reference_training, route, source_tokens,
+                       static_rows, step_loss)
+
+ROUTINGS = ("balanced", "skewed", "learned")
+TOLERANCE = 2e-5
+"""The seed's numeric tolerance ("tolerance: 2e-5")."""
+
+
+@dataclass(frozen=True)
+class EPConfig:
+    world: int = 4
+    """Number of ranks; every rank is a token source and an expert owner."""
+    ep: int = 2
+    """Expert-parallel size; edp = world / ep replicas of each expert."""
+    experts: int = 2
+    """Number of experts, experts / ep on each EP rank."""
+    batch: int = 64
+    """Tokens per source rank."""
+    hidden: int = 512
+    """Model dim D; each expert is Linear D x D + GELU."""
+    routing: str = "balanced"
+    """balanced | skewed (deterministic top-1) | learned (gate + top-k)."""
+    skew: str = "7:1"
+    """skewed: token ratio, one weight per expert or hot:rest."""
+    topk: int = 1
+    """Experts per token (learned routing)."""
+    capacity_factor: float = 0.0
+    """Switch capacity factor; capacity = ceil(factor * batch * topk / experts) per source; 0 = unlimited."""
+    pad: bool = False
+    """Pad every expert's buffer to its capacity, making the splits static (needs a capacity)."""
+    input_grad: bool = True
+    """Tokens require grad; off, autograd prunes the reverse dispatch."""
+    aux_coef: float = 0.01
+    """Weight of the Switch load-balancing loss (learned routing)."""
+    lr: float = 0.1
+    """SGD learning rate."""
+    steps: int = 2
+    """Training steps; step 0 is captured."""
+    seed: int = 0
+    """Seed of tokens, weights and fixed routing."""
+
+
+def backward_note(cfg: EPConfig) -> str:
+    """Why the step has the all_to_alls it has, in plain words (seed: autograd prunes, NCCL does not skip)."""
+    exchange = "" if static_rows(cfg) is not None else (
+        "the router's counts are only known after routing, so an all_to_all of the int64 counts "
+        "(splits [1] per rank) precedes the dispatch; ")
+    if cfg.input_grad:
+        return exchange + ("the tokens require grad, so backward runs the reverse combine (for the expert "
+                           "weights) and the reverse dispatch (for x.grad)")
+    return exchange + ("the tokens need no grad and nothing upstream of the dispatch does, so autograd prunes "
+                       "the reverse dispatch; only the reverse combine runs backward (the expert weights need "
+                       "its gradient): one all_to_all fewer")
+
+
+class ExpertParallel(Experiment):
+    Config = EPConfig
+
+    def validate(self, cfg: EPConfig) -> None:
+        self.layout(cfg)
+        if cfg.routing not in ROUTINGS:
+            raise UsageError(f"--routing {cfg.routing!r} is not one of {', '.join(ROUTINGS)}")
+        if cfg.experts < cfg.ep or cfg.experts % cfg.ep:
+            raise UsageError(f"--experts {cfg.experts} must be a multiple of --ep {cfg.ep} (experts per EP rank)")
+        for name in ("batch", "hidden", "steps"):
+            if getattr(cfg, name) < 1:
+                raise UsageError(f"--{name} {getattr(cfg, name)} must be at least 1")
+        if cfg.routing != "learned" and cfg.topk != 1:
+            raise UsageError(f"--topk {cfg.topk} needs --routing learned; the deterministic routers are top-1")
+        if not 1 <= cfg.topk <= cfg.experts:
+            raise UsageError(f"--topk {cfg.topk} must be between 1 and --experts {cfg.experts}")
+        if cfg.capacity_factor < 0:
+            raise UsageError(f"--capacity-factor {cfg.capacity_factor} must be >= 0 (0 = unlimited)")
+        if cfg.pad and cfg.capacity_factor <= 0:
+            raise UsageError("--pad needs a --capacity-factor > 0: padding fills each expert's buffer to its capacity")
+        fixed_counts(cfg)  # validates --skew
+
+    def layout(self, cfg: EPConfig) -> Layout:
+        return Layout(cfg.world, ep=cfg.ep)
+
+    def predict(self, cfg: EPConfig) -> list[CommEvent]:
+        layout, ledger = self.layout(cfg), Ledger(self.layout(cfg))
+        experts, gate = initial_weights(cfg)
+        router = make_router(cfg, gate)
+        pad_to = capacity(cfg) if cfg.pad else None
+        with torch.no_grad():
+            rows = {r: pack_plan(route(cfg, 0, r, source_tokens(cfg, 0, r), router).expert_A, cfg.experts, pad_to).rows_E
+                    for r in range(cfg.world)}
+        exchange = static_rows(cfg) is None
+        row = cfg.hidden
+        for r in range(cfg.world):
+            members = layout.group_of("ep", r)
+            ep, me = len(members), members.index(r)
+            local = cfg.experts // ep
+            send = destination_splits(rows[r], ep)
+            recv = [destination_splits(rows[s], ep)[me] for s in members]
+            if exchange:
+                ledger.emit(r, "all_to_all", "ep", "forward", region="moe.counts", input_splits=[1] * ep,
+                            output_splits=[1] * ep, row_numel=local, dtype="int64")
+            # Forward: token order -> expert order (dispatch), expert order -> token order (combine).
+            ledger.emit(r, "all_to_all", "ep", "forward", region="moe.dispatch", input_splits=send,
+                        output_splits=recv, row_numel=row)
+            ledger.emit(r, "all_to_all", "ep", "forward", region="moe.combine", input_splits=recv,
+                        output_splits=send, row_numel=row)
+            # Backward (step 5): each A2A's dual with the splits swapped, newest first; the dispatch's
+            # input is x, so its edge exists only if x requires grad.
+            ledger.emit(r, "all_to_all", "ep", "backward", region="moe.combine", input_splits=send,
+                        output_splits=recv, row_numel=row)
+            if cfg.input_grad:
+                ledger.emit(r, "all_to_all", "ep", "backward", region="moe.dispatch", input_splits=recv,
+                            output_splits=send, row_numel=row)
+            # Step 6: expert replicas in edp, the replicated gate in the dense dp group.
+            first = me * local
+            predict_grad_sync(ledger, r, "edp", [(f"expert{first + l}.weight", row * row) for l in range(local)],
+                              label="edp.grad_sync")
+            if gate is not None:
+                predict_grad_sync(ledger, r, "dp", [("gate.weight", gate.numel())], label="dp.grad_sync")
+        return ledger.events
+
+    def run_rank(self, ctx, cfg: EPConfig) -> RankOutput:
+        layout = self.layout(cfg)
+        mesh = ctx.mesh(layout)
+        ep_group, edp_group, dp_group = mesh["ep"], mesh["edp"], mesh["dp"]
+        me = ep_group.local_rank(ctx.rank)
+        experts_w, gate_w = initial_weights(cfg)
+        layer = MoELayer(cfg.hidden, cfg.experts, ep_group, me).to(ctx.device)
+        with torch.no_grad():
+            for l, expert in enumerate(layer.experts):
+                expert.linear.weight.copy_(experts_w[layer.first + l])
+        router = make_router(cfg, gate_w, ctx.device)
+        named = layer.named_expert_weights() + ([("gate.weight", router.gate.weight)] if router else [])
+        ref = reference_training(cfg, layout, ctx.rank)
+        rows = static_rows(cfg)
+        counts_SL = None if rows is None else torch.tensor(
+            [rows[layer.first:layer.first + layer.local]] * ep_group.size, device=ctx.device)
+        pad_to = capacity(cfg) if cfg.pad else None
+        losses, step_s, records, errs = [], [], [], {}
+        for step in range(cfg.steps):
+            x_TD = source_tokens(cfg, step, ctx.rank).to(ctx.device).requires_grad_(cfg.input_grad)
+            start = time.perf_counter()
+            with Capture() if step == 0 else contextlib.nullcontext() as cap:
+                routing = route(cfg, step, ctx.rank, x_TD, router)
+                out_TD, record = layer(x_TD, routing, pad_to, counts_SL)
+                loss = step_loss(cfg, out_TD, routing)
+                loss.backward()
+                sync_grads(layer.named_expert_weights(), edp_group, label="edp.grad_sync")
+                if router is not None:
+                    sync_grads([("gate.weight", router.gate.weight)], dp_group, label="dp.grad_sync")
+            ctx.synchronize()
+            step_s.append(time.perf_counter() - start)
+            losses.append(loss.item())
+            records.append(record)
+            if step == 0:
+                events, first_routing, x_grad = cap.events, routing, x_TD.grad
+                errs["output"] = _err(out_TD, ref["output"])
+                errs["grad"] = max([_err(p.grad, ref["grads"][n]) for n, p in named]
+                                   + ([_err(x_grad, ref["x_grad"])] if cfg.input_grad else []))
+            sgd_step([p for _, p in named], cfg.lr)
+        errs["weights"] = max(_err(p, ref["weights"][n]) for n, p in named)
+        checks = [
+            bound("outputs match the dense reference (step 0)", errs["output"], TOLERANCE),
+            bound("expert, gate and x gradients match the reference", errs["grad"], TOLERANCE),
+            bound(f"weights match the reference after {cfg.steps} SGD steps", errs["weights"], TOLERANCE),
+            Check("losses finite", all(v == v and abs(v) != float("inf") for v in losses), f"losses {losses}"),
+            _x_grad_check(cfg, x_grad),
+        ]
+        replicas = {"experts": (edp_group.ranks, digest([w for _, w in layer.named_expert_weights()]))}
+        if router is not None:
+            replicas["gate"] = (dp_group.ranks, digest([router.gate.weight]))
+        numerics = {f"max_abs_err_{k}": v for k, v in errs.items()}
+        return RankOutput(ctx.rank, events, checks, numerics, replicas,
+                          _rank_extra(layer, first_routing, records, step_s))
+
+    def summarize(self, cfg: EPConfig, outputs: list[RankOutput]) -> dict:
+        """The seed's production records ("生产中要验证MoE负载代价，至少应记录"), per EP group and rank.
+
+        tokens_per_expert[g][e]: tokens expert e received in EP group g (excluding padding rows).
+        """
+        ext = {o.rank: o.extra for o in outputs}
+        groups = self.layout(cfg).groups("ep")
+        local = cfg.experts // cfg.ep
+        by_group = lambda key: [[sum(ext[s][key][e] for s in g) for e in range(cfg.experts)] for g in groups]  # noqa: E731
+        ranks = []
+        for r in sorted(ext):
+            send, recv = ext[r]["input_splits"], ext[r]["output_splits"]
+            ranks.append({"rank": r, "ep_group": ext[r]["ep_group"], "local_experts": ext[r]["local_experts"],
+                          "dispatch": _a2a_record(send, recv, cfg.hidden), "combine": _a2a_record(recv, send, cfg.hidden),
+                          "rows_per_local_expert": ext[r]["rows_per_local_expert"], "gemm_ms": ext[r]["gemm_ms"],
+                          "all_to_all_ms": statistics.median(ext[r]["all_to_all_ms"]), "aux_loss": ext[r]["aux_loss"]})
+        critical = lambda key: _stats([max(ext[r][key][s] for r in ext) for s in range(cfg.steps)])  # noqa: E731
+        return {"experts": {
+            "ep_groups": [list(g) for g in groups],
+            "tokens_per_expert": by_group("kept_E"),
+            "routed_per_expert": by_group("routed_E"),
+            "dropped_per_expert": by_group("dropped_E"),
+            "capacity": capacity(cfg),
+            "padded": cfg.pad,
+            "gemm_ms_per_expert": [[ext[g[e // local]]["gemm_ms"][e % local] for e in range(cfg.experts)] for g in groups],
+            "all_to_all_ms_critical_rank": critical("all_to_all_ms"),
+            "step_ms_critical_rank": critical("step_ms"),
+            "aux_loss": [ext[r]["aux_loss"] for r in sorted(ext)] if cfg.routing == "learned" else None,
+            "ranks": ranks,
+            "note": backward_note(cfg),
+        }}
+
+
+def _rank_extra(layer: MoELayer, routing, records, step_s) -> dict:
+    """This rank's raw figures for `summarize`: routing of the captured step as a source, its splits
+    and rows as an expert owner, and per-step timings."""
+    return {"ep_group": list(layer.group.ranks), "local_experts": list(range(layer.first, layer.first + layer.local)),
+            "routed_E": routing.routed_E, "dropped_E": routing.dropped_E, "kept_E": routing.kept_E,
+            "input_splits": records[0].input_splits, "output_splits": records[0].output_splits,
+            "rows_per_local_expert": records[0].rows_per_local_expert,
+            "gemm_ms": [1e3 * statistics.median(r.gemm_s[l] for r in records) for l in range(layer.local)],
+            "all_to_all_ms": [1e3 * r.all_to_all_s for r in records], "step_ms": [1e3 * s for s in step_s],
+            "aux_loss": None if routing.aux_loss is None else routing.aux_loss.item()}
+
+
+def _a2a_record(input_splits, output_splits, hidden: int) -> dict:
+    """Split arrays and logical bytes of one all_to_all on one rank (FP32 rows of `hidden`)."""
+    row = hidden * 4
+    return {"input_splits": input_splits, "output_splits": output_splits,
+            "bytes_in": sum(input_splits) * row, "bytes_out": sum(output_splits) * row}
+
+
+def _stats(values_ms: list[float]) -> dict:
+    """Median, nearest-rank P95/P99 and CV of per-step times (few steps: read n before trusting them)."""
+    ordered = sorted(values_ms)
+    pick = lambda q: ordered[min(len(ordered) - 1, int(q * len(ordered)))]  # noqa: E731
+    mean = statistics.fmean(ordered)
+    return {"n": len(ordered), "p50": statistics.median(ordered), "p95": pick(0.95), "p99": pick(0.99),
+            "cv": statistics.pstdev(ordered) / mean if mean else 0.0}
+
+
+def _err(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.detach().cpu() - b).abs().max().item() if a.numel() else 0.0
+
+
+def _x_grad_check(cfg: EPConfig, x_grad) -> Check:
+    """Seed: "EP额外检查上游activation gradient存在且有限" - and absent when the tokens need none."""
+    if cfg.input_grad:
+        ok = x_grad is not None and bool(torch.isfinite(x_grad).all())
+        return Check("x.grad exists and is finite (reverse dispatch ran)", ok, "present" if x_grad is not None else "missing")
+    return Check("x.grad absent (reverse dispatch pruned)", x_grad is None, "absent" if x_grad is None else "present")
+
+
+register(ExpertParallel, "ep_balanced", "MoE top-1, 64 tokens/source split [32,32]: 4 all_to_all + 1 all_reduce",
+         routing="balanced")
+register(ExpertParallel, "ep_skewed", "MoE top-1 skewed 7:1, split [56,8]: hot expert receives 112 tokens",
+         routing="skewed")
+register(ExpertParallel, "ep_nograd", "MoE top-1 with tokens that need no grad: reverse dispatch pruned (3 A2A)",
+         routing="balanced", input_grad=False)
+register(ExpertParallel, "ep_learned", "MoE with a learned gate, top-k, capacity, Switch aux loss, counts exchange",
+         routing="learned", capacity_factor=1.25)
