@@ -84,17 +84,17 @@ class MoELayer(nn.Module):
         """x_TD -> out_TD. counts_SL: rows each source sends each local expert, when known statically;
         None makes the ranks exchange them first (learned routing without padding)."""
         packing = dsp.pack_plan(routing.expert_A, self.local * self.group.size, pad_to)
-        a2a_s = 0.0
+        counts_s = 0.0
         if counts_SL is None:
             with region("moe.counts"):
-                counts_SL, a2a_s = _timed(dsp.exchange_counts, packing.rows_E, self.group, x_TD.device)
+                counts_SL, counts_s = _timed(dsp.exchange_counts, packing.rows_E, self.group, x_TD.device)
         with region("moe.dispatch"):
-            received_RD, sec = _timed(dsp.dispatch, x_TD, routing, packing, counts_SL, self.group)
+            received_RD, dispatch_s = _timed(dsp.dispatch, x_TD, routing, packing, counts_SL, self.group)
         y_RD, gemm_s = self._compute(received_RD, counts_SL)
         with region("moe.combine"):
-            returned_PD, sec2 = _timed(dsp.combine, y_RD, packing, counts_SL, self.group)
+            returned_PD, combine_s = _timed(dsp.combine, y_RD, packing, counts_SL, self.group)
         record = StepRecord(packing.input_splits(self.group.size), counts_SL.sum(1).tolist(),
-                            counts_SL.sum(0).tolist(), gemm_s, a2a_s + sec + sec2)
+                            counts_SL.sum(0).tolist(), gemm_s, counts_s + dispatch_s + combine_s)
         return dsp.unpack(returned_PD, routing, packing, x_TD.shape[0]), record
 
     def _compute(self, received_RD: torch.Tensor, counts_SL: torch.Tensor):
