@@ -80,3 +80,18 @@ def test_predicted_ledger_of_collectives_is_per_group_ordered():
         for axis in ("tp", "dp"):
             seqs = [e.seq for e in events if e.rank == rank and e.axis == axis]
             assert seqs == list(range(len(seqs))) and len(seqs) == 28
+
+
+def test_same_entry_point_runs_as_one_rank_of_a_users_torchrun(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
+           "-m", "meshscope", "run", "collectives", "--world", "2", "--tp", "2", "--json", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = json.loads(proc.stdout)
+    assert result["passed"] and result["world"] == 2
+    assert sorted(p.name for p in (tmp_path / "flight").iterdir()) == ["rank0.jsonl", "rank1.jsonl"]

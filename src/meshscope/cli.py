@@ -52,10 +52,12 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
         g.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
     g.add_argument("--input-grad", dest="input_grad", action=argparse.BooleanOptionalAction, default=None,
                    help="whether the model input requires grad")
+    g.add_argument("--pad", dest="pad", action=argparse.BooleanOptionalAction, default=None,
+                   help="MoE: pad expert buffers to capacity (static splits) instead of exchanging counts")
 
 
 def _overrides(args) -> dict:
-    dests = [d for d, _, _ in OVERRIDES.values()] + ["input_grad"]
+    dests = [d for d, _, _ in OVERRIDES.values()] + ["input_grad", "pad"]
     return {d: getattr(args, d) for d in dests if getattr(args, d, None) is not None}
 
 
@@ -84,6 +86,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--json", action="store_true")
 
     sub.add_parser("list", help="the named experiments")
+
+    sw = sub.add_parser("sweep", help="collective time and bus bandwidth over message sizes; alpha-beta fit")
+    sw.add_argument("--world", type=int, default=2)
+    for axis in ("tp", "cp", "pp", "ep", "etp"):
+        sw.add_argument(f"--{axis}", type=int, default=1)
+    sw.add_argument("--axis", default="world", help="group to sweep on: world or a mesh group name (default world)")
+    sw.add_argument("--ops", default=None, help="comma list (default all_reduce,all_gather,reduce_scatter,all_to_all,sendrecv)")
+    sw.add_argument("--sizes", default=None, help="comma list of bytes, e.g. 1K,64K,1M (default 1K..64M doubling)")
+    sw.add_argument("--iters", type=int, default=20, help="timed iterations per size (default %(default)s)")
+    sw.add_argument("--warmup", type=int, default=5, help="discarded iterations per size (default %(default)s)")
+    sw.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    sw.add_argument("--timeout", type=float, default=120.0, help="seconds a collective may take (default %(default)s)")
+    sw.add_argument("--out", type=Path, default=None, help="run directory, gets sweep.json (default runs/sweep-<time>)")
+    sw.add_argument("--json", action="store_true")
     return p
 
 
@@ -177,20 +193,21 @@ def launch_spec(run_dir: Path, spec: dict, world: int, timeout: float) -> dict |
 
 def _run_as_rank(args, spec) -> int:
     """Inside a user's torchrun job: this process is one rank; rank 0 prints the result."""
-    from .runtime import RankContext
-    from .worker import run_spec
+    from .worker import execute
 
     run_dir = args.out or Path("runs") / f"{args.experiment}-{os.environ.get('TORCHELASTIC_RUN_ID', 'torchrun')}"
     run_dir.mkdir(parents=True, exist_ok=True)
-    ctx = RankContext.start(spec["backend"], spec["timeout"], run_dir)
-    try:
-        results = run_spec(ctx, spec)
-    finally:
-        ctx.close()
-    if results is None:
-        return 0
-    print(json.dumps(results[0]) if args.json else json.dumps(results[0], indent=1))
-    return 0 if results[0]["passed"] else 1
+    code = execute(run_dir, spec)
+    if code != 0 or os.environ.get("RANK", "0") != "0":
+        return code
+    result = json.loads((run_dir / "result.json").read_text())
+    if args.json:
+        print(json.dumps(result))
+    else:
+        from .report import print_result
+
+        print_result(result, run_dir)
+    return 0 if result["passed"] else 1
 
 
 def _check_backend(backend: str, world: int) -> None:
@@ -208,7 +225,28 @@ def _asdict(cfg) -> dict:
     return asdict(cfg)
 
 
-COMMANDS = {"layout": cmd_layout, "predict": cmd_predict, "run": cmd_run, "list": cmd_list}
+def cmd_sweep(args) -> int:
+    from .sweep import SweepConfig, parse_sizes, render
+
+    given = {"ops": tuple(args.ops.split(",")) if args.ops else None,
+             "sizes": parse_sizes(args.sizes) if args.sizes else None}
+    cfg = SweepConfig(world=args.world, tp=args.tp, cp=args.cp, pp=args.pp, ep=args.ep, etp=args.etp, axis=args.axis,
+                      iters=args.iters, warmup=args.warmup, **{k: v for k, v in given.items() if v is not None})
+    cfg.validate()
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout {args.timeout} must be positive")
+    _check_backend(args.backend, cfg.world)
+    run_dir = args.out or Path("runs") / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    spec = {"kind": "sweep", "backend": args.backend, "timeout": args.timeout, "sweep": cfg.to_json()}
+    doc = launch_spec(run_dir, spec, cfg.world, args.timeout)
+    if doc is None:
+        return 1
+    (run_dir / "sweep.json").write_text(json.dumps(doc, indent=1))
+    print(json.dumps(doc) if args.json else render(doc))
+    return 0
+
+
+COMMANDS = {"layout": cmd_layout, "predict": cmd_predict, "run": cmd_run, "list": cmd_list, "sweep": cmd_sweep}
 
 
 if __name__ == "__main__":

@@ -50,9 +50,11 @@ def run_spec(ctx: RankContext, spec: dict) -> list[dict] | None:
     return results if ctx.rank == 0 else None
 
 
-def main(run_dir: str) -> int:
-    run_dir = Path(run_dir)
-    spec = json.loads((run_dir / "spec.json").read_text())
+def execute(run_dir: Path, spec: dict) -> int:
+    """Run `spec` as this rank (torchrun's environment), keeping a flight log; rank 0 writes result.json.
+
+    On failure the rank records ``errors/rank<R>.json`` and returns 1.
+    """
     ctx = None
     try:
         ctx = RankContext.start(spec["backend"], spec["timeout"], run_dir)
@@ -76,7 +78,8 @@ def main(run_dir: str) -> int:
 
 
 if __name__ == "__main__":
-    code = main(sys.argv[1])
+    directory = Path(sys.argv[1])
+    code = execute(directory, json.loads((directory / "spec.json").read_text()))
     sys.stdout.flush()
     sys.stderr.flush()
     # Skip interpreter teardown: gloo's C++ threads have been seen to abort ("terminate called
