@@ -112,7 +112,8 @@ CASES = [
     ("ep_balanced", {}),
     ("ep_skewed", {}),
     ("ep_nograd", {}),
-    ("ep_learned", {}),                                              # top-1, capacity 1.25
+    ("ep_learned", {"capacity_factor": 0.5}),                        # top-1, capacity 16 of 64: drops
+    ("ep_learned", {"capacity_factor": 0.0}),                        # top-1, no capacity: no drops
     ("ep_learned", {"topk": 2, "capacity_factor": 0.5}),             # top-2 over 2 experts: half dropped
     ("ep_learned", {"topk": 2, "capacity_factor": 0.0}),             # top-2, no capacity: no drops
     ("ep_learned", {"pad": True, "capacity_factor": 1.0}),           # padded: static splits
@@ -156,24 +157,29 @@ def test_seed_counts_splits_and_tokens(results):
 
 
 def test_learned_capacity_drops_and_padding(results):
-    top1, top2_drop, top2_free, padded = results[3:7]
-    for res in (top1, top2_drop, top2_free):
+    top1_drop, top1_free, top2_drop, top2_free, padded = results[3:8]
+    for res in (top1_drop, top1_free, top2_drop, top2_free):
         assert [c for _, c in _per_rank(res)] == [{"all_reduce": 2, "all_to_all": 5}] * 4  # counts A2A + gate sync
         assert all(isinstance(a, float) for a in res["experts"]["aux_loss"])
+    drop1 = top1_drop["experts"]
+    assert drop1["capacity"] == 16 and drop1["tokens_per_expert"] == [[32, 32], [32, 32]]
+    assert [sum(d) for d in drop1["dropped_per_expert"]] == [64, 64]  # 2 sources x 64 tokens - 2 x 2 x 16 kept
+    free1 = top1_free["experts"]
+    assert free1["capacity"] is None and free1["dropped_per_expert"] == [[0, 0], [0, 0]]
+    assert [sum(t) for t in free1["tokens_per_expert"]] == [128, 128]
+    assert free1["tokens_per_expert"] == free1["routed_per_expert"]
     drop = top2_drop["experts"]
     assert drop["capacity"] == 32 and drop["routed_per_expert"] == [[128, 128], [128, 128]]
     assert drop["tokens_per_expert"] == [[64, 64], [64, 64]] and drop["dropped_per_expert"] == [[64, 64], [64, 64]]
     free = top2_free["experts"]
     assert free["dropped_per_expert"] == [[0, 0], [0, 0]] and free["tokens_per_expert"] == [[128, 128], [128, 128]]
-    for group, kept in zip(top1["experts"]["tokens_per_expert"], top1["experts"]["dropped_per_expert"]):
-        assert sum(group) + sum(kept) == 128  # 2 sources x 64 tokens, top-1: kept + dropped
     assert [c for _, c in _per_rank(padded)] == [{"all_reduce": 2, "all_to_all": 4}] * 4
     assert padded["experts"]["ranks"][0]["dispatch"]["input_splits"] == [32, 32]
-    assert any(c["name"] == "replicas equal: gate" and c["passed"] for c in top1["checks"])
+    assert any(c["name"] == "replicas equal: gate" and c["passed"] for c in top1_drop["checks"])
 
 
 def test_more_experts_and_wider_ep(results):
-    four, wide, learned_nograd = results[7:]
+    four, wide, learned_nograd = results[8:]
     assert four["experts"]["tokens_per_expert"] == [[90, 14, 12, 12]] * 2  # 2 sources x [45, 7, 6, 6]
     assert four["experts"]["ranks"][0]["dispatch"]["input_splits"] == [52, 12]
     assert four["experts"]["ranks"][0]["rows_per_local_expert"] == [90, 14]
