@@ -251,3 +251,7 @@ COMMANDS = {"layout": cmd_layout, "predict": cmd_predict, "run": cmd_run, "list"
 
 if __name__ == "__main__":
     sys.exit(main())
+    from .launch import in_torchrun
+
+    if in_torchrun():  # every rank would launch a world of its own
+        raise UsageError("meshscope sweep launches its own ranks; run it directly, not under torchrun")
