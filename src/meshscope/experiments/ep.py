@@ -46,6 +46,8 @@ TOLERANCE = 2e-5
 
 @dataclass(frozen=True)
 class EPConfig:
+    """Parameters of the ``ep_*`` experiments; field names are the CLI override names."""
+
     world: int = 4
     """Number of ranks; every rank is a token source and an expert owner."""
     ep: int = 2
@@ -80,6 +82,8 @@ class EPConfig:
 
 def backward_note(cfg: EPConfig) -> str:
     """Why the step has the all_to_alls it has, in plain words (seed: autograd prunes, NCCL does not skip)."""
+    if cfg.ep == 1:
+        return "ep is 1: every expert is local to its rank, so no all_to_all is issued at all"
     exchange = "" if static_rows(cfg) is not None else (
         "the router's counts are only known after routing, so an all_to_all of the int64 counts "
         "(splits [1] per rank) precedes the dispatch; ")

@@ -94,8 +94,10 @@ def fixed_routing(counts_E: list[int], generator: torch.Generator) -> Routing:
     tokens = sum(counts_E)
     perm_T = torch.randperm(tokens, generator=generator)
     expert_T = torch.repeat_interleave(torch.arange(len(counts_E)), torch.tensor(counts_E))
-    order = torch.argsort(perm_T)  # token t is the perm position of t: its expert is expert_T[pos]
-    return Routing(token_A=torch.arange(tokens), expert_A=expert_T[order], weight_A=None,
+    # Position i of the permutation holds token perm_T[i] and belongs to expert expert_T[i];
+    # argsort(perm_T)[t] is token t's position, hence its expert.
+    position_T = torch.argsort(perm_T)
+    return Routing(token_A=torch.arange(tokens), expert_A=expert_T[position_T], weight_A=None,
                    routed_E=list(counts_E), dropped_E=[0] * len(counts_E), capacity=None)
 
 
