@@ -235,6 +235,10 @@ def cmd_sweep(args) -> int:
     cfg.validate()
     if args.timeout <= 0:
         raise UsageError(f"--timeout {args.timeout} must be positive")
+    from .launch import in_torchrun
+
+    if in_torchrun():  # every rank would launch a world of its own
+        raise UsageError("meshscope sweep launches its own ranks; run it directly, not under torchrun")
     _check_backend(args.backend, cfg.world)
     run_dir = args.out or Path("runs") / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     spec = {"kind": "sweep", "backend": args.backend, "timeout": args.timeout, "sweep": cfg.to_json()}
@@ -251,7 +255,3 @@ COMMANDS = {"layout": cmd_layout, "predict": cmd_predict, "run": cmd_run, "list"
 
 if __name__ == "__main__":
     sys.exit(main())
-    from .launch import in_torchrun
-
-    if in_torchrun():  # every rank would launch a world of its own
-        raise UsageError("meshscope sweep launches its own ranks; run it directly, not under torchrun")
