@@ -12,7 +12,8 @@ OUTPUT bytes, of reduce_scatter the total INPUT bytes, of all_reduce the buffer,
 each rank sends in total, of sendrecv the bytes each rank sends to its ring neighbour (while it receives
 as much from the other). algbw = size / time; busbw = algbw * factor(op, n) (`BUS_FACTOR`).
 
-Legend: n = group size, i = this rank's index in the group, S = size in bytes, E = elements (S / 4, float32).
+Legend: n = group size, i = this rank's index in the group, S = size in bytes, e = S / 4 (float32 elements),
+I / O = input / output elements of one call.
 """
 
 from __future__ import annotations
@@ -197,21 +198,19 @@ def _step(op: str, size: int, group, device):
 
     n, i, e = group.size, group.local_rank(dist.get_rank()), size // ELEM_BYTES
     pg = group.pg
-    if op in ("all_reduce", "all_to_all", "sendrecv"):
-        x_E, y_E = torch.ones(e, device=device), torch.empty(e, device=device)
-    elif op == "all_gather":
-        x_E, y_E = torch.ones(e // n, device=device), torch.empty(e, device=device)
-    else:
-        x_E, y_E = torch.ones(e, device=device), torch.empty(e // n, device=device)
+    # S is the output of all_gather and the input of reduce_scatter; the other side is S / n.
+    numel_in, numel_out = {"all_gather": (e // n, e), "reduce_scatter": (e, e // n)}.get(op, (e, e))
+    # zeros: the in-place all_reduce repeated hundreds of times stays finite (ones would double to inf).
+    x_I, y_O = torch.zeros(numel_in, device=device), torch.empty(numel_out, device=device)
     nxt, prv = group.ranks[(i + 1) % n], group.ranks[(i - 1) % n]
     calls = {
-        "all_reduce": lambda: dist.all_reduce(x_E, group=pg),
-        "all_gather": lambda: dist.all_gather_into_tensor(y_E, x_E, group=pg),
-        "reduce_scatter": lambda: dist.reduce_scatter_tensor(y_E, x_E, group=pg),
-        "all_to_all": lambda: dist.all_to_all_single(y_E, x_E, group=pg),
+        "all_reduce": lambda: dist.all_reduce(x_I, group=pg),
+        "all_gather": lambda: dist.all_gather_into_tensor(y_O, x_I, group=pg),
+        "reduce_scatter": lambda: dist.reduce_scatter_tensor(y_O, x_I, group=pg),
+        "all_to_all": lambda: dist.all_to_all_single(y_O, x_I, group=pg),
         # nccl-tests sendrecv: each rank sends to its ring successor while receiving from its predecessor.
         "sendrecv": lambda: [w.wait() for w in dist.batch_isend_irecv(
-            [dist.P2POp(dist.isend, x_E, nxt, group=pg), dist.P2POp(dist.irecv, y_E, prv, group=pg)])],
+            [dist.P2POp(dist.isend, x_I, nxt, group=pg), dist.P2POp(dist.irecv, y_O, prv, group=pg)])],
     }
     return calls[op]
 
