@@ -6,6 +6,8 @@ import json
 from collections import Counter
 
 import pytest
+import torch
+import torch.nn.functional as F
 import torch.distributed.pipelining.schedules as torch_schedules
 
 from meshscope import experiments, timeline
@@ -13,7 +15,7 @@ from meshscope.errors import UsageError
 from meshscope.events import counts
 from meshscope.launch import launch
 from meshscope.mesh import Layout
-from meshscope.models.pipeline import Exchange, actions, check_matched, peak_stash, program, stash_bound
+from meshscope.models.pipeline import Exchange, actions, check_matched, peak_stash, program, stage_forward, stash_bound
 
 from .helpers import cli, failed_checks, run_many
 
@@ -129,6 +131,19 @@ def test_every_message_is_sent_and_received_once():
     pp, m = 3, 4
     msgs = Counter(x for s in range(pp) for e in program("1f1b", pp, s, m) if isinstance(e, Exchange) for x in e.messages)
     assert len(msgs) == (pp - 1) * 2 * m and set(msgs.values()) == {2}  # each on both ends, once
+
+
+def test_p2p_cuts_autograd_and_the_gradient_message_rejoins_it():
+    g = torch.Generator().manual_seed(0)
+    x_bD, t_bD = torch.randn(4, 8, generator=g), torch.randn(4, 8, generator=g)
+    w0_HD, w1_DH = (torch.randn(*s, generator=g).requires_grad_() for s in ((16, 8), (8, 16)))
+    h_bH = stage_forward(x_bD, w0_HD, last=False)
+    received_bH = h_bH.detach().clone().requires_grad_(True)  # what recv yields: bytes, no graph
+    F.mse_loss(stage_forward(received_bH, w1_DH, last=True), t_bD).backward()
+    assert received_bH.grad_fn is None and w0_HD.grad is None  # stage 0's weight is out of reach
+    h_bH.backward(received_bH.grad)  # the gradient message, applied upstream
+    want = torch.autograd.grad(F.mse_loss(stage_forward(stage_forward(x_bD, w0_HD, False), w1_DH, True), t_bD), w0_HD)[0]
+    assert torch.allclose(w0_HD.grad, want)
 
 
 # -- predictor ----------------------------------------------------------------------------------------

@@ -4,7 +4,8 @@ The seed ("Microbatch 参数实验", rank0's pp_mb8 timeline F0..F7 then B7..B0)
 start/end times of each microbatch's forward and backward on each rank. `Recorder` takes them: the host
 clock on CPU, CUDA events on GPU (host timestamps of asynchronous kernels would show launch times, not
 execution). Every rank starts its clock right after a barrier, so times are comparable across ranks
-(and across hosts, within the barrier's skew).
+(and across hosts, within the barrier's skew). On GPU it also takes the step's peak memory above what
+was allocated at its start: the issue's "peak allocated memory" next to the stash count.
 
 Bubble: the fraction of the step a rank's compute leaves idle, averaged over ranks, next to the ideal
 pipeline's (p - 1) / (m + p - 1) (equal F and B cost on every stage, free communication). On a tiny CPU
@@ -29,13 +30,22 @@ class Recorder:
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
+        self.clock = "cuda events" if self.cuda else "host perf_counter"
         self._raw: list[tuple[str, int, object, object]] = []
         self._t0: object = None
+        self._resident = 0
 
     def start(self) -> None:
-        """Mark time zero (call right after a barrier)."""
+        """Mark time zero (call right after a barrier); on GPU also start the step's memory peak."""
         self._raw.clear()
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+            self._resident = torch.cuda.memory_allocated()
         self._t0 = self._now()
+
+    def peak_step_bytes(self) -> int | None:
+        """GPU memory allocated above the step's start at its peak (stash, messages, grads); None on CPU."""
+        return torch.cuda.max_memory_allocated() - self._resident if self.cuda else None
 
     def _now(self):
         if self.cuda:
@@ -108,9 +118,9 @@ def write_png(section: dict, path: Path) -> None:
         for s in r["spans"]:
             width = s["end_us"] - s["start_us"]
             ax.broken_barh([(s["start_us"], width)], (row - 0.4, 0.8), facecolors=colors[s["kind"]], edgecolor="white")
-            if width > 0.02 * end:  # label only bars wide enough to hold it
+            if width > 0.012 * end:  # label only bars wide enough to hold it
                 ax.text(s["start_us"] + width / 2, row, f"{s['kind']}{s['microbatch']}", ha="center", va="center",
-                        fontsize=7, color="white")
+                        fontsize=6, color="white")
     ax.set_yticks(range(len(ranks)), [f"rank {r['rank']} / stage {r['stage']}" for r in ranks])
     ax.invert_yaxis()
     ax.set_xlabel(f"time in one step (us, {section['clock']})")

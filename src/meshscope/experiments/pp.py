@@ -196,7 +196,7 @@ class Pipeline(Experiment):
             if step == 0:
                 events = capture.events
             if timed:
-                spans = recorder.spans()
+                spans, step_bytes = recorder.spans(), recorder.peak_step_bytes()
             ref_outs, ref_grads = reference_step(ws, batches)
             err["output"] = max(err["output"], _err(torch.cat(outs), ref_outs[replica][stage]))
             err["grad"] = max(err["grad"], _err(w_OI.grad, ref_grads[stage]))
@@ -218,20 +218,20 @@ class Pipeline(Experiment):
                                 f"{len(losses)} losses, last {losses[-1]:.6g}"))
         replicas = {"stage weights": (dp_g.ranks, digest([w_OI]))} if dp_g.size > 1 else {}
         extra = {"stage": stage, "spans": spans, "peak_stash": peak, "stash_bound": want,
-                 "weights_digest": digest([w_OI]), "run_dir": str(ctx.run_dir)}
-        if ctx.device.type == "cuda":
-            extra["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(ctx.device)
+                 "weights_digest": digest([w_OI]), "clock": recorder.clock, "run_dir": str(ctx.run_dir)}
+        if step_bytes is not None:
+            extra["peak_step_bytes"] = step_bytes
         return RankOutput(ctx.rank, events, checks=checks, replicas=replicas, extra=extra,
                           numerics={f"max_abs_err_{k}": v for k, v in err.items()})
 
     def summarize(self, cfg, outputs: list[RankOutput]) -> dict:
         """The ``timeline`` section (one step's spans, bubble vs theory, peak stash) and its files."""
-        ranks = [{"rank": o.rank, **{k: o.extra[k] for k in ("stage", "peak_stash", "stash_bound", "spans")},
-                  **({"peak_allocated_bytes": o.extra["peak_allocated_bytes"]} if "peak_allocated_bytes" in o.extra else {})}
+        keys = ("stage", "peak_stash", "stash_bound", "peak_step_bytes", "spans")
+        ranks = [{"rank": o.rank, **{k: o.extra[k] for k in keys if k in o.extra}}
                  for o in sorted(outputs, key=lambda o: o.rank)]
         section = {
             "schedule": cfg.schedule, "pp": cfg.pp, "microbatches": cfg.microbatches,
-            "clock": "cuda events" if "peak_allocated_bytes" in outputs[0].extra else "host perf_counter",
+            "clock": outputs[0].extra["clock"],
             "ranks": ranks,
             "bubble_fraction": timeline.bubble_fraction([r["spans"] for r in ranks]),
             "bubble_theory": timeline.bubble_theory(cfg.pp, cfg.microbatches),

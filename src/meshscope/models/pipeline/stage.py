@@ -106,12 +106,12 @@ def run_program(prog, boundary: StageBoundary, w_OI: torch.Tensor, x_mbI, target
     outputs: list = [None] * m
     losses: list = [None] * m
     peak = 0
-    for step in prog:
-        if isinstance(step, Exchange):
-            inbox.update(boundary.exchange(step, outbox))
+    for item in prog:
+        if isinstance(item, Exchange):
+            inbox.update(boundary.exchange(item, outbox))
             continue
-        i = step.microbatch
-        if step.kind == "F":
+        i = item.microbatch
+        if item.kind == "F":
             # The received activation is a fresh leaf: autograd on this rank starts here.
             x_bI = x_mbI[i] if first else inbox.pop(Message("activation", i, stage - 1)).requires_grad_(True)
             with recorder.span("F", i):
