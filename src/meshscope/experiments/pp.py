@@ -225,7 +225,9 @@ class Pipeline(Experiment):
                           numerics={f"max_abs_err_{k}": v for k, v in err.items()})
 
     def summarize(self, cfg, outputs: list[RankOutput]) -> dict:
-        """The ``timeline`` section (one step's spans, bubble vs theory, peak stash) and its files."""
+        """The ``timeline`` section (one step's spans per rank, bubble vs theory, peak stash, and each
+        stage's weight digest so runs under different schedules can be compared), and its files
+        (Chrome trace, Gantt PNG) written into rank 0's run directory."""
         keys = ("stage", "peak_stash", "stash_bound", "peak_step_bytes", "spans")
         ranks = [{"rank": o.rank, **{k: o.extra[k] for k in keys if k in o.extra}}
                  for o in sorted(outputs, key=lambda o: o.rank)]
