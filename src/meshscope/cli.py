@@ -15,6 +15,7 @@ from pathlib import Path
 
 from . import experiments
 from .errors import UsageError
+from .faults import KINDS, RUN_LEVEL
 from .mesh import DEFAULT_ORDER, Layout
 
 OVERRIDES = {
@@ -83,7 +84,13 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     run.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may take (default %(default)s)")
     run.add_argument("--out", type=Path, default=None, help="run directory (default runs/<experiment>-<time>)")
+    run.add_argument("--inject", default=None, metavar="KIND",
+                     help="plant a fault on purpose: " + ", ".join(KINDS))
     run.add_argument("--json", action="store_true")
+
+    doc = sub.add_parser("doctor", help="diagnose a run directory's flight logs")
+    doc.add_argument("run_dir", type=Path)
+    doc.add_argument("--json", action="store_true")
 
     sub.add_parser("list", help="the named experiments")
 
@@ -152,14 +159,29 @@ def cmd_predict(args) -> int:
     return 0
 
 
+def _inject(exp, kind: str | None, overrides: dict) -> str | None:
+    """Validate --inject; fold an experiment-level fault into the overrides; return a run-level one."""
+    if kind is None:
+        return None
+    valid = [*RUN_LEVEL, *exp.faults]
+    if kind not in valid:
+        raise UsageError(f"--inject {kind!r} is not available for {exp.name}; valid: {', '.join(valid)}")
+    if kind in RUN_LEVEL:
+        return kind
+    overrides.update(exp.faults[kind])
+    return None
+
+
 def cmd_run(args) -> int:
     exp = experiments.get(args.experiment)
-    cfg = exp.config(_overrides(args))
+    overrides = _overrides(args)
+    run_level = _inject(exp, args.inject, overrides)
+    cfg = exp.config(overrides)
     layout = exp.layout(cfg)
     if args.timeout <= 0:
         raise UsageError(f"--timeout {args.timeout} must be positive")
-    spec = {"backend": args.backend, "timeout": args.timeout,
-            "experiments": [{"name": exp.name, "overrides": _overrides(args)}]}
+    spec = {"backend": args.backend, "timeout": args.timeout, "inject": run_level,
+            "experiments": [{"name": exp.name, "overrides": overrides}]}
     from .launch import in_torchrun
 
     if in_torchrun():
@@ -167,6 +189,8 @@ def cmd_run(args) -> int:
     _check_backend(args.backend, layout.world)
     run_dir = args.out or Path("runs") / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     result = launch_spec(run_dir, spec, layout.world, args.timeout)
+    if result is None or not result["passed"]:
+        _auto_doctor(run_dir)
     if result is None:
         return 1
     if args.json:
@@ -189,6 +213,36 @@ def launch_spec(run_dir: Path, spec: dict, world: int, timeout: float) -> dict |
         print(f"meshscope: run failed: {outcome.error or 'no result written'} (logs: {run_dir})", file=sys.stderr)
         return None
     return json.loads((run_dir / "result.json").read_text())
+
+
+def _auto_doctor(run_dir: Path) -> None:
+    """After a failed run, say what the flight logs show (stderr, so --json stays one document)."""
+    from .doctor import diagnose
+
+    try:
+        report = diagnose(run_dir)
+    except UsageError:
+        return
+    for f in report["findings"]:
+        print(f"meshscope doctor: {f['summary']}", file=sys.stderr)
+
+
+def cmd_doctor(args) -> int:
+    from .doctor import diagnose
+
+    if not args.run_dir.is_dir():
+        raise UsageError(f"run directory {args.run_dir} does not exist")
+    report = diagnose(args.run_dir)
+    if args.json:
+        print(json.dumps(report))
+    else:
+        for e in report["errors"]:
+            print(f"rank {e['rank']} failed: {e['error']}")
+        for f in report["findings"]:
+            print(f["summary"])
+        if report["healthy"]:
+            print(f"no problem found in the flight logs of ranks {report['ranks']}")
+    return 0 if report["healthy"] else 1
 
 
 def _run_as_rank(args, spec) -> int:
@@ -250,7 +304,8 @@ def cmd_sweep(args) -> int:
     return 0
 
 
-COMMANDS = {"layout": cmd_layout, "predict": cmd_predict, "run": cmd_run, "list": cmd_list, "sweep": cmd_sweep}
+COMMANDS = {"layout": cmd_layout, "predict": cmd_predict, "run": cmd_run, "list": cmd_list, "sweep": cmd_sweep,
+            "doctor": cmd_doctor}
 
 
 if __name__ == "__main__":

@@ -90,22 +90,26 @@ def _new_group(ranks: list[int], desc: str, timeout):
     return dist.new_group(ranks, **kwargs)
 
 
-def create_groups(layout: Layout, rank: int, timeout=None, on_create=None) -> MeshGroups:
+def create_groups(layout: Layout, rank: int, timeout=None, on_create=None, misorder: bool = False) -> MeshGroups:
     """Create every group of `layout` on torch.distributed, in the global creation order.
 
-    Must be called by every rank of the world. `on_create(axis, ranks)` is called after each
-    new_group (the flight log records it).
+    Must be called by every rank of the world. `on_create(axis, ranks)` is called before each
+    new_group (the flight log records it, so a rank stuck in new_group shows where).
+    `misorder` plants the seed's group-creation fault on this rank: its last group is created first.
     """
     if dist.get_world_size() != layout.world:
         raise ValueError(f"layout is for world {layout.world} but torch.distributed has {dist.get_world_size()} ranks")
     out = MeshGroups(layout, rank)
     made: dict[tuple[int, ...], object] = {}
-    for axis, ranks in layout.creation_order():
+    order = layout.creation_order()
+    if misorder:
+        order = order[-1:] + order[:-1]
+    for axis, ranks in order:
         desc = f"meshscope:{axis}:{'-'.join(map(str, ranks))}"
-        pg = _new_group(ranks, desc, timeout)
         out.created.append((axis, ranks))
         if on_create is not None:
             on_create(axis, ranks)
+        pg = _new_group(ranks, desc, timeout)
         if rank in ranks:
             made[tuple(ranks)] = pg
             register(pg, axis, ranks)

@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .faults import FAULT_RANK
 from .groups import MeshGroups, create_groups
 from .mesh import Layout
 
@@ -38,6 +39,8 @@ class RankContext:
     meshes: dict[Layout, MeshGroups] = field(default_factory=dict)
     flight: object = None
     """This rank's FlightLog, when the run keeps one: group creations are logged to it."""
+    inject: str | None = None
+    """A run-level planted fault (`faults.RUN_LEVEL`), or None."""
 
     @classmethod
     def start(cls, backend: str, timeout_s: float, run_dir: Path) -> "RankContext":
@@ -62,7 +65,9 @@ class RankContext:
         """The groups of `layout`, created on first use by every rank in the global order."""
         if layout not in self.meshes:
             on_create = self.flight.group_created if self.flight is not None else None
-            self.meshes[layout] = create_groups(layout, self.rank, datetime.timedelta(seconds=self.timeout_s), on_create)
+            misorder = self.inject == "group-order" and self.rank == FAULT_RANK
+            self.meshes[layout] = create_groups(layout, self.rank, datetime.timedelta(seconds=self.timeout_s),
+                                                on_create, misorder)
         return self.meshes[layout]
 
     def progress(self, message: str) -> None:

@@ -59,6 +59,7 @@ def execute(run_dir: Path, spec: dict) -> int:
     try:
         ctx = RankContext.start(spec["backend"], spec["timeout"], run_dir)
         ctx.flight = FlightLog(run_dir, ctx.rank)
+        ctx.inject = spec.get("inject")
         with ctx.flight.capture():
             results = run_spec(ctx, spec)
         if results is not None:

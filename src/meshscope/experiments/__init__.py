@@ -63,6 +63,8 @@ class Experiment:
 
     Config: type
     """Frozen dataclass of the experiment's parameters; field names are the CLI override names."""
+    faults: dict[str, dict] = {}
+    """Injectable fault kind (`faults.KINDS`) -> the config overrides that plant it."""
 
     def __init__(self, name: str, preset: dict, description: str):
         self.name, self.preset, self.description = name, preset, description

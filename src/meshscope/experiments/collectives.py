@@ -98,6 +98,7 @@ def plan(group_size: int, index: int, peer_of) -> list[tuple]:
 
 class Collectives(Experiment):
     Config = CollectivesConfig
+    faults = {"missing-collective": {"skip_rank": 1}}
 
     def validate(self, cfg) -> None:
         if cfg.world % cfg.tp:

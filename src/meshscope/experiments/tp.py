@@ -184,6 +184,7 @@ def _err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 class TensorParallel(Experiment):
     Config = TPConfig
+    faults = {"dp-wrong-group": {"dp_group_fault": True}}
 
     def config(self, overrides: dict) -> TPConfig:
         return resolve(super().config(overrides))
