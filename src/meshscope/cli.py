@@ -88,6 +88,24 @@ def build_parser() -> argparse.ArgumentParser:
                      help="plant a fault on purpose: " + ", ".join(KINDS))
     run.add_argument("--json", action="store_true")
 
+    suite = sub.add_parser("suite", help="every seed configuration in one launch: verified, timed, compared")
+    suite.add_argument("--configs", default=None, help="comma-separated subset (default: all; see `meshscope suite --list`)")
+    suite.add_argument("--list", action="store_true", help="list the suite's configurations and exit")
+    suite.add_argument("--rounds", type=int, default=2, help="timing rounds, order reversed every other round (default %(default)s)")
+    suite.add_argument("--iters", type=int, default=20, help="timed steps per config and round (default %(default)s)")
+    suite.add_argument("--warmup", type=int, default=3, help="untimed steps before each timed series (default %(default)s)")
+    suite.add_argument("--steps-per-sample", type=int, default=1,
+                       help="back-to-back steps per timed sample; 1 = per-step timing (default %(default)s)")
+    suite.add_argument("--cv-threshold", type=float, default=0.05, help="PERF_UNSTABLE above this CV (default %(default)s)")
+    suite.add_argument("--profile", action="store_true", help="torch.profiler trace per rank and config (NCCL kernel counts)")
+    suite.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
+    suite.add_argument("--timeout", type=float, default=120.0, help="seconds a collective may take (default %(default)s)")
+    suite.add_argument("--out", type=Path, default=None, help="run directory (default runs/suite-<time>)")
+    suite.add_argument("--json", action="store_true")
+
+    rep = sub.add_parser("report", help="re-render a suite run directory's tables, report.md and figures")
+    rep.add_argument("run_dir", type=Path)
+
     doc = sub.add_parser("doctor", help="diagnose a run directory's flight logs")
     doc.add_argument("run_dir", type=Path)
     doc.add_argument("--json", action="store_true")
@@ -227,6 +245,60 @@ def _auto_doctor(run_dir: Path) -> None:
         print(f"meshscope doctor: {f['summary']}", file=sys.stderr)
 
 
+def cmd_suite(args) -> int:
+    from .suite import SUITE, SuiteOptions, world_of
+
+    if args.list:
+        for e in SUITE:
+            print(f"{e.label:24s} {e.experiment} {json.dumps(e.overrides) if e.overrides else ''}")
+        return 0
+    configs = tuple(c.strip() for c in args.configs.split(",") if c.strip()) if args.configs else None
+    options = SuiteOptions(**({"configs": configs} if configs is not None else {}), rounds=args.rounds,
+                           iters=args.iters, warmup=args.warmup, steps_per_sample=args.steps_per_sample,
+                           cv_threshold=args.cv_threshold, profile=args.profile)
+    world = world_of(options)  # validates everything before anything is written
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout {args.timeout} must be positive")
+    _check_backend(args.backend, world)
+    if args.profile and args.backend != "nccl":
+        print("meshscope: note: --profile on gloo records CPU traces only; NCCL kernel counts need --backend nccl",
+              file=sys.stderr)
+    run_dir = args.out or Path("runs") / f"suite-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    spec = {"kind": "suite", "backend": args.backend, "timeout": args.timeout,
+            "suite": {**options.__dict__, "configs": list(options.configs)}}
+    doc = launch_spec(run_dir, spec, world, args.timeout)
+    if doc is None:
+        _auto_doctor(run_dir)
+        return 1
+    from .suite_report import print_terminal, write_all
+
+    write_all(doc, run_dir)
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        print_terminal(doc)
+        print(f"run directory: {run_dir} (report.md, figures/, records/, result.json)")
+    return 0 if doc["summary"]["passed"] else 1
+
+
+def cmd_report(args) -> int:
+    from .suite_report import print_terminal, summary, write_all
+
+    path = args.run_dir / "result.json"
+    if not path.exists():
+        raise UsageError(f"{path} does not exist; give a suite run directory")
+    doc = json.loads(path.read_text())
+    if doc.get("kind") != "suite":
+        from .report import print_result
+
+        print_result(doc, args.run_dir)
+        return 0 if doc["passed"] else 1
+    doc["summary"] = summary(doc)  # derived: recomputed so that the re-render matches the tables
+    write_all(doc, args.run_dir)
+    print_terminal(doc)
+    return 0 if doc["summary"]["passed"] else 1
+
+
 def cmd_doctor(args) -> int:
     from .doctor import diagnose
 
@@ -305,7 +377,7 @@ def cmd_sweep(args) -> int:
 
 
 COMMANDS = {"layout": cmd_layout, "predict": cmd_predict, "run": cmd_run, "list": cmd_list, "sweep": cmd_sweep,
-            "doctor": cmd_doctor}
+            "doctor": cmd_doctor, "suite": cmd_suite, "report": cmd_report}
 
 
 if __name__ == "__main__":

@@ -30,6 +30,17 @@ def write_json(path: Path, doc) -> None:
 
 def run_spec(ctx: RankContext, spec: dict) -> list[dict] | None:
     """Run every experiment of the spec; rank 0 returns their results."""
+    if spec.get("kind") == "suite":
+        from .environment import environment
+        from .suite import SuiteOptions, run_suite_rank
+        from .suite_report import summary
+
+        doc = run_suite_rank(ctx, SuiteOptions(**{**spec["suite"], "configs": tuple(spec["suite"]["configs"])}))
+        if ctx.rank != 0:
+            return None
+        doc["environment"] = environment(ctx.backend, ctx.world)
+        doc["summary"] = summary(doc)
+        return [doc]
     if spec.get("kind") == "sweep":  # a collective benchmark, not an experiment: no ledger to verify
         from .sweep import SweepConfig, run_sweep_rank
 

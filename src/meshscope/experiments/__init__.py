@@ -10,6 +10,7 @@ Contract (all pure Python except `run_rank`):
   predict(cfg)        -> every CommEvent every rank must issue in one training step
   run_rank(ctx, cfg)  -> this rank's `RankOutput` (captured events of one step, numerics, checks)
   summarize(cfg, outs)-> mode-specific sections of result.json (e.g. ``experts``, ``timeline``)
+  step_fn(ctx, cfg)   -> one training step as a callable (the suite times and profiles it)
 """
 
 from __future__ import annotations
@@ -96,6 +97,11 @@ class Experiment:
 
     def summarize(self, cfg, outputs: list[RankOutput]) -> dict:
         return {}
+
+    def step_fn(self, ctx, cfg):
+        """One training step on this rank as a zero-argument callable, for timing and profiling:
+        forward, backward, gradient sync and SGD, exactly as `run_rank` trains, without its checks."""
+        raise NotImplementedError(f"{self.name} cannot be timed")
 
 
 _REGISTRY: dict[str, Experiment] = {}

@@ -159,35 +159,29 @@ class ExpertParallel(Experiment):
                 predict_grad_sync(ledger, r, "dp", [("gate.weight", gate.numel())], label="dp.grad_sync")
         return ledger.events
 
+    def step_fn(self, ctx, cfg: EPConfig):
+        m = _Model(ctx, cfg, ctx.mesh(self.layout(cfg)))
+        x_TD = source_tokens(cfg, 0, ctx.rank).to(ctx.device).requires_grad_(cfg.input_grad)
+
+        def step():
+            x_TD.grad = None
+            m.train_step(0, x_TD)
+            sgd_step([p for _, p in m.named], cfg.lr)
+
+        return step
+
     def run_rank(self, ctx, cfg: EPConfig) -> RankOutput:
         layout = self.layout(cfg)
-        mesh = ctx.mesh(layout)
-        ep_group, edp_group, dp_group = mesh["ep"], mesh["edp"], mesh["dp"]
-        me = ep_group.local_rank(ctx.rank)
-        experts_w, gate_w = initial_weights(cfg)
-        layer = MoELayer(cfg.hidden, cfg.experts, ep_group, me).to(ctx.device)
-        with torch.no_grad():
-            for l, expert in enumerate(layer.experts):
-                expert.linear.weight.copy_(experts_w[layer.first + l])
-        router = make_router(cfg, gate_w, ctx.device)
-        named = layer.named_expert_weights() + ([("gate.weight", router.gate.weight)] if router else [])
+        m = _Model(ctx, cfg, ctx.mesh(layout))
+        layer, router, named = m.layer, m.router, m.named
+        edp_group, dp_group = m.edp_group, m.dp_group
         ref = reference_training(cfg, layout, ctx.rank)
-        rows = static_rows(cfg)
-        counts_SL = None if rows is None else torch.tensor(
-            [rows[layer.first:layer.first + layer.local]] * ep_group.size, device=ctx.device)
-        pad_to = capacity(cfg) if cfg.pad else None
         losses, step_s, records, errs = [], [], [], {}
         for step in range(cfg.steps):
             x_TD = source_tokens(cfg, step, ctx.rank).to(ctx.device).requires_grad_(cfg.input_grad)
             start = time.perf_counter()
             with Capture() if step == 0 else contextlib.nullcontext() as cap:
-                routing = route(cfg, step, ctx.rank, x_TD, router)
-                out_TD, record = layer(x_TD, routing, pad_to, counts_SL)
-                loss = step_loss(cfg, out_TD, routing)
-                loss.backward()
-                sync_grads(layer.named_expert_weights(), edp_group, label="edp.grad_sync")
-                if router is not None:
-                    sync_grads([("gate.weight", router.gate.weight)], dp_group, label="dp.grad_sync")
+                routing, out_TD, record, loss = m.train_step(step, x_TD)
             ctx.synchronize()
             step_s.append(time.perf_counter() - start)
             losses.append(loss.item())
@@ -294,3 +288,34 @@ register(ExpertParallel, "ep_nograd", "MoE top-1 with tokens that need no grad: 
          routing="balanced", input_grad=False)
 register(ExpertParallel, "ep_learned", "MoE with a learned gate, top-k, capacity, Switch aux loss, counts exchange",
          routing="learned", capacity_factor=1.25)
+
+
+class _Model:
+    """This rank's MoE layer, router and groups, built from the seeded full weights; one training step."""
+
+    def __init__(self, ctx, cfg: EPConfig, mesh):
+        self.cfg, self.rank = cfg, ctx.rank
+        ep_group, self.edp_group, self.dp_group = mesh["ep"], mesh["edp"], mesh["dp"]
+        experts_w, gate_w = initial_weights(cfg)
+        self.layer = MoELayer(cfg.hidden, cfg.experts, ep_group, ep_group.local_rank(ctx.rank)).to(ctx.device)
+        with torch.no_grad():
+            for l, expert in enumerate(self.layer.experts):
+                expert.linear.weight.copy_(experts_w[self.layer.first + l])
+        self.router = make_router(cfg, gate_w, ctx.device)
+        self.named = self.layer.named_expert_weights() + (
+            [("gate.weight", self.router.gate.weight)] if self.router else [])
+        rows = static_rows(cfg)
+        self.counts_SL = None if rows is None else torch.tensor(
+            [rows[self.layer.first:self.layer.first + self.layer.local]] * ep_group.size, device=ctx.device)
+        self.pad_to = capacity(cfg) if cfg.pad else None
+
+    def train_step(self, step: int, x_TD: torch.Tensor):
+        """Route, dispatch, experts, combine, loss, backward, expert sync in edp and gate sync in dp."""
+        routing = route(self.cfg, step, self.rank, x_TD, self.router)
+        out_TD, record = self.layer(x_TD, routing, self.pad_to, self.counts_SL)
+        loss = step_loss(self.cfg, out_TD, routing)
+        loss.backward()
+        sync_grads(self.layer.named_expert_weights(), self.edp_group, label="edp.grad_sync")
+        if self.router is not None:
+            sync_grads([("gate.weight", self.router.gate.weight)], self.dp_group, label="dp.grad_sync")
+        return routing, out_TD, record, loss

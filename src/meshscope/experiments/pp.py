@@ -224,6 +224,24 @@ class Pipeline(Experiment):
         return RankOutput(ctx.rank, events, checks=checks, replicas=replicas, extra=extra,
                           numerics={f"max_abs_err_{k}": v for k, v in err.items()})
 
+    def step_fn(self, ctx, cfg):
+        mesh = ctx.mesh(self.layout(cfg))
+        pp_g, dp_g = mesh["pp"], mesh["dp"]
+        stage, m = pp_g.local_rank(ctx.rank), cfg.microbatches
+        prog = program(cfg.schedule, cfg.pp, stage, m)
+        w_OI = init_weights(cfg)[stage].clone().to(ctx.device).requires_grad_()
+        boundary = StageBoundary(pp_g, stage, widths(cfg), cfg.batch // m, ctx.device)
+        x_ND, t_NO = (t.to(ctx.device) for t in replica_batch(cfg, 0, dp_g.local_rank(ctx.rank)))
+        recorder = timeline.Recorder(ctx.device)
+
+        def step():
+            recorder.start()
+            run_program(prog, boundary, w_OI, x_ND.chunk(m), t_NO.chunk(m), recorder)
+            sync_grads([(f"stage{stage}.weight", w_OI)], dp_g)
+            sgd_step([w_OI], cfg.lr)
+
+        return step
+
     def summarize(self, cfg, outputs: list[RankOutput]) -> dict:
         """The ``timeline`` section (one step's spans per rank, bubble vs theory, peak stash, and each
         stage's weight digest so runs under different schedules can be compared), and its files

@@ -211,10 +211,7 @@ class TensorParallel(Experiment):
             x_BD = xs_BD[replica].to(ctx.device).requires_grad_(cfg.input_grad)
             capture = Capture() if step == 0 else contextlib.nullcontext()
             with capture:  # one full step: forward, backward, DP grad sync
-                y_BD = model(x_BD)
-                loss = model.loss(y_BD)
-                loss.backward()
-                sync_grads(model.named_parameters(), sync_group)
+                y_BD, loss = train_step(model, x_BD, sync_group)
             if step == 0:
                 events = capture.events
             losses.append(loss.item())
@@ -242,6 +239,29 @@ class TensorParallel(Experiment):
         replicas = {"tp shard weights": (dp_g.ranks, digest([p.detach() for p in model.parameters()]))}
         return RankOutput(ctx.rank, events, checks=checks, numerics=numerics, replicas=replicas,
                           extra={"losses": losses})
+
+
+    def step_fn(self, ctx, cfg):
+        mesh = ctx.mesh(self.layout(cfg))
+        model = TensorParallelMLP(*init_weights(cfg), mesh["tp"], ctx.rank, cfg.semantics,
+                                  cfg.sequence_parallel).to(ctx.device)
+        x_BD = replica_batch(cfg, 0, mesh["dp"].local_rank(ctx.rank)).to(ctx.device).requires_grad_(cfg.input_grad)
+
+        def step():
+            x_BD.grad = None
+            train_step(model, x_BD, mesh["dp"])
+            sgd_step(model.parameters(), cfg.lr)
+
+        return step
+
+
+def train_step(model: TensorParallelMLP, x_BD: torch.Tensor, sync_group):
+    """Forward, loss, backward and DP gradient sync of one step; returns (output, loss)."""
+    y_BD = model(x_BD)
+    loss = model.loss(y_BD)
+    loss.backward()
+    sync_grads(model.named_parameters(), sync_group)
+    return y_BD, loss
 
 
 class Worst:

@@ -1,0 +1,99 @@
+"""The suite on a reduced subset: one launch, every table's figures checked against the predictor."""
+
+import json
+
+import pytest
+
+from meshscope import experiments
+from meshscope.events import counts
+from meshscope.suite import SUITE, SuiteOptions, world_of
+from meshscope.suite_report import summary, tables
+from meshscope.errors import UsageError
+
+from .helpers import cli
+
+SUBSET = ("tp_ar_b32", "tp_sp_b128", "pp_mb8", "ep_balanced", "ep_skewed", "ep_nograd")
+
+
+@pytest.fixture(scope="module")
+def suite_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("suite")
+    proc = cli("suite", "--configs", ",".join(SUBSET), "--rounds", 2, "--iters", 4, "--warmup", 1, "--out", out,
+               "--json", timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, json.loads(proc.stdout)
+
+
+def test_suite_summary_and_counts_match_the_predictor(suite_run):
+    out, doc = suite_run
+    assert doc["summary"]["passed"] and list(doc["results"]) == list(SUBSET)
+    for label, result in doc["results"].items():
+        exp = experiments.get(result["experiment"])
+        predicted = exp.predict(exp.config({k: v for k, v in next(e for e in SUITE if e.label == label).overrides.items()}))
+        for row in result["comm"]["per_rank"]:
+            assert row["captured"] == counts(e for e in predicted if e.rank == row["rank"])
+    seed_counts = {"tp_ar_b32": {"all_reduce": 4}, "tp_sp_b128": {"all_reduce": 2, "all_gather": 2, "reduce_scatter": 2},
+                   "pp_mb8": {"all_reduce": 1, "send": 8, "recv": 8}, "ep_skewed": {"all_reduce": 1, "all_to_all": 4},
+                   "ep_nograd": {"all_reduce": 1, "all_to_all": 3}}
+    for label, want in seed_counts.items():
+        assert doc["results"][label]["comm"]["per_rank"][0]["captured"] == want
+    s = doc["summary"]
+    assert s["communication_records"] == sum(len(r["comm"]["events"]["captured"]) for r in doc["results"].values())
+    assert s["timeline_records"] == 4 * 16  # pp_mb8: 8 F and 8 B spans on each of the 4 ranks
+    assert s["checked_invariants"] == sum(len(r["checks"]) for r in doc["results"].values()) > 20
+
+
+def test_suite_tables_show_the_seed_payloads(suite_run):
+    _, doc = suite_run
+    payload = next(rows for title, _, rows in tables(doc) if title.startswith("payload"))
+    cells = {(r[0], r[1], r[2], r[3]): (r[4], r[5]) for r in payload}
+    assert cells[("tp_ar_b32", "tp", "all_reduce", "forward")] == ("64 KiB", "64 KiB")
+    assert cells[("tp_sp_b128", "tp", "reduce_scatter", "forward")] == ("256 KiB", "128 KiB")
+    assert cells[("tp_sp_b128", "tp", "all_gather", "forward")] == ("128 KiB", "256 KiB")
+    assert cells[("tp_ar_b32", "dp", "all_reduce", "optimizer")] == ("1 MiB", "1 MiB")
+    assert cells[("pp_mb8", "pp", "send", "forward")] == ("32 KiB", "0 B")
+    assert cells[("pp_mb8", "dp", "all_reduce", "optimizer")] == ("2 MiB", "2 MiB")
+    assert doc["results"]["ep_skewed"]["experts"]["tokens_per_expert"][0] == [112, 16]
+    perf = next(rows for title, _, rows in tables(doc) if title.startswith("performance"))
+    assert {r[0] for r in perf} == set(SUBSET)
+    for label, t in doc["timing"].items():
+        assert t["host"]["n"] == 2 * 4 and len(t["host_steps"]) == 4  # rounds x iters, per rank
+        assert t["host"]["median"] == sorted(max(col) for col in zip(*t["host_steps"]))[3] * 0.5 + \
+            sorted(max(col) for col in zip(*t["host_steps"]))[4] * 0.5
+    (cmp,) = doc["comparisons"]  # only "ep balanced vs skewed" has both of its configs in the subset
+    assert cmp["title"] == "ep balanced vs skewed"
+    assert cmp["structure_a"]["tokens_per_expert"][0] == [64, 64] and cmp["structure_b"]["tokens_per_expert"][0] == [112, 16]
+    assert cmp["timing_verdict"] in ("stable", "PERF_UNSTABLE") and cmp["timing_source"].startswith("measured")
+    assert cmp["timing_ratio"] == pytest.approx(doc["timing"]["ep_skewed"]["host"]["median"]
+                                                / doc["timing"]["ep_balanced"]["host"]["median"])
+
+
+def test_report_rerenders_a_saved_run(suite_run):
+    out, doc = suite_run
+    for name in ("report.md", "figures/performance.png", "figures/expert_load.png", "figures/pp_mb8.timeline.png",
+                 "records/communication.jsonl", "records/invariants.jsonl", "records/training.jsonl"):
+        (out / name).unlink()
+    proc = cli("report", out)
+    assert proc.returncode == 0, proc.stderr
+    assert doc["summary"]["line"] in proc.stdout
+    for name in ("report.md", "figures/performance.png", "figures/expert_load.png", "figures/pp_mb8.timeline.png"):
+        assert (out / name).stat().st_size > 0
+    lines = (out / "records/communication.jsonl").read_text().splitlines()
+    assert len(lines) == doc["summary"]["communication_records"]
+    assert "| tp_ar_b32 | tp | all_reduce | forward | 64 KiB | 64 KiB |" in (out / "report.md").read_text()
+    assert summary(doc) == doc["summary"]
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("suite", "--configs", "tp_ar_b32,nope"), "unknown suite config 'nope'"),
+    (("suite", "--iters", 0), "--iters 0 must be at least 1"),
+])
+def test_suite_bad_input(args, needle, tmp_path):
+    proc = cli(*args, "--out", tmp_path / "x")
+    assert proc.returncode == 2 and needle in proc.stderr and not (tmp_path / "x").exists()
+
+
+def test_world_of_rejects_mixed_worlds():
+    assert world_of(SuiteOptions(configs=("tp_ar_b32", "pp_mb1"))) == 4
+    with pytest.raises(UsageError):
+        SuiteOptions(configs=()).validate()
