@@ -98,6 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="back-to-back steps per timed sample; 1 = per-step timing (default %(default)s)")
     suite.add_argument("--cv-threshold", type=float, default=0.05, help="PERF_UNSTABLE above this CV (default %(default)s)")
     suite.add_argument("--profile", action="store_true", help="torch.profiler trace per rank and config (NCCL kernel counts)")
+    suite.add_argument("--profile-steps", type=int, default=5, help="steps per profiled trace (default %(default)s)")
+    suite.add_argument("--world", type=int, default=None, help="run every config on this many ranks (default: its own, 4)")
+    suite.add_argument("--sweep", default=None, metavar="SWEEP_JSON",
+                       help="a saved `meshscope sweep` result: predicted vs measured communication time (with --profile)")
     suite.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     suite.add_argument("--timeout", type=float, default=120.0, help="seconds a collective may take (default %(default)s)")
     suite.add_argument("--out", type=Path, default=None, help="run directory (default runs/suite-<time>)")
@@ -255,7 +259,8 @@ def cmd_suite(args) -> int:
     configs = tuple(c.strip() for c in args.configs.split(",") if c.strip()) if args.configs else None
     options = SuiteOptions(**({"configs": configs} if configs is not None else {}), rounds=args.rounds,
                            iters=args.iters, warmup=args.warmup, steps_per_sample=args.steps_per_sample,
-                           cv_threshold=args.cv_threshold, profile=args.profile)
+                           cv_threshold=args.cv_threshold, profile=args.profile, profile_steps=args.profile_steps,
+                           world=args.world, sweep=args.sweep)
     world = world_of(options)  # validates everything before anything is written
     if args.timeout <= 0:
         raise UsageError(f"--timeout {args.timeout} must be positive")

@@ -76,6 +76,21 @@ def fingerprint(trace) -> dict[str, int]:
     return {f: c[f] for f in FAMILIES if c[f]}
 
 
+def kernel_seconds(trace) -> dict[str, float]:
+    """{family: total GPU time in seconds} of the NCCL kernels in a trace (Chrome ``dur`` is in us).
+
+    A kernel's duration includes the time it waits for its peers, so on the critical rank it is the
+    communication time a step pays, not the transfer time alone.
+    """
+    total: Counter = Counter()
+    for e in _events(trace):
+        if str(e.get("cat", "")).lower() == "kernel":
+            family = classify(e.get("name", ""))
+            if family:
+                total[family] += float(e.get("dur", 0.0)) / 1e6
+    return {f: total[f] for f in FAMILIES if total[f]}
+
+
 def expected_kernels(events, batches=()) -> dict[str, int]:
     """{family: kernel count} one rank's logical events must launch, in `FAMILIES` order.
 

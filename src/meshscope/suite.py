@@ -41,6 +41,7 @@ SUITE = (
     Entry("tp_sp_b128_replicated", "tp_sp_b128", {"semantics": "replicated-loss"}),
     Entry("pp_mb1", "pp_mb1"),
     Entry("pp_mb8", "pp_mb8"),
+    Entry("pp_1f1b_mb1", "pp_mb1", {"schedule": "1f1b"}),
     Entry("pp_1f1b_mb8", "pp_1f1b_mb8"),
     Entry("ep_balanced", "ep_balanced"),
     Entry("ep_skewed", "ep_skewed"),
@@ -73,6 +74,12 @@ class SuiteOptions:
     """CV above which a series is PERF_UNSTABLE."""
     profile: bool = False
     """Record a torch.profiler trace per rank and configuration (kernel fingerprints on GPU)."""
+    profile_steps: int = 5
+    """Steps per profiled trace; kernel counts are per step (they must divide evenly)."""
+    world: int | None = None
+    """Run every configuration on this many ranks instead of its default (e.g. 2 on a 2-GPU host)."""
+    sweep: str | None = None
+    """A saved `meshscope sweep` (sweep.json): predict each config's communication time from its ledger."""
 
     def validate(self) -> None:
         known = {e.label for e in SUITE}
@@ -84,6 +91,10 @@ class SuiteOptions:
         for name in ("rounds", "iters", "steps_per_sample"):
             if getattr(self, name) < 1:
                 raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)} must be at least 1")
+        if self.profile_steps < 1:
+            raise UsageError(f"--profile-steps {self.profile_steps} must be at least 1")
+        if self.sweep is not None and not __import__("pathlib").Path(self.sweep).is_file():
+            raise UsageError(f"--sweep {self.sweep} is not a file; give the sweep.json of `meshscope sweep --out DIR`")
         if self.warmup < 0:
             raise UsageError(f"--warmup {self.warmup} must be at least 0")
         if not 0 < self.cv_threshold < 10:
@@ -100,7 +111,8 @@ def resolve(options: SuiteOptions) -> list[tuple[Entry, object, object]]:
     out = []
     for entry in options.entries():
         exp = experiments.get(entry.experiment)
-        out.append((entry, exp, exp.config(dict(entry.overrides))))
+        overrides = {**entry.overrides, **({"world": options.world} if options.world else {})}
+        out.append((entry, exp, exp.config(overrides)))
     return out
 
 
@@ -152,8 +164,9 @@ def run_suite_rank(ctx, options: SuiteOptions) -> dict | None:
         timing[entry.label] = row
     for label, fp in kernels.items():
         results[label]["kernels"] = fp
-        results[label]["checks"].append(fp["check"])
-        results[label]["passed"] = results[label]["passed"] and fp["check"]["passed"]
+        if "check" in fp:
+            results[label]["checks"].append(fp["check"])
+            results[label]["passed"] = results[label]["passed"] and fp["check"]["passed"]
     return {"kind": "suite", "options": options.__dict__ | {"configs": list(options.configs)},
             "timing_method": method, "results": results, "timing": timing,
             "comparisons": comparisons(results, timing)}
@@ -168,36 +181,64 @@ def _append_round(table: list[list[float]], per_rank: list[list[float]]) -> None
 
 
 def _profile(ctx, plan, options) -> dict:
-    """Per configuration: each rank profiles one step; rank 0 compares kernel families with the prediction."""
-    from .kernels import compare_fingerprints, expected_kernels, fingerprint, profiled
+    """Per configuration: each rank profiles `profile_steps` steps; rank 0 compares the NCCL kernel
+    families per step with those the prediction implies, and (with a sweep) the predicted
+    communication time with the measured NCCL kernel time, both on the critical rank."""
+    import json
 
+    from .kernels import compare_fingerprints, expected_kernels, fingerprint, kernel_seconds, profiled
+
+    fits = _load_fits(options.sweep)
+    k = options.profile_steps
     out = {}
     for entry, exp, cfg in plan:
-        ctx.progress(f"profile {entry.label}")
+        ctx.progress(f"profile {entry.label}: {k} steps")
         step = exp.step_fn(ctx, cfg)
         for _ in range(max(options.warmup, 1)):
             step()
         path = ctx.run_dir / "traces" / f"{entry.label}.rank{ctx.rank}.json"
         with profiled(path, ctx.device):
-            step()
-        import json
+            for _ in range(k):
+                step()
+        trace = json.loads(path.read_text())
+        gathered = ctx.gather((fingerprint(trace), kernel_seconds(trace)))
+        if ctx.rank != 0:
+            continue
+        predicted = exp.predict(cfg)
+        per_rank, problems = [], []
+        for r, (total, seconds) in enumerate(gathered):
+            want = expected_kernels([e for e in predicted if e.rank == r])
+            got = {f: n // k if n % k == 0 else n / k for f, n in total.items()}
+            problems += [f"rank {r}: {d}" for d in compare_fingerprints(want, got)]
+            per_rank.append({"rank": r, "expected": want, "measured": got,
+                             "nccl_kernel_s_per_step": sum(seconds.values()) / k})
+        detail = ("; ".join(problems[:3]) if problems else
+                  f"{sum(sum(p['measured'].values()) for p in per_rank)} kernels per step on {len(per_rank)} ranks "
+                  f"as predicted ({k} profiled steps)")
+        section = {"profile_steps": k, "per_rank": per_rank}
+        if ctx.device.type == "cuda":  # gloo launches no GPU kernels: there is nothing to fingerprint
+            section["check"] = {"name": "NCCL kernels == prediction", "passed": not problems, "detail": detail}
+        if fits:
+            from .sweep import predict_time
 
-        measured = fingerprint(json.loads(path.read_text()))
-        gathered = ctx.gather(measured)
-        if ctx.rank == 0:
-            predicted = exp.predict(cfg)
-            per_rank, problems = [], []
-            for r, got in enumerate(gathered):
-                want = expected_kernels([e for e in predicted if e.rank == r], batches=exp.kernel_batches(cfg, r)
-                                        if hasattr(exp, "kernel_batches") else ())
-                diff = compare_fingerprints(want, got)
-                problems += [f"rank {r}: {d}" for d in diff]
-                per_rank.append({"rank": r, "expected": want, "measured": got})
-            out[entry.label] = {"per_rank": per_rank, "check": {
-                "name": "NCCL kernels == prediction", "passed": not problems,
-                "detail": "; ".join(problems[:3]) if problems else f"{sum(sum(p['measured'].values()) for p in per_rank)} "
-                                                                  f"kernels on {len(per_rank)} ranks as predicted"}}
+            pred = predict_time(predicted, fits).critical_s
+            meas = max(p["nccl_kernel_s_per_step"] for p in per_rank)
+            section["comm_time"] = {"predicted_critical_s": pred, "measured_critical_s": meas,
+                                    "rel_err": (pred - meas) / meas if meas else None,
+                                    "measured_as": "sum of NCCL kernel durations per step, max over ranks"}
+        out[entry.label] = section
     return out
+
+
+def _load_fits(path: str | None):
+    if path is None:
+        return None
+    import json
+
+    from .sweep import Fit
+
+    doc = json.loads(__import__("pathlib").Path(path).read_text())
+    return [Fit(**{**f, "rel_err": tuple(f["rel_err"])}) for f in doc["fits"]]
 
 
 def _structure(result: dict) -> dict:

@@ -68,15 +68,21 @@ def tables(doc: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         rows.append([label, *cells, "yes" if same else "no (see result.json)", "yes" if r["comm"]["match"] else "NO"])
     out.append(("collectives per rank per step (captured; rank 0)", ["config", *ops, "all ranks equal", "== predicted"], rows))
 
-    if any("kernels" in r for r in results.values()):
+    if any("check" in r.get("kernels", {}) for r in results.values()):
         rows = []
         for label, r in results.items():
-            if "kernels" in r:
+            if "check" in r.get("kernels", {}):
                 m = r["kernels"]["per_rank"][0]["measured"]
                 e = r["kernels"]["per_rank"][0]["expected"]
                 rows.append([label, *(f"{m.get(f, 0)}/{e.get(f, 0)}" for f in KERNEL_FAMILIES),
                              "yes" if r["kernels"]["check"]["passed"] else "NO"])
         out.append(("NCCL kernels per rank per step, rank 0 (measured/predicted)", ["config", *KERNEL_FAMILIES, "match"], rows))
+        rows = [[label, _ms(c["predicted_critical_s"]), _ms(c["measured_critical_s"]),
+                 f"{c['rel_err']:+.0%}" if c["rel_err"] is not None else "n/a"]
+                for label, r in results.items() if (c := r.get("kernels", {}).get("comm_time"))]
+        if rows:
+            out.append(("communication time per step, critical rank: alpha-beta model from the sweep vs measured "
+                        "NCCL kernel time", ["config", "predicted", "measured", "error"], rows))
 
     rows = [[label, *(f"{r['numerics'].get(k, float('nan')):.3g}" for k in ("max_abs_err_output", "max_abs_err_grad")),
              "yes" if r["passed"] else "NO"] for label, r in results.items()]
