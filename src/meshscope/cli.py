@@ -17,6 +17,8 @@ from . import experiments
 from .errors import UsageError
 from .faults import KINDS, RUN_LEVEL
 from .mesh import DEFAULT_ORDER, Layout
+from .model_spec import ModelSpec
+from .place import INTER_DEFAULT, INTRA_DEFAULT
 
 OVERRIDES = {
     # flag: (dest, type, help)
@@ -129,6 +131,27 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--timeout", type=float, default=120.0, help="seconds a collective may take (default %(default)s)")
     sw.add_argument("--out", type=Path, default=None, help="run directory, gets sweep.json (default runs/sweep-<time>)")
     sw.add_argument("--json", action="store_true")
+
+    pl = sub.add_parser("place", help="rank the placements of the axes on nodes by predicted communication time")
+    pl.add_argument("--world", type=int, required=True)
+    pl.add_argument("--gpus-per-node", type=int, default=8, help="NVLink domain size (default %(default)s)")
+    for axis in ("tp", "cp", "pp", "ep", "etp"):
+        pl.add_argument(f"--{axis}", type=int, default=1)
+    spec = ModelSpec()
+    for flag, dest in (("--layers", "layers"), ("--hidden", "hidden"), ("--ffn", "ffn"), ("--seq", "seq_len"),
+                       ("--micro-batch", "micro_batch"), ("--heads", "heads"), ("--experts", "experts"),
+                       ("--topk", "topk"), ("--microbatches", "microbatches")):
+        pl.add_argument(flag, dest=dest, type=int, default=getattr(spec, dest), help="(default %(default)s)")
+    pl.add_argument("--dtype", default=spec.dtype, help="activation/gradient dtype (default %(default)s)")
+    pl.add_argument("--sp", dest="sequence_parallel", action="store_true", help="sequence parallel TP (AG + RS)")
+    pl.add_argument("--intra-latency", type=float, default=INTRA_DEFAULT.latency_s * 1e6, help="us per call (default %(default)s)")
+    pl.add_argument("--intra-bw", type=float, default=INTRA_DEFAULT.bandwidth / 1e9, help="GB/s bus bandwidth (default %(default)s)")
+    pl.add_argument("--inter-latency", type=float, default=INTER_DEFAULT.latency_s * 1e6, help="us per call (default %(default)s)")
+    pl.add_argument("--inter-bw", type=float, default=INTER_DEFAULT.bandwidth / 1e9, help="GB/s per GPU (default %(default)s)")
+    pl.add_argument("--sweep", type=Path, default=None, help="take the intra-node link from a `meshscope sweep` sweep.json")
+    pl.add_argument("--limit", type=int, default=20, help="placements shown in the text output (default %(default)s)")
+    pl.add_argument("--plot", type=Path, default=None, help="write a PNG of the ranking here")
+    pl.add_argument("--json", action="store_true")
     return p
 
 
@@ -381,7 +404,27 @@ def cmd_sweep(args) -> int:
     return 0
 
 
-COMMANDS = {"layout": cmd_layout, "predict": cmd_predict, "run": cmd_run, "list": cmd_list, "sweep": cmd_sweep,
+def cmd_place(args) -> int:
+    from .place import LinkClass, link_from_sweep, rank_placements
+    from .place_report import plot, render, to_json
+
+    spec = ModelSpec(**{k: getattr(args, k) for k in ("layers", "hidden", "ffn", "seq_len", "micro_batch", "heads",
+                                                       "experts", "topk", "microbatches", "dtype", "sequence_parallel")})
+    intra = (link_from_sweep(args.sweep) if args.sweep else
+             LinkClass("intra-node", args.intra_latency * 1e-6, args.intra_bw * 1e9, "flags"))
+    inter = LinkClass("inter-node", args.inter_latency * 1e-6, args.inter_bw * 1e9, "flags")
+    if intra.bandwidth < inter.bandwidth:
+        print(f"meshscope: note: intra-node link {intra.bandwidth / 1e9:.3g} GB/s ({intra.source}) is slower than "
+              f"inter-node {inter.bandwidth / 1e9:.3g} GB/s; a CPU/gloo sweep does not describe NVLink", file=sys.stderr)
+    sizes = {a: getattr(args, a) for a in ("tp", "cp", "pp", "ep", "etp")}
+    ranking = rank_placements(args.world, args.gpus_per_node, spec, sizes, intra, inter)
+    if args.plot:
+        plot(ranking, args.plot)
+    print(json.dumps(to_json(ranking)) if args.json else render(ranking, args.limit))
+    return 0
+
+
+COMMANDS = {"place": cmd_place, "layout": cmd_layout, "predict": cmd_predict, "run": cmd_run, "list": cmd_list, "sweep": cmd_sweep,
             "doctor": cmd_doctor, "suite": cmd_suite, "report": cmd_report}
 
 
