@@ -24,7 +24,6 @@ which fires just before the engine issues the backward collective.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import inspect
 import threading
@@ -231,9 +230,13 @@ _NESTING = threading.local()
 
 @contextlib.contextmanager
 def region(name: str, microbatch: int | None = None):
-    """Label the collectives issued inside with a layer/region name and a microbatch index."""
+    """Label the collectives issued inside with a layer/region name and a microbatch index.
+
+    Without a microbatch the enclosing region's is kept, so a layer's own label (``fc2.out``,
+    ``moe.dispatch``) nested in a pipeline microbatch still says which microbatch issued it.
+    """
     old = (_LABELS.region, _LABELS.microbatch)
-    _LABELS.region, _LABELS.microbatch = name, microbatch
+    _LABELS.region, _LABELS.microbatch = name, old[1] if microbatch is None else microbatch
     try:
         yield
     finally:
@@ -280,11 +283,11 @@ class Capture:
         if not _ACTIVE:
             _uninstall()
 
-    def _add(self, proto: CommEvent) -> CommEvent:
-        key = (proto.axis, proto.group)
+    def _add(self, proto: dict) -> CommEvent:
+        key = (proto["axis"], proto["group"])
         seq = self._seq.get(key, 0)
         self._seq[key] = seq + 1
-        event = dataclasses.replace(proto, seq=seq)
+        event = CommEvent(seq=seq, **proto)
         self.events.append(event)
         if self._on_issue:
             self._on_issue(event)
@@ -336,21 +339,27 @@ def _swap(obj, name, new) -> None:
     setattr(obj, name, new)
 
 
+@functools.lru_cache(maxsize=None)  # built once per entry point: entering a capture only swaps attributes
 def _wrap_c10d(original, describe_call):
-    signature = _signature(original)
+    # Arguments by name without inspect's bind (which costs more than the rest of the recording).
+    params = list(_signature(original).parameters.values())
+    names = [p.name for p in params]
+    defaults = {p.name: p.default for p in params if p.default is not p.empty}
 
     def recorder(*args, **kwargs):
         if getattr(_NESTING, "depth", 0):
             return original(*args, **kwargs)
-        bound = signature.bind(*args, **kwargs)
-        bound.apply_defaults()
-        return _issue(describe_call(bound.arguments), original, args, kwargs)
+        arguments = dict(defaults)
+        arguments.update(zip(names, args))
+        arguments.update(kwargs)
+        return _issue(describe_call(arguments), original, args, kwargs)
 
     recorder.__name__ = original.__name__
     recorder.__wrapped__ = original
     return recorder
 
 
+@functools.lru_cache(maxsize=None)
 def _wrap_functional(original, describe_call, autograd: bool):
     def recorder(*args, **kwargs):
         if getattr(_NESTING, "depth", 0):
@@ -385,12 +394,12 @@ def _record(call: _Call) -> None:
         cap._complete([cap._add(proto)])
 
 
-def _proto(call: _Call) -> CommEvent:
-    """The event of a call, seq still unassigned (each capture numbers its own)."""
+def _proto(call: _Call) -> dict:
+    """The fields of a call's event but its seq (each capture numbers its own)."""
     axis, ranks = describe(call.group)
     in_backward = torch._C._current_graph_task_id() != -1
-    return CommEvent(
-        rank=dist.get_rank(), seq=-1, op=call.op, axis=axis, group=ranks,
+    return dict(
+        rank=dist.get_rank(), op=call.op, axis=axis, group=ranks,
         phase="backward" if in_backward else _LABELS.phase,
         dtype=call.dtype, bytes_in=call.bytes_in, bytes_out=call.bytes_out,
         region=_LABELS.region, microbatch=_LABELS.microbatch,

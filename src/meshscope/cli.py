@@ -57,10 +57,14 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
                    help="whether the model input requires grad")
     g.add_argument("--pad", dest="pad", action=argparse.BooleanOptionalAction, default=None,
                    help="MoE: pad expert buffers to capacity (static splits) instead of exchanging counts")
+    g.add_argument("--pp-scatter-gather", dest="pp_scatter_gather", action=argparse.BooleanOptionalAction,
+                   default=None, help="PP x TP: send 1/tp of each boundary tensor, all-gather it in tp on arrival")
+    g.add_argument("--moe", dest="moe", action=argparse.BooleanOptionalAction, default=None,
+                   help="nd_mlp: the last pipeline stage is an expert-parallel MoE layer")
 
 
 def _overrides(args) -> dict:
-    dests = [d for d, _, _ in OVERRIDES.values()] + ["input_grad", "pad"]
+    dests = [d for d, _, _ in OVERRIDES.values()] + ["input_grad", "pad", "pp_scatter_gather", "moe"]
     return {d: getattr(args, d) for d in dests if getattr(args, d, None) is not None}
 
 
@@ -86,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     run.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may take (default %(default)s)")
     run.add_argument("--out", type=Path, default=None, help="run directory (default runs/<experiment>-<time>)")
+    run.add_argument("--profile", type=int, nargs="?", const=5, default=0, metavar="STEPS",
+                     help="after verifying, profile STEPS training steps (default 5): NCCL kernel counts vs prediction")
     run.add_argument("--inject", default=None, metavar="KIND",
                      help="plant a fault on purpose: " + ", ".join(KINDS))
     run.add_argument("--json", action="store_true")
@@ -127,6 +133,8 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--sizes", default=None, help="comma list of bytes, e.g. 1K,64K,1M (default 1K..64M doubling)")
     sw.add_argument("--iters", type=int, default=20, help="timed iterations per size (default %(default)s)")
     sw.add_argument("--warmup", type=int, default=5, help="discarded iterations per size (default %(default)s)")
+    sw.add_argument("--back-to-back", type=int, default=1,
+                    help="collectives per timed sample, time / count, as nccl-tests' loop (default %(default)s)")
     sw.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     sw.add_argument("--timeout", type=float, default=120.0, help="seconds a collective may take (default %(default)s)")
     sw.add_argument("--out", type=Path, default=None, help="run directory, gets sweep.json (default runs/sweep-<time>)")
@@ -225,7 +233,9 @@ def cmd_run(args) -> int:
     layout = exp.layout(cfg)
     if args.timeout <= 0:
         raise UsageError(f"--timeout {args.timeout} must be positive")
-    spec = {"backend": args.backend, "timeout": args.timeout, "inject": run_level,
+    if args.profile < 0:
+        raise UsageError(f"--profile {args.profile} must be a number of steps >= 1")
+    spec = {"backend": args.backend, "timeout": args.timeout, "inject": run_level, "profile": args.profile,
             "experiments": [{"name": exp.name, "overrides": overrides}]}
     from .launch import in_torchrun
 
@@ -336,12 +346,9 @@ def cmd_doctor(args) -> int:
     if args.json:
         print(json.dumps(report))
     else:
-        for e in report["errors"]:
-            print(f"rank {e['rank']} failed: {e['error']}")
-        for f in report["findings"]:
-            print(f["summary"])
-        if report["healthy"]:
-            print(f"no problem found in the flight logs of ranks {report['ranks']}")
+        from .doctor import render
+
+        print("\n".join(render(report)))
     return 0 if report["healthy"] else 1
 
 
@@ -385,7 +392,7 @@ def cmd_sweep(args) -> int:
     given = {"ops": tuple(args.ops.split(",")) if args.ops else None,
              "sizes": parse_sizes(args.sizes) if args.sizes else None}
     cfg = SweepConfig(world=args.world, tp=args.tp, cp=args.cp, pp=args.pp, ep=args.ep, etp=args.etp, axis=args.axis,
-                      iters=args.iters, warmup=args.warmup, **{k: v for k, v in given.items() if v is not None})
+                      iters=args.iters, warmup=args.warmup, back_to_back=args.back_to_back, **{k: v for k, v in given.items() if v is not None})
     cfg.validate()
     if args.timeout <= 0:
         raise UsageError(f"--timeout {args.timeout} must be positive")

@@ -13,7 +13,7 @@ groups is not part of the contract.
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast", "barrier")
 PHASES = ("forward", "backward", "optimizer")
@@ -21,7 +21,7 @@ PHASES = ("forward", "backward", "optimizer")
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int8": 1, "uint8": 1}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class CommEvent:
     """One collective or point-to-point call, as issued by one rank."""
 
@@ -53,7 +53,9 @@ class CommEvent:
     """send/recv: the global rank on the other end."""
 
     def to_json(self) -> dict:
-        out = asdict(self)
+        # by hand, not dataclasses.asdict: the flight log serialises every call, and asdict's deep
+        # copy costs more than the collective's own Python overhead
+        out = {name: getattr(self, name) for name in _FIELD_NAMES}
         for key in ("group", "input_splits", "output_splits"):
             if out[key] is not None:
                 out[key] = list(out[key])
@@ -67,6 +69,8 @@ class CommEvent:
                 d[key] = tuple(d[key])
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
 
+
+_FIELD_NAMES = tuple(f.name for f in fields(CommEvent))
 
 COMPARED_FIELDS = ("op", "axis", "group", "phase", "dtype", "bytes_in", "bytes_out", "region", "microbatch",
                    "input_splits", "output_splits", "peer")

@@ -5,8 +5,9 @@ issued, in which group, in which order. Each rank appends JSON lines to ``RUN_DI
 and flushes every line, so a rank that hangs or is killed still leaves its log: a collective logged
 as ``issued`` without ``completed`` is where that rank is stuck. The doctor reads these files.
 
-Line kinds: ``group`` (axis, ranks, index in the creation sequence), ``issued`` / ``completed``
-(a CommEvent: seq per group, op, group, phase, dtype, bytes, splits, peer, region, microbatch),
+Line kinds: ``group`` (axis, ranks, index in the creation sequence), ``issued`` (a CommEvent: seq per
+group, op, group, phase, dtype, bytes, splits, peer, region, microbatch), ``completed`` (axis, group
+and seq of the issued call that returned),
 ``mark`` (free-form progress, e.g. an experiment starting).
 """
 
@@ -17,7 +18,6 @@ import time
 from pathlib import Path
 
 from .capture import Capture
-from .events import CommEvent
 
 
 class FlightLog:
@@ -39,9 +39,10 @@ class FlightLog:
         self._write("mark", text=text)
 
     def capture(self) -> Capture:
-        """A capture that logs every collective of this rank as issued, then completed."""
+        """A capture that logs every collective of this rank as issued (in full), then completed (its
+        key: axis, group and seq identify the call)."""
         return Capture(on_issue=lambda e: self._write("issued", **e.to_json()),
-                       on_complete=lambda e: self._write("completed", **e.to_json()))
+                       on_complete=lambda e: self._write("completed", axis=e.axis, group=list(e.group), seq=e.seq))
 
     def close(self) -> None:
         self._file.close()
@@ -56,8 +57,3 @@ def read(path: Path) -> list[dict]:
         except json.JSONDecodeError:
             continue
     return out
-
-
-def events(lines: list[dict], state: str) -> list[CommEvent]:
-    """The CommEvents of one state (``issued`` or ``completed``) in a rank's log."""
-    return [CommEvent.from_json(line) for line in lines if line["kind"] == state]

@@ -19,6 +19,7 @@ peer's previous step), warmup samples discarded, host `perf_counter` always and 
 
 from __future__ import annotations
 
+import gc
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -174,25 +175,35 @@ def time_steps(fn, samples: int, *, warmup: int = 3, device=None, group=None, st
         raise ValueError(f"need samples >= 1, warmup >= 0, steps_per_sample >= 1; got {samples}, {warmup}, {steps_per_sample}")
     cuda = device is not None and torch.device(device).type == "cuda"
     host, gpu = [], [] if cuda else None
-    for i in range(warmup + samples):
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier(group=group)
-        if cuda:
-            torch.cuda.synchronize(device)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        t0 = time.perf_counter()
-        for _ in range(steps_per_sample):
-            fn()
-        if cuda:
-            end.record()
-            end.synchronize()
-        t1 = time.perf_counter()
-        if i >= warmup:
-            host.append((t1 - t0) / steps_per_sample)
+    # A garbage-collection pause inside a sample is noise of the harness, not of the step: collect
+    # now and keep the collector off while sampling (re-enabled after, whatever happens).
+    gc_was_on = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    try:
+        for i in range(warmup + samples):
+            if dist.is_available() and dist.is_initialized():
+                dist.barrier(group=group)
             if cuda:
-                gpu.append(start.elapsed_time(end) / 1e3 / steps_per_sample)
-    barrier = "a barrier before each sample" + (" and a device synchronise" if cuda else "")
+                torch.cuda.synchronize(device)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+            t0 = time.perf_counter()
+            for _ in range(steps_per_sample):
+                fn()
+            if cuda:
+                end.record()
+                end.synchronize()
+            t1 = time.perf_counter()
+            if i >= warmup:
+                host.append((t1 - t0) / steps_per_sample)
+                if cuda:
+                    gpu.append(start.elapsed_time(end) / 1e3 / steps_per_sample)
+    finally:
+        if gc_was_on:
+            gc.enable()
+    barrier = ("a barrier before each sample" + (" and a device synchronise" if cuda else "")
+               + ", garbage collector off while sampling")
     method = (f"per step: {samples} steps after {warmup} warmup, {barrier}" if steps_per_sample == 1 else
               f"per sample of {steps_per_sample} back-to-back steps, time / {steps_per_sample}: {samples} samples "
               f"after {warmup} warmup, {barrier}")

@@ -181,64 +181,16 @@ def _append_round(table: list[list[float]], per_rank: list[list[float]]) -> None
 
 
 def _profile(ctx, plan, options) -> dict:
-    """Per configuration: each rank profiles `profile_steps` steps; rank 0 compares the NCCL kernel
-    families per step with those the prediction implies, and (with a sweep) the predicted
-    communication time with the measured NCCL kernel time, both on the critical rank."""
-    import json
+    from .profiling import load_fits, profile_config
 
-    from .kernels import compare_fingerprints, expected_kernels, fingerprint, kernel_seconds, profiled
-
-    fits = _load_fits(options.sweep)
-    k = options.profile_steps
+    fits = load_fits(options.sweep)
     out = {}
     for entry, exp, cfg in plan:
-        ctx.progress(f"profile {entry.label}: {k} steps")
-        step = exp.step_fn(ctx, cfg)
-        for _ in range(max(options.warmup, 1)):
-            step()
-        path = ctx.run_dir / "traces" / f"{entry.label}.rank{ctx.rank}.json"
-        with profiled(path, ctx.device):
-            for _ in range(k):
-                step()
-        trace = json.loads(path.read_text())
-        gathered = ctx.gather((fingerprint(trace), kernel_seconds(trace)))
-        if ctx.rank != 0:
-            continue
-        predicted = exp.predict(cfg)
-        per_rank, problems = [], []
-        for r, (total, seconds) in enumerate(gathered):
-            want = expected_kernels([e for e in predicted if e.rank == r])
-            got = {f: n // k if n % k == 0 else n / k for f, n in total.items()}
-            problems += [f"rank {r}: {d}" for d in compare_fingerprints(want, got)]
-            per_rank.append({"rank": r, "expected": want, "measured": got,
-                             "nccl_kernel_s_per_step": sum(seconds.values()) / k})
-        detail = ("; ".join(problems[:3]) if problems else
-                  f"{sum(sum(p['measured'].values()) for p in per_rank)} kernels per step on {len(per_rank)} ranks "
-                  f"as predicted ({k} profiled steps)")
-        section = {"profile_steps": k, "per_rank": per_rank}
-        if ctx.device.type == "cuda":  # gloo launches no GPU kernels: there is nothing to fingerprint
-            section["check"] = {"name": "NCCL kernels == prediction", "passed": not problems, "detail": detail}
-        if fits:
-            from .sweep import predict_time
-
-            pred = predict_time(predicted, fits).critical_s
-            meas = max(p["nccl_kernel_s_per_step"] for p in per_rank)
-            section["comm_time"] = {"predicted_critical_s": pred, "measured_critical_s": meas,
-                                    "rel_err": (pred - meas) / meas if meas else None,
-                                    "measured_as": "sum of NCCL kernel durations per step, max over ranks"}
-        out[entry.label] = section
+        ctx.progress(f"profile {entry.label}: {options.profile_steps} steps")
+        section = profile_config(ctx, exp, cfg, entry.label, options.profile_steps, options.warmup, fits)
+        if section is not None:
+            out[entry.label] = section
     return out
-
-
-def _load_fits(path: str | None):
-    if path is None:
-        return None
-    import json
-
-    from .sweep import Fit
-
-    doc = json.loads(__import__("pathlib").Path(path).read_text())
-    return [Fit(**{**f, "rel_err": tuple(f["rel_err"])}) for f in doc["fits"]]
 
 
 def _structure(result: dict) -> dict:

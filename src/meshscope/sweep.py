@@ -73,6 +73,9 @@ class SweepConfig:
     """Timed iterations per size (after warmup)."""
     warmup: int = 5
     """Discarded iterations per size."""
+    back_to_back: int = 1
+    """Collectives issued back to back per timed sample (time / count), as nccl-tests times a loop of
+    iterations: amortises the launch skew between ranks that a single synchronised call pays in full."""
 
     def layout(self) -> Layout:
         return Layout(self.world, tp=self.tp, cp=self.cp, ep=self.ep, etp=self.etp, pp=self.pp)
@@ -94,6 +97,8 @@ class SweepConfig:
         for s in self.sizes:
             if s % (n * ELEM_BYTES):
                 raise UsageError(f"size {s} B does not split into {n} float32 chunks; use multiples of {n * ELEM_BYTES} B")
+        if self.back_to_back < 1:
+            raise UsageError(f"--back-to-back {self.back_to_back} must be at least 1")
         if self.iters < 2 or self.warmup < 0:
             raise UsageError(f"--iters {self.iters} must be >= 2 and --warmup {self.warmup} >= 0")
 
@@ -230,7 +235,8 @@ def run_sweep_rank(ctx, cfg: SweepConfig) -> dict | None:
     for op in cfg.ops:
         for size in cfg.sizes:
             ctx.progress(f"sweep {op} {human_bytes(size)} on {cfg.axis} (group of {group.size})")
-            t = time_steps(_step(op, size, group, ctx.device), cfg.iters, warmup=cfg.warmup, device=ctx.device)
+            t = time_steps(_step(op, size, group, ctx.device), cfg.iters, warmup=cfg.warmup, device=ctx.device,
+                           steps_per_sample=cfg.back_to_back)
             table[(op, size)] = t.gpu_s if t.gpu_s is not None else t.host_s
     everyone = ctx.gather({"ranks": list(group.ranks), "table": table, "method": t.method,
                            "clock": "gpu" if t.gpu_s is not None else "host"})

@@ -64,14 +64,17 @@ def replica_checks(outputs: list[RankOutput]) -> list[Check]:
     return checks
 
 
-def build_result(exp: Experiment, cfg, backend: str, outputs: list[RankOutput]) -> dict:
-    """The result document of one experiment run (design brief: `run --json`)."""
+def build_result(exp: Experiment, cfg, backend: str, outputs: list[RankOutput], kernels: dict | None = None) -> dict:
+    """The result document of one experiment run (design brief: `run --json`); `kernels` is the section
+    of `profiling.profile_config` when the run was profiled (its check joins the others)."""
     predicted = exp.predict(cfg)
     captured = [e for out in outputs for e in out.events]
     problems = diff(predicted, captured)
     comm_check = Check("comm ledger == prediction", not problems,
                        f"{len(captured)} events match event by event" if not problems else "; ".join(problems[:3]))
     checks = [comm_check, *merge_checks(outputs), *replica_checks(outputs)]
+    if kernels and "check" in kernels:
+        checks.append(Check(**kernels["check"]))
     numerics: dict[str, float] = {}
     for out in outputs:
         for k, v in out.numerics.items():
@@ -90,5 +93,6 @@ def build_result(exp: Experiment, cfg, backend: str, outputs: list[RankOutput]) 
         "comm": {"match": not problems, "diff": problems, "per_rank": per_rank,
                  "events": {"predicted": [e.to_json() for e in predicted], "captured": [e.to_json() for e in captured]}},
         "numerics": numerics,
+        **({"kernels": kernels} if kernels else {}),
         **exp.summarize(cfg, outputs),
     }

@@ -55,8 +55,14 @@ def run_spec(ctx: RankContext, spec: dict) -> list[dict] | None:
             ctx.flight.mark(f"experiment {exp.name}")
         out = exp.run_rank(ctx, cfg)
         outs = ctx.gather(out)
+        kernels = None
+        if spec.get("profile"):
+            from .profiling import profile_config
+
+            ctx.progress(f"{exp.name}: profiling {spec['profile']} steps")
+            kernels = profile_config(ctx, exp, cfg, exp.name, spec["profile"], warmup=3)
         if ctx.rank == 0:
-            results.append(build_result(exp, cfg, ctx.backend, outs))
+            results.append(build_result(exp, cfg, ctx.backend, outs, kernels))
             ctx.progress(f"{exp.name}: {'passed' if results[-1]['passed'] else 'FAILED'}")
     return results if ctx.rank == 0 else None
 

@@ -1,0 +1,67 @@
+"""Profile one configuration's training steps and compare the NCCL kernels with the prediction.
+
+The seed ("Nsight 的通信指纹"): each logical collective leaves a kernel of a known family; all_to_all
+and send/recv both appear as SendRecv. Each rank records a torch.profiler trace of `steps` steps after
+`warmup` untimed ones; rank 0 divides the kernel counts per family by the number of steps and compares
+them with `kernels.expected_kernels` of the predicted ledger. With a sweep's alpha-beta fits it also
+puts the predicted communication time of the ledger next to the measured NCCL kernel time (the sum of
+kernel durations per step, which includes waiting for the peer), both on the critical rank.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .kernels import compare_fingerprints, expected_kernels, fingerprint, kernel_seconds, profiled
+
+
+def load_fits(path: str | None):
+    """The alpha-beta fits of a saved `meshscope sweep` (its sweep.json), or None."""
+    if path is None:
+        return None
+    from .sweep import Fit
+
+    doc = json.loads(Path(path).read_text())
+    return [Fit(**{**f, "rel_err": tuple(f["rel_err"])}) for f in doc["fits"]]
+
+
+def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None) -> dict | None:
+    """Every rank profiles `steps` training steps; rank 0 returns the kernel section (None elsewhere).
+
+    The section's ``check`` exists only on GPUs (gloo launches no kernels to fingerprint).
+    """
+    step = exp.step_fn(ctx, cfg)
+    for _ in range(max(warmup, 1)):
+        step()
+    path = ctx.run_dir / "traces" / f"{label}.rank{ctx.rank}.json"
+    with profiled(path, ctx.device):
+        for _ in range(steps):
+            step()
+    trace = json.loads(path.read_text())
+    gathered = ctx.gather((fingerprint(trace), kernel_seconds(trace)))
+    if ctx.rank != 0:
+        return None
+    predicted = exp.predict(cfg)
+    per_rank, problems = [], []
+    for r, (total, seconds) in enumerate(gathered):
+        want = expected_kernels([e for e in predicted if e.rank == r])
+        got = {f: n // steps if n % steps == 0 else n / steps for f, n in total.items()}
+        problems += [f"rank {r}: {d}" for d in compare_fingerprints(want, got)]
+        per_rank.append({"rank": r, "expected": want, "measured": got,
+                         "nccl_kernel_s_per_step": sum(seconds.values()) / steps})
+    section = {"profile_steps": steps, "per_rank": per_rank}
+    if ctx.device.type == "cuda":
+        detail = ("; ".join(problems[:3]) if problems else
+                  f"{sum(sum(p['measured'].values()) for p in per_rank)} kernels per step on {len(per_rank)} ranks "
+                  f"as predicted ({steps} profiled steps)")
+        section["check"] = {"name": "NCCL kernels == prediction", "passed": not problems, "detail": detail}
+    if fits:
+        from .sweep import predict_time
+
+        pred = predict_time(predicted, fits).critical_s
+        meas = max(p["nccl_kernel_s_per_step"] for p in per_rank)
+        section["comm_time"] = {"predicted_critical_s": pred, "measured_critical_s": meas,
+                                "rel_err": (pred - meas) / meas if meas else None,
+                                "measured_as": "sum of NCCL kernel durations per step, max over ranks"}
+    return section
