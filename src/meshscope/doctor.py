@@ -75,7 +75,7 @@ def load(run_dir: Path) -> dict[int, _Rank]:
             r,
             [(ln["axis"], tuple(ln["ranks"])) for ln in lines if ln["kind"] == "group"],
             [CommEvent.from_json(ln) for ln in lines if ln["kind"] == "issued"],
-            {_key(CommEvent.from_json(ln)) for ln in lines if ln["kind"] == "completed"},
+            {(ln["axis"], tuple(ln["group"]), ln["seq"]) for ln in lines if ln["kind"] == "completed"},
             {_key(CommEvent.from_json(ln)): ln["t"] for ln in lines if ln["kind"] == "issued"},
         )
     return ranks
