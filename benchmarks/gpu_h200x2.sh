@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
 # The measurements behind docs/results/h200x2.md, on one host with 2 NVIDIA GPUs (device kind
 # nvidia-h200-x2). Run from the repository root: OUT=/some/dir bash benchmarks/gpu_h200x2.sh
-# Every command writes its output under $OUT; raw traces and flight logs are deleted at the end
-# (the fingerprints and timings they produced are kept in each run's result.json).
+# Runs write to $RUNS (default /tmp/meshscope-runs); $OUT receives the terminal output of every
+# command and the small documents: each run's result.json and report.md, the sweep's sweep.json.
 set -uo pipefail
 : "${OUT:?set OUT to an output directory}"
+RUNS=${RUNS:-/tmp/meshscope-runs}
+mkdir -p "$RUNS"
 export PYTHONPATH=src NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 ms="python3 -m meshscope"
 step() { echo "== $(date -u +%T) $*" | tee -a "$OUT/commands.log"; "$@"; echo "   exit $?" | tee -a "$OUT/commands.log"; }
+keep() { for f in result.json report.md sweep.json; do [ -f "$RUNS/$1/$f" ] && cp "$RUNS/$1/$f" "$OUT/$1.$f"; done; }
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/nvidia-smi.csv" 2>&1
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version())" > "$OUT/versions.txt"
 
-# 1. collective sweep on the 2 GPUs and its alpha-beta fits
-step $ms sweep --backend nccl --world 2 --iters 50 --warmup 10 --out "$OUT/sweep" > "$OUT/sweep.txt" 2>&1
-# 2. every 2-rank variant, profiled: per-step timing (barrier + device sync before every step)
-step $ms suite --backend nccl --world 2 --profile --rounds 2 --iters 100 --sweep "$OUT/sweep/sweep.json" \
-    --out "$OUT/suite_per_step" > "$OUT/suite_per_step.txt" 2>&1
-# 3. the same, timing 20 back-to-back steps per sample
+# 1. collective sweep on the 2 GPUs, 20 back-to-back calls per timed sample, and its alpha-beta fits
+step $ms sweep --backend nccl --world 2 --iters 30 --warmup 5 --back-to-back 20 --out "$RUNS/sweep" > "$OUT/sweep.txt" 2>&1
+keep sweep
+# 2. every 2-rank variant, profiled (kernel fingerprints), per-step timing, model vs measured comm time
+step $ms suite --backend nccl --world 2 --profile --rounds 2 --iters 100 --sweep "$RUNS/sweep/sweep.json" \
+    --out "$RUNS/suite_per_step" > "$OUT/suite_per_step.txt" 2>&1
+keep suite_per_step
+# 3. the same configurations timed as 20 back-to-back steps per sample
 step $ms suite --backend nccl --world 2 --rounds 2 --iters 30 --steps-per-sample 20 \
-    --out "$OUT/suite_20_per_sample" > "$OUT/suite_20_per_sample.txt" 2>&1
-# 4. the capture's overhead on the seed's TP step
+    --out "$RUNS/suite_20_per_sample" > "$OUT/suite_20_per_sample.txt" 2>&1
+keep suite_20_per_sample
+# 4. the capture's overhead on the seed's TP step (capture entered and left every step)
 step python3 benchmarks/bench_capture.py --backend nccl --iters 600 > "$OUT/capture_overhead.txt" 2>&1
-rm -rf "$OUT"/*/traces "$OUT"/*/flight
