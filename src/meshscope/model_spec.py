@@ -86,7 +86,7 @@ class ModelSpec:
         if self.experts:
             need += [("--experts", self.experts, "--ep", ep), ("--ffn", self.ffn, "--etp", etp)]
         if self.sequence_parallel or self.experts:
-            need.append(("--seq / --cp", self.seq_len // cp, "--tp", tp))
+            need.append(("the sequence shard --seq / --cp =", self.seq_len // cp, "--tp", tp))
         for what, value, axis, size in need:
             if value % size:
                 raise UsageError(f"{axis} {size} does not divide {what} {value}; pick a divisor")

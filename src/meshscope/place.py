@@ -20,6 +20,11 @@ pipeline P2P: each message a rank sends or receives costs a call. The total is t
 collectives of different axes are not assumed to overlap (a serial upper bound), which is also what
 makes the ranking explainable axis by axis.
 
+What flips the usual answer here is bytes: experts whose gradients (synced over edp) outweigh the
+all-to-all tokens pull edp inside the node and push ep out; activations that outweigh the weights pull
+pp inside and push dp out. Stage imbalance, the seed's other example, is a compute effect that a
+communication-only model cannot see; it is not modelled.
+
 Group math is per group, never per rank in Python: a single axis's groups are arithmetic progressions
 (stride, size) read from `Layout.group_of(axis, 0)`; the groups' first ranks are the ranks whose
 coordinates on the axis are zero, found with one vectorised pass (numpy) per distinct group set.
