@@ -1,27 +1,32 @@
 """Capture overhead on a TP-sized training step (the seed's MLP: B 128, D 512, H 1024, tp 2).
 
-Launches 2 gloo ranks (or NCCL with --backend nccl) and times the same step with and without an
-active Capture, interleaved (on, off, on, off...) so that drift hits both equally. Prints the median
-step time of each and the overhead.
+Launches 2 gloo ranks (or NCCL with --backend nccl) and times the same step in blocks of `--block`
+steps, alternating: no capture / a Capture kept on for the block (how the one-step ledger and the
+run-long flight log use it: entered once, not per step) / the flight log's capture (which also writes
+a JSON line per call). Interleaving makes drift hit all three equally. Prints the median step time of
+each and the overheads. A barrier precedes every step, and on GPU a device synchronise ends it.
 
-Run: python benchmarks/bench_capture.py [--iters 300] [--backend gloo|nccl]
+Run: python benchmarks/bench_capture.py [--iters 600] [--block 20] [--backend gloo|nccl]
 """
 
 import argparse
+import contextlib
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
 import torch.nn.functional as F
 
 
-def worker(iters: int, backend: str) -> None:
+def worker(iters: int, backend: str, block: int) -> None:
     import torch.distributed as dist
 
     from meshscope.capture import Capture
+    from meshscope.flightlog import FlightLog
     from meshscope.collectives import AllReduceSum
     from meshscope.mesh import Layout
     from meshscope.runtime import RankContext
@@ -38,37 +43,39 @@ def worker(iters: int, backend: str) -> None:
         (y_BD.square().mean() / tp.size).backward()
         ctx.synchronize()
 
-    times = {True: [], False: []}
-    for i in range(iters + 20):
-        on = i % 2 == 0
-        dist.barrier()
-        start = time.perf_counter()
-        if on:
-            with Capture():
-                step()
-        else:
-            step()
-        if i >= 20:
-            times[on].append(time.perf_counter() - start)
+    flight = FlightLog(tempfile.mkdtemp(), ctx.rank)
+    modes = {"off": contextlib.nullcontext, "capture": Capture, "flight log": flight.capture}
+    times = {m: [] for m in modes}
+    for i in range(iters // block):
+        for mode, make in modes.items():
+            with make():
+                for j in range(block):
+                    dist.barrier()
+                    start = time.perf_counter()
+                    step()
+                    if i > 0:  # the first round of blocks is warmup
+                        times[mode].append(time.perf_counter() - start)
     if ctx.rank == 0:
-        on, off = statistics.median(times[True]), statistics.median(times[False])
-        print(f"backend {backend}, {ctx.world} ranks, {iters // 2} steps each: "
-              f"median step without capture {off * 1e3:.3f} ms, with capture {on * 1e3:.3f} ms, "
-              f"overhead {100 * (on / off - 1):+.2f} %")
+        med = {m: statistics.median(t) for m, t in times.items()}
+        print(f"backend {backend}, {ctx.world} ranks, {len(times['off'])} steps per mode in blocks of {block}: "
+              f"median step {med['off'] * 1e3:.3f} ms without capture; with a capture kept on "
+              f"{med['capture'] * 1e3:.3f} ms ({100 * (med['capture'] / med['off'] - 1):+.2f} %); with the "
+              f"flight log {med['flight log'] * 1e3:.3f} ms ({100 * (med['flight log'] / med['off'] - 1):+.2f} %)")
     ctx.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--iters", type=int, default=300)
+    parser.add_argument("--iters", type=int, default=600, help="steps per mode, in blocks")
+    parser.add_argument("--block", type=int, default=20)
     parser.add_argument("--backend", default="gloo")
     parser.add_argument("--worker", action="store_true")
     args = parser.parse_args()
     if args.worker:
-        worker(args.iters, args.backend)
+        worker(args.iters, args.backend, args.block)
         return
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", __file__,
-           f"--iters={args.iters}", f"--backend={args.backend}", "--worker"]
+           f"--iters={args.iters}", f"--backend={args.backend}", f"--block={args.block}", "--worker"]
     subprocess.run(cmd, check=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 

@@ -216,9 +216,18 @@ def comparisons(results: dict, timing: dict) -> list[dict]:
                     "structure_b": _structure(results[b]),
                     "structure_source": "measured: captured ledger, equal to the prediction" if
                     results[a]["comm"]["match"] and results[b]["comm"]["match"] else "MISMATCH with prediction",
-                    "timing_ratio": verdict.ratio, "timing_verdict": "PERF_UNSTABLE" if verdict.unstable else "stable",
+                    "timing_ratio": verdict.ratio, "timing_verdict": _verdict(verdict),
+                    "timing_distinguishable": verdict.distinguishable,
                     "timing_detail": verdict.detail, "timing_source": "measured: critical-rank host time"})
     return out
+
+
+def _verdict(c) -> str:
+    """PERF_UNSTABLE as the issue defines it (a noisy series, or a difference within the spread); a
+    difference beyond the spread of noisy series (the seed's PP effect) says so."""
+    if not c.unstable:
+        return "stable"
+    return "PERF_UNSTABLE, but the [P5, P95] intervals are disjoint" if c.distinguishable else "PERF_UNSTABLE"
 
 
 def _summary(d: dict):
