@@ -1,42 +1,203 @@
-"""Planted faults end within their timeout, exit non-zero where they should, and are named by the doctor."""
+"""The doctor names planted faults: on synthetic flight logs (fast, pins its logic) and on real injected runs.
+
+Injected runs: each kind is launched once with ``--timeout 10``; the launches run three at a time in
+one module fixture, because most of a hung run's time is spent waiting for its collective timeout.
+"""
 
 import json
-import time
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from meshscope.doctor import diagnose, render
+from meshscope.doctor.collective import collectives, group_order
+from meshscope.doctor.evidence import load
+from meshscope.doctor.p2p import p2p
+from meshscope.doctor.prediction import dp_wrong_group
+from meshscope.events import CommEvent
+from meshscope.mesh import Layout
+
 from .helpers import cli
 
+# -- synthetic flight logs ------------------------------------------------------------------------
+AXES = {(0, 1): "pp", (0, 2): "dp"}
+"""Default axis of a synthetic call's group."""
 
-def _doctor(run_dir):
-    proc = cli("doctor", run_dir, "--json")
-    return json.loads(proc.stdout), proc.returncode
+
+def call(rank, op, group, t, done=True, **fields):
+    """The flight-log lines of one call: issued at `t`, completed unless `done` is False."""
+    e = CommEvent(rank=rank, seq=fields.pop("seq", 0), op=op, axis=fields.pop("axis", AXES[group]),
+                  group=group, phase=fields.pop("phase", "forward"), dtype="float32",
+                  bytes_in=fields.pop("bytes_in", 1024 if op != "recv" else 0),
+                  bytes_out=fields.pop("bytes_out", 1024 if op != "send" else 0), **fields)
+    done_line = {"t": t + 0.01, "kind": "completed", "axis": e.axis, "group": list(group), "seq": e.seq}
+    return [{"t": t, "kind": "issued", **e.to_json()}] + ([done_line] if done else [])
 
 
-@pytest.mark.parametrize("experiment, kind, expect_kind, expect_text", [
-    ("collectives", "group-order", "group-order", "new_group #0: rank 1 created"),
-    ("collectives", "missing-collective", "mismatch", "rank 1 skipped that collective"),
-    ("tp_ar_b32", "dp-wrong-group", "dp-wrong-group", "gradient of fc1.weight averaged over tp[0, 1]"),
-])
-def test_injected_fault_is_named(tmp_path, experiment, kind, expect_kind, expect_text):
-    timeout = 10
-    start = time.monotonic()
-    proc = cli("run", experiment, "--inject", kind, "--timeout", timeout, "--out", tmp_path, "--json", timeout=200)
-    elapsed = time.monotonic() - start
+def write_run(tmp_path, logs: dict, errors: dict | None = None):
+    """A run directory with rank -> [flight-log lines] and rank -> error message."""
+    (tmp_path / "flight").mkdir()
+    for rank, lines in logs.items():
+        (tmp_path / "flight" / f"rank{rank}.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in lines))
+    if errors:
+        (tmp_path / "errors").mkdir()
+        for rank, error in errors.items():
+            (tmp_path / "errors" / f"rank{rank}.json").write_text(json.dumps({"rank": rank, "error": error}))
+    return tmp_path
+
+
+def test_split_mismatch_names_both_ranks_and_the_rows(tmp_path):
+    a2a = dict(axis="ep", group=(0, 1), t=1)
+    write_run(tmp_path, {0: call(0, "all_to_all", input_splits=(2, 2), output_splits=(2, 2), **a2a),
+                         1: call(1, "all_to_all", input_splits=(2, 2), output_splits=(3, 2), **a2a)})
+    [f] = collectives(load(tmp_path))
+    assert (f.kind, f.axis, f.ranks) == ("mismatch", "ep", [0, 1])
+    assert "rank 0 sends 2 rows to rank 1, which expects 3" in f.cause
+
+
+def test_p2p_size_mismatch(tmp_path):
+    write_run(tmp_path, {0: call(0, "send", (0, 1), 1, peer=1, bytes_in=1024),
+                         1: call(1, "recv", (0, 1), 1, peer=0, bytes_out=2048)})
+    [f] = p2p(load(tmp_path))
+    assert (f.kind, f.axis, f.ranks) == ("p2p", "pp", [0, 1])
+    assert f.entry.startswith("message #0 0->1") and "size mismatch" in f.cause
+
+
+def test_p2p_both_send_first_and_block(tmp_path):
+    logs = {0: call(0, "send", (0, 1), 1, peer=1) + call(0, "send", (0, 1), 2, done=False, seq=1, peer=1),
+            1: call(1, "recv", (0, 1), 1, peer=0) + call(1, "send", (0, 1), 2, done=False, seq=1, peer=0,
+                                                        phase="backward")}
+    [f] = p2p(load(write_run(tmp_path, logs)))
+    assert (f.kind, f.axis, f.ranks) == ("p2p", "pp", [0, 1])
+    assert "P2P #1 between 0 and 1: both send first" in f.entry and "order mismatch" in f.cause
+
+
+def test_complementary_p2p_is_healthy(tmp_path):
+    logs = {0: call(0, "send", (0, 1), 1, peer=1) + call(0, "recv", (0, 1), 2, seq=1, peer=1),
+            1: call(1, "recv", (0, 1), 1, peer=0) + call(1, "send", (0, 1), 2, seq=1, peer=0)}
+    report = diagnose(write_run(tmp_path, logs))
+    assert report["healthy"] and report["findings"] == []
+    assert render(report) == ["no problem found in the flight logs of ranks [0, 1]"]
+
+
+def test_send_without_recv_quotes_the_silent_rank_error(tmp_path):
+    logs = {0: call(0, "send", (0, 1), 1, peer=1) + call(0, "send", (0, 1), 2, seq=1, peer=1),
+            1: call(1, "recv", (0, 1), 1, peer=0)}
+    [f] = p2p(load(write_run(tmp_path, logs)), {1: "RuntimeError: P2P shape mismatch"})
+    assert f.ranks == [0, 1] and f.entry.startswith("message #1 0->1: rank 0 issued send")
+    assert "a send without the matching recv" in f.cause and "rank 1 stopped with: RuntimeError: P2P shape" in f.cause
+
+
+def test_group_order(tmp_path):
+    group = lambda axis, ranks, i: {"t": i, "kind": "group", "axis": axis, "ranks": ranks, "index": i}  # noqa: E731
+    write_run(tmp_path, {0: [group("tp", [0, 1], 0), group("dp", [0, 2], 1)],
+                         1: [group("dp", [1, 3], 0), group("tp", [0, 1], 1)]})
+    [f] = group_order(load(tmp_path))
+    assert (f.kind, f.ranks) == ("group-order", [1])
+    assert "new_group #0: rank 1 created dp[1, 3], rank 0 created tp[0, 1]" in f.entry
+
+
+def test_dp_wrong_group(tmp_path):
+    sync = dict(axis="tp", phase="optimizer", region="dp.grad_sync:fc1.weight")
+    write_run(tmp_path, {0: call(0, "all_reduce", (0, 1), 1, **sync), 1: call(1, "all_reduce", (0, 1), 1, **sync)})
+    [f] = dp_wrong_group(load(tmp_path), Layout(4, tp=2))
+    assert (f.kind, f.axis, f.group) == ("dp-wrong-group", "tp", [0, 1])
+    assert "gradient of fc1.weight averaged over tp[0, 1]" in f.entry and "their tp differ" in f.cause
+    assert "the dp group of rank 0 is [0, 2]" in f.cause
+
+
+def test_earliest_finding_is_the_root_cause(tmp_path):
+    """A P2P deadlock at t=1 leaves rank 2 waiting in a DP all_reduce at t=2 that rank 0 never reaches."""
+    logs = {0: call(0, "send", (0, 1), 1, done=False, peer=1),
+            1: call(1, "send", (0, 1), 1, done=False, peer=0),
+            2: call(2, "all_reduce", (0, 2), 2, done=False)}
+    report = diagnose(write_run(tmp_path, logs))
+    kinds = [(f["kind"], f["axis"], f["root_cause"]) for f in report["findings"]]
+    assert kinds == [("p2p", "pp", True), ("missing", "dp", False)]
+    assert render(report)[0].startswith("likely root cause: [p2p] pp[0, 1] ranks [0, 1]")
+
+
+def test_gradient_never_sent_back_is_pp_no_grad(tmp_path):
+    """Stage 1 received activation 0 in two steps and never sent a gradient; stage 0 waits for it."""
+    act = dict(region="pp.boundary0.activation", microbatch=0, peer=0)
+    logs = {0: call(0, "send", (0, 1), 1, peer=1) + call(0, "recv", (0, 1), 2, seq=1, peer=1, phase="backward"),
+            1: call(1, "recv", (0, 1), 1, **act) + call(1, "recv", (0, 1), 3, seq=1, **act)}
+    [f] = diagnose(write_run(tmp_path, logs))["findings"]  # the unanswered recv is the same fault, not a 2nd
+    assert (f["kind"], f["group"], f["ranks"]) == ("pp-no-grad", [0, 1], [1])
+    assert "sent no gradient back; rank 0 waits in its recv backward" in f["summary"]
+
+
+# -- injected runs --------------------------------------------------------------------------------
+PP_SMALL = ("--hidden", 64, "--ffn", 128, "--batch", 8)
+EP_SMALL = ("--hidden", 32, "--batch", 16, "--steps", 1)
+CASES = {
+    # kind: (experiment, extra args, first finding's kind, text its summary must contain)
+    "group-order": ("collectives", (), "group-order", "new_group #0: rank 1 created"),
+    "missing-collective": ("collectives", (), "mismatch", "rank 1 skipped that collective"),
+    "dp-wrong-group": ("tp_ar_b32", (), "dp-wrong-group", "gradient of fc1.weight averaged over tp[0, 1]"),
+    "p2p-shape": ("pp_mb1", ("--world", 2, *PP_SMALL), "p2p",
+                  "pp[0, 1] ranks [0, 1]: message #1 0->1: rank 0 issued send forward 4 KiB in pp.boundary0.activation;"
+                  " rank 1 never posted the recv -- a send without the matching recv: one side waits forever; rank 1 "
+                  "last issued recv forward 24 B on pp[0, 1] (completed); rank 1 stopped with: RuntimeError: P2P shape "
+                  "mismatch: rank 1 (stage 1) expects 1 activations of [9, 128] from rank 0 (stage 0), which sends 1 of "
+                  "[8, 128]"),
+    "p2p-order": ("pp_1f1b_mb8", ("--microbatches", 2, *PP_SMALL), "p2p",
+                  "pp[0, 1] ranks [0, 1]: P2P #2 between 0 and 1: both send first"),
+    "pp-no-grad": ("pp_mb1", ("--world", 2, *PP_SMALL), "pp-no-grad",
+                   "pp[0, 1] ranks [1]: rank 1 received 3 forward messages from rank 0, ran past their backward and "
+                   "sent no gradient back; rank 0 waits in its recv backward"),
+    "split-mismatch": ("ep_balanced", EP_SMALL, "mismatch",
+                       "ep[0, 1] ranks [0, 1]: collective #0 of ep[0, 1]: rank 0 all_to_all forward 2 KiB splits "
+                       "[8, 8]->[8, 8] in moe.dispatch; rank 1 all_to_all forward 2.1 KiB splits [8, 8]->[9, 8]"),
+    "no-input-grad": ("ep_balanced", EP_SMALL, "pruned-a2a",
+                      "ep[0, 1] ranks [0, 1]: 4 all_to_all predicted per step, 3 issued; missing: all_to_all backward"),
+}
+
+
+@pytest.fixture(scope="module")
+def injected(tmp_path_factory):
+    """kind -> (completed `meshscope run --inject` process, its run directory), three launches at a time."""
+    def run(kind):
+        experiment, extra, _, _ = CASES[kind]
+        out = tmp_path_factory.mktemp(kind)
+        proc = cli("run", experiment, *extra, "--inject", kind, "--timeout", 10, "--out", out, "--json", timeout=300)
+        return kind, (proc, out)
+
+    with ThreadPoolExecutor(3) as pool:
+        return dict(pool.map(run, CASES))
+
+
+@pytest.mark.parametrize("kind", list(CASES))
+def test_injected_fault_is_named_first(injected, kind):
+    proc, out = injected[kind]
+    _, _, expect_kind, expect_text = CASES[kind]
     assert proc.returncode == 1, proc.stderr[-2000:]
-    assert elapsed < timeout + 60, elapsed  # start-up + the timeout + tear-down, never a hang
+    # The ranks ended on their own collective timeout (or error): the launcher's watchdog was not needed,
+    # and no rank of the run outlived it.
+    assert "no rank made progress" not in proc.stderr
+    assert subprocess.run(["pgrep", "-f", str(out)], capture_output=True).returncode == 1
     assert f"meshscope doctor: [{expect_kind}]" in proc.stderr  # the launcher ran the doctor
-    report, code = _doctor(tmp_path)
-    assert code == 1 and not report["healthy"]
+    report = diagnose(out)
+    assert not report["healthy"]
     first = report["findings"][0]
-    assert first["kind"] == expect_kind and expect_text in first["summary"], report["findings"]
+    assert first["root_cause"] and first["kind"] == expect_kind and expect_text in first["summary"], report["findings"]
+
+
+def test_doctor_cli_marks_the_root_cause(injected):
+    _, out = injected["p2p-order"]
+    text = cli("doctor", out)
+    assert text.returncode == 1 and "\nlikely root cause: [p2p] pp[0, 1] ranks [0, 1]" in text.stdout
+    report = json.loads(cli("doctor", out, "--json").stdout)
+    assert [f["root_cause"] for f in report["findings"]][:2] == [True, False]
 
 
 def test_healthy_run_has_no_findings(tmp_path):
     proc = cli("run", "collectives", "--world", 2, "--tp", 2, "--out", tmp_path, "--json", timeout=200)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    report, code = _doctor(tmp_path)
-    assert code == 0 and report["healthy"] and report["findings"] == [] and report["ranks"] == [0, 1]
+    proc = cli("doctor", tmp_path, "--json")
+    report = json.loads(proc.stdout)
+    assert proc.returncode == 0 and report["healthy"] and report["findings"] == [] and report["ranks"] == [0, 1]
 
 
 def test_doctor_on_missing_directory_is_a_usage_error(tmp_path):
@@ -44,3 +205,5 @@ def test_doctor_on_missing_directory_is_a_usage_error(tmp_path):
     assert proc.returncode == 2 and "does not exist" in proc.stderr
     proc = cli("run", "collectives", "--inject", "p2p-shape")
     assert proc.returncode == 2 and "not available for collectives" in proc.stderr
+    proc = cli("run", "pp_mb1", "--inject", "p2p-order")
+    assert proc.returncode == 2 and "p2p-order fault needs an exchange carrying messages both ways" in proc.stderr

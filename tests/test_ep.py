@@ -107,6 +107,21 @@ def test_bad_config_is_one_line_error():
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, (args, proc.stderr)
 
 
+@pytest.mark.parametrize("name, overrides, fragment", [
+    ("ep_balanced", {"world": 2, "ep": 1, "fault_split_mismatch": True}, "split-mismatch fault needs --ep 2"),
+    ("ep_nograd", {"fault_no_input_grad": True}, "no-input-grad fault needs --input-grad"),
+])
+def test_faults_that_would_plant_nothing_are_usage_errors(name, overrides, fragment):
+    with pytest.raises(UsageError, match=fragment):
+        experiments.get(name).config(overrides)
+
+
+def test_no_input_grad_fault_keeps_the_prediction_of_four_all_to_all():
+    """The fault changes the run, not the prediction: 4 all_to_all predicted, as for ep_balanced."""
+    exp = experiments.get("ep_balanced")
+    assert counts(exp.predict(exp.config({"fault_no_input_grad": True}))) == counts(exp.predict(exp.config({})))
+
+
 # -- world 4: every variant in one launch -------------------------------------------------------
 CASES = [
     ("ep_balanced", {}),

@@ -13,7 +13,7 @@ import torch.distributed.pipelining.schedules as torch_schedules
 from meshscope import experiments, timeline
 from meshscope.errors import UsageError
 from meshscope.events import counts
-from meshscope.launch import launch
+from meshscope.experiments.pp import ORDER, fault_knobs
 from meshscope.mesh import Layout
 from meshscope.models.pipeline import Exchange, actions, check_matched, peak_stash, program, stage_forward, stash_bound
 
@@ -190,10 +190,23 @@ def test_pp4_middle_stages_talk_to_both_neighbours():
     ({"pp": 1}, "--pp 1 has no stage boundary"),
     ({"schedule": "zb"}, "--schedule 'zb' is not one of"),
     ({"world": 4, "dp": 4}, "--world 4 disagrees with --pp 2 x --dp 4"),
+    ({"fault_p2p_order": True}, "the p2p-order fault needs an exchange carrying messages both ways"),
 ])
 def test_bad_configs_are_usage_errors(overrides, fragment):
     with pytest.raises(UsageError, match=fragment.replace("(", r"\(")):
         experiments.get("pp_mb8").config(overrides)
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_faults_are_planted_in_fault_rank_replica_only(pp):
+    """FAULT_RANK = 1 is stage 1 of replica 0; p2p-order plants on both ends of its upstream boundary."""
+    layout = Layout(8, pp=pp, order=ORDER)
+    knobs = lambda **fault: [fault_knobs(experiments.get("pp_1f1b_mb8").config({"world": 8, "pp": pp, **fault}),  # noqa: E731
+                                         layout, r) for r in range(8)]
+    assert [k.get("send_first_with") for k in knobs(fault_p2p_order=True)] == [1, 0] + [None] * 6
+    assert [k.get("drop_gradients", False) for k in knobs(fault_pp_no_grad=True)] == [False, True] + [False] * 6
+    assert [k.get("expect_extra_rows", 0) for k in knobs(fault_p2p_shape=True)] == [0, 1] + [0] * 6
+    assert all(k in ({}, {"expect_extra_rows": 0, "drop_gradients": False}) for k in knobs())
 
 
 def test_cli_bad_microbatches_is_one_line():
@@ -261,13 +274,3 @@ def test_gpipe_and_1f1b_train_identical_weights(world4, pp, m):
 def test_seed_pp_mb8_1f1b_interleaves(world4):
     spans = world4[1][(2, "1f1b", 8)]["timeline"]["ranks"][1]["spans"]  # rank 1 = last stage
     assert "".join(s["kind"] for s in spans) == "FB" * 8
-
-
-def test_mismatched_p2p_shapes_fail_clearly_instead_of_hanging(tmp_path):
-    spec = {"backend": "gloo", "timeout": 15,
-            "experiments": [{"name": "pp_mb8", "overrides": {"world": 2, "fault_p2p_shape": True}}]}
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    outcome = launch(tmp_path, 2, 15)
-    assert outcome.returncode != 0 and not outcome.timed_out
-    assert outcome.error.startswith("rank 1: RuntimeError: P2P shape mismatch")
-    assert "expects 8 activations of [9, 1024] from rank 0 (stage 0), which sends 8 of [8, 1024]" in outcome.error

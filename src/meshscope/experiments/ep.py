@@ -29,6 +29,7 @@ import torch
 from ..capture import Capture
 from ..errors import UsageError
 from ..events import CommEvent
+from ..faults import FAULT_RANK
 from ..mesh import Layout
 from ..models.data_parallel import predict_grad_sync, sgd_step, sync_grads
 from ..models.moe.dispatch import destination_splits, pack_plan
@@ -78,6 +79,13 @@ class EPConfig:
     """Training steps; step 0 is captured."""
     seed: int = 0
     """Seed of tokens, weights and fixed routing."""
+    fault_split_mismatch: bool = False
+    """FAULT INJECTION, not a CLI flag: rank FAULT_RANK expects one dispatch row more from its first EP
+    peer than that peer sends (its output_splits off by one, its buffer sized to match). gloo takes the
+    short dispatch silently and aborts on the combine; the doctor must name the split mismatch."""
+    fault_no_input_grad: bool = False
+    """FAULT INJECTION, not a CLI flag: the tokens need no grad although --input-grad (and so the
+    prediction) says they do: autograd prunes the reverse dispatch, 3 all_to_all instead of 4."""
 
 
 def backward_note(cfg: EPConfig) -> str:
@@ -95,8 +103,14 @@ def backward_note(cfg: EPConfig) -> str:
                        "its gradient): one all_to_all fewer")
 
 
+def tokens_need_grad(cfg: EPConfig) -> bool:
+    """Whether the run's tokens require grad: --input-grad, unless the no-input-grad fault is planted."""
+    return cfg.input_grad and not cfg.fault_no_input_grad
+
+
 class ExpertParallel(Experiment):
     Config = EPConfig
+    faults = {"split-mismatch": {"fault_split_mismatch": True}, "no-input-grad": {"fault_no_input_grad": True}}
 
     def validate(self, cfg: EPConfig) -> None:
         self.layout(cfg)
@@ -116,6 +130,11 @@ class ExpertParallel(Experiment):
         if cfg.pad and cfg.capacity_factor <= 0:
             raise UsageError("--pad needs a --capacity-factor > 0: padding fills each expert's buffer to its capacity")
         fixed_counts(cfg)  # validates --skew
+        if cfg.fault_split_mismatch and cfg.ep == 1:
+            raise UsageError("the split-mismatch fault needs --ep 2 or more: with ep 1 no all_to_all is issued")
+        if cfg.fault_no_input_grad and not cfg.input_grad:
+            raise UsageError("the no-input-grad fault needs --input-grad: with --no-input-grad the prediction "
+                             "already expects the pruned reverse dispatch (use ep_balanced)")
 
     def layout(self, cfg: EPConfig) -> Layout:
         return Layout(cfg.world, ep=cfg.ep)
@@ -161,7 +180,7 @@ class ExpertParallel(Experiment):
 
     def step_fn(self, ctx, cfg: EPConfig):
         m = _Model(ctx, cfg, ctx.mesh(self.layout(cfg)))
-        x_TD = source_tokens(cfg, 0, ctx.rank).to(ctx.device).requires_grad_(cfg.input_grad)
+        x_TD = source_tokens(cfg, 0, ctx.rank).to(ctx.device).requires_grad_(tokens_need_grad(cfg))
 
         def step():
             x_TD.grad = None
@@ -178,7 +197,7 @@ class ExpertParallel(Experiment):
         ref = reference_training(cfg, layout, ctx.rank)
         losses, step_s, records, errs = [], [], [], {}
         for step in range(cfg.steps):
-            x_TD = source_tokens(cfg, step, ctx.rank).to(ctx.device).requires_grad_(cfg.input_grad)
+            x_TD = source_tokens(cfg, step, ctx.rank).to(ctx.device).requires_grad_(tokens_need_grad(cfg))
             start = time.perf_counter()
             with Capture() if step == 0 else contextlib.nullcontext() as cap:
                 routing, out_TD, record, loss = m.train_step(step, x_TD)
@@ -190,7 +209,7 @@ class ExpertParallel(Experiment):
                 events, first_routing, x_grad = cap.events, routing, x_TD.grad
                 errs["output"] = _err(out_TD, ref["output"])
                 errs["grad"] = max([_err(p.grad, ref["grads"][n]) for n, p in named]
-                                   + ([_err(x_grad, ref["x_grad"])] if cfg.input_grad else []))
+                                   + ([_err(x_grad, ref["x_grad"])] if cfg.input_grad and x_grad is not None else []))
             sgd_step([p for _, p in named], cfg.lr)
         errs["weights"] = max(_err(p, ref["weights"][n]) for n, p in named)
         checks = [
@@ -297,7 +316,8 @@ class _Model:
         self.cfg, self.rank = cfg, ctx.rank
         ep_group, self.edp_group, self.dp_group = mesh["ep"], mesh["edp"], mesh["dp"]
         experts_w, gate_w = initial_weights(cfg)
-        self.layer = MoELayer(cfg.hidden, cfg.experts, ep_group, ep_group.local_rank(ctx.rank)).to(ctx.device)
+        self.layer = MoELayer(cfg.hidden, cfg.experts, ep_group, ep_group.local_rank(ctx.rank),
+                              expect_extra_row=cfg.fault_split_mismatch and ctx.rank == FAULT_RANK).to(ctx.device)
         with torch.no_grad():
             for l, expert in enumerate(self.layer.experts):
                 expert.linear.weight.copy_(experts_w[self.layer.first + l])

@@ -33,6 +33,7 @@ from .. import timeline
 from ..capture import Capture
 from ..errors import UsageError
 from ..events import CommEvent
+from ..faults import FAULT_RANK
 from ..mesh import Layout
 from ..models.data_parallel import predict_grad_sync, sgd_step, sync_grads
 from ..models.pipeline import (SCHEDULES, Exchange, StageBoundary, check_matched, program, run_program, stage_forward,
@@ -70,8 +71,15 @@ class PPConfig:
     lr: float = 0.5
     """SGD learning rate, the same for the pipeline and the reference."""
     fault_p2p_shape: bool = False
-    """FAULT INJECTION, not a CLI flag: the last stage expects one activation row too many. The run
-    must stop with a clear P2P shape error instead of hanging or crashing the transport."""
+    """FAULT INJECTION, not a CLI flag: rank FAULT_RANK (a receiving stage) expects one activation row
+    too many. The run must stop with a clear P2P shape error instead of hanging or crashing the transport."""
+    fault_p2p_order: bool = False
+    """FAULT INJECTION, not a CLI flag: in FAULT_RANK's replica, both ends of the boundary between
+    FAULT_RANK's stage and its upstream neighbour send first, each blocking until its send is received
+    (seed, "PP hang": send/recv顺序不一致). Needs an exchange carrying messages both ways (1F1B, M >= 2)."""
+    fault_pp_no_grad: bool = False
+    """FAULT INJECTION, not a CLI flag: FAULT_RANK's stage never sends the activation gradient back, so
+    its upstream stage waits in its receive until the timeout (seed: PP反向无gradient)."""
 
 
 def resolve(cfg: PPConfig) -> PPConfig:
@@ -87,6 +95,10 @@ def resolve(cfg: PPConfig) -> PPConfig:
     if cfg.batch % cfg.microbatches:
         raise UsageError(f"--batch {cfg.batch} is not divisible by --microbatches {cfg.microbatches}; "
                          f"microbatches must be equal (pick a divisor of {cfg.batch})")
+    if cfg.fault_p2p_order and not _two_way(cfg):
+        raise UsageError(f"the p2p-order fault needs an exchange carrying messages both ways, which "
+                         f"{cfg.schedule} with M={cfg.microbatches} never posts; use --schedule 1f1b "
+                         f"--microbatches 2 or more (e.g. pp_1f1b_mb8)")
     if cfg.dp is None:
         world = cfg.world or 4
         if cfg.pp > world or world % cfg.pp:
@@ -97,6 +109,28 @@ def resolve(cfg: PPConfig) -> PPConfig:
     if cfg.world != cfg.pp * cfg.dp:
         raise UsageError(f"--world {cfg.world} disagrees with --pp {cfg.pp} x --dp {cfg.dp} = {cfg.pp * cfg.dp}")
     return cfg
+
+
+def _two_way(cfg: PPConfig) -> bool:
+    """Whether stage 0's program has an exchange with messages in both directions (1F1B steady state)."""
+    return any(isinstance(ex, Exchange) and len({m.sender for m in ex.messages}) == 2
+               for ex in program(cfg.schedule, cfg.pp, 0, cfg.microbatches))
+
+
+def fault_knobs(cfg: PPConfig, layout: Layout, rank: int) -> dict:
+    """The StageBoundary fault knobs of `rank` (all off unless a FAULT INJECTION field is set).
+
+    Every planted fault sits in FAULT_RANK's pipeline replica only, so the other replicas run
+    healthily into the DP sync and the doctor must still name the planted boundary first."""
+    if rank not in layout.group_of("pp", FAULT_RANK):
+        return {}
+    stage, faulty = layout.coords(rank)["pp"], layout.coords(FAULT_RANK)["pp"]
+    upstream = max(faulty - 1, 0)  # the boundary (upstream, upstream + 1) touching FAULT_RANK's stage
+    knobs = {"expect_extra_rows": int(cfg.fault_p2p_shape and rank == FAULT_RANK),
+             "drop_gradients": cfg.fault_pp_no_grad and rank == FAULT_RANK}
+    if cfg.fault_p2p_order and stage in (upstream, upstream + 1):
+        knobs["send_first_with"] = upstream + 1 if stage == upstream else upstream
+    return knobs
 
 
 def widths(cfg: PPConfig) -> list[int]:
@@ -158,6 +192,8 @@ def _err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 class Pipeline(Experiment):
     Config = PPConfig
+    faults = {"p2p-shape": {"fault_p2p_shape": True}, "p2p-order": {"fault_p2p_order": True},
+              "pp-no-grad": {"fault_pp_no_grad": True}}
 
     def config(self, overrides: dict) -> PPConfig:
         return resolve(super().config(overrides))
@@ -177,7 +213,7 @@ class Pipeline(Experiment):
         ws = init_weights(cfg)
         w_OI = ws[stage].clone().to(ctx.device).requires_grad_()
         boundary = StageBoundary(pp_g, stage, widths(cfg), cfg.batch // m, ctx.device,
-                                 expect_extra_rows=int(cfg.fault_p2p_shape and stage == cfg.pp - 1))
+                                 **fault_knobs(cfg, self.layout(cfg), ctx.rank))
         boundary.check_shapes(m)
         recorder = timeline.Recorder(ctx.device)
         err = {"output": 0.0, "grad": 0.0}

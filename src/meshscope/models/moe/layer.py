@@ -68,11 +68,14 @@ class StepRecord:
 class MoELayer(nn.Module):
     """This rank's L experts and the EP communication around them (one layer, no residual)."""
 
-    def __init__(self, dim: int, experts: int, group: AxisGroup, ep_rank: int):
+    def __init__(self, dim: int, experts: int, group: AxisGroup, ep_rank: int, expect_extra_row: bool = False):
         super().__init__()
         self.local = experts // group.size
         self.first = ep_rank * self.local
         self.group = group
+        self.expect_extra_row = expect_extra_row
+        """Fault knob (FAULT INJECTION): expect one row more from EP source 0 for the first local expert
+        than it sends, the buffer sized to match (seed, 常见错误: input/output splits不一致)."""
         self.experts = nn.ModuleList(Expert(dim) for _ in range(self.local))
 
     def named_expert_weights(self):
@@ -88,6 +91,9 @@ class MoELayer(nn.Module):
         if counts_SL is None:
             with region("moe.counts"):
                 counts_SL, counts_s = _timed(dsp.exchange_counts, packing.rows_E, self.group, x_TD.device)
+        if self.expect_extra_row:
+            counts_SL = counts_SL.clone()  # the static counts are shared across steps
+            counts_SL[0, 0] += 1
         with region("moe.dispatch"):
             received_RD, dispatch_s = _timed(dsp.dispatch, x_TD, routing, packing, counts_SL, self.group)
         y_RD, gemm_s = self._compute(received_RD, counts_SL)

@@ -36,11 +36,17 @@ class StageBoundary:
     """This stage's P2P with its neighbours over the pipeline group (global ranks from the mesh)."""
 
     def __init__(self, group: AxisGroup, stage: int, widths: list[int], rows: int, device,
-                 expect_extra_rows: int = 0):
+                 expect_extra_rows: int = 0, send_first_with: int | None = None, drop_gradients: bool = False):
         self.group, self.stage, self.widths, self.rows, self.device = group, stage, widths, rows, device
         self.pp = len(widths) - 1
         self.expect_extra_rows = expect_extra_rows
         """Fault knob: rows this stage wrongly expects on top of the activations it receives."""
+        self.send_first_with = send_first_with
+        """Fault knob: the neighbour stage with which this stage completes each blocking send before
+        posting its receives. Done on both ends of a boundary, an exchange with messages in both
+        directions deadlocks (seed, "PP hang": send/recv顺序不一致)."""
+        self.drop_gradients = drop_gradients
+        """Fault knob: this stage never sends activation gradients upstream (seed: PP反向无gradient)."""
 
     def shape(self, msg: Message) -> tuple[int, int]:
         """[b, width of the boundary]: an activation and its gradient have the same shape."""
@@ -75,13 +81,25 @@ class StageBoundary:
                     f"(stage {self.stage - 1}), which sends {m} of [{r}, {c}]")
 
     def exchange(self, ex: Exchange, outbox: dict[Message, torch.Tensor]) -> dict[Message, torch.Tensor]:
-        """Post every message of `ex` (activation first), then wait for all; return what arrived."""
+        """Post every message of `ex` (activation first), then wait for all; return what arrived.
+
+        Under the `send_first_with` fault the sends go first and each is a blocking ``send``: it
+        returns only once the peer has posted the matching receive, so the flight log shows it
+        issued and never completed when the peer does the same."""
         peer = self.group.ranks[ex.peer_stage]
+        send_first = ex.peer_stage == self.send_first_with
+        messages = sorted(ex.messages, key=lambda m: m.sender != self.stage) if send_first else ex.messages
         works, inbox = [], {}
-        for msg in ex.messages:
+        for msg in messages:
             with phase(msg.phase), region(msg.region, msg.microbatch):
                 if msg.sender == self.stage:
-                    works.append(dist.isend(outbox.pop(msg), peer, group=self.group.pg))
+                    tensor = outbox.pop(msg)
+                    if self.drop_gradients and msg.kind == "gradient":
+                        continue
+                    if send_first:
+                        dist.send(tensor, peer, group=self.group.pg)
+                    else:
+                        works.append(dist.isend(tensor, peer, group=self.group.pg))
                 else:
                     inbox[msg] = torch.empty(self.shape(msg), device=self.device)
                     works.append(dist.irecv(inbox[msg], peer, group=self.group.pg))

@@ -1,0 +1,101 @@
+"""`meshscope doctor RUN_DIR`: turn flight logs into named root causes.
+
+The seed's "生产故障诊断" and "常见错误" tables are the checklist. Every diagnosis names the mesh axis
+and ranks of the group, the first divergent entry, and the cause in plain words, so that a hang is
+placed on its dimension ("必须把hang或慢通信定位到具体维度") rather than on a global rank.
+
+Evidence (`evidence`): ``flight/rank<R>.jsonl`` (group creations and every collective, issued and
+completed), ``errors/rank<R>.json``, ``spec.json`` (to rebuild the layout) and, if the run got that
+far, ``result.json`` (the predicted and captured ledgers of one step).
+
+Diagnoses:
+  group-order     ranks created process groups in different orders                  (`collective`)
+  missing         some ranks never issued collective #k of a group the others wait in (`collective`)
+  mismatch        ranks issued collective #k of a group with different op, dtype, size or splits
+  p2p             a send without its recv, a size mismatch, or both ends sending/receiving first (`p2p`)
+  pp-no-grad      a pipeline stage received activations but never sent their gradients back (`p2p`)
+  dp-wrong-group  a gradient averaged over ranks that hold different shards          (`prediction`)
+  pruned-a2a      fewer all_to_all than predicted because the tokens needed no gradient (`prediction`)
+
+One fault cascades: ranks blocked by it leave their peers waiting in other groups. Findings are
+ordered by when their first divergent entry was issued, and the earliest is reported as the likely
+root cause, the others as what followed from it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import asdict
+from pathlib import Path
+
+from .collective import collectives, group_order
+from .evidence import P2P, Finding, load
+from .p2p import p2p, pp_no_grad
+from .prediction import dp_wrong_group, pruned_a2a
+
+__all__ = ["Finding", "diagnose", "load", "render"]
+
+
+def _first_experiment(run_dir: Path):
+    """(experiment, config) of the run's first experiment, from spec.json; None if unreadable."""
+    try:
+        spec = json.loads((run_dir / "spec.json").read_text())
+        from .. import experiments
+
+        item = spec["experiments"][0]
+        exp = experiments.get(item["name"])
+        return exp, exp.config(item.get("overrides", {}))
+    except (OSError, KeyError, IndexError, ValueError):
+        return None
+
+
+def _plan(first) -> dict | None:
+    """Predicted collective ops of one step, per group and rank (P2P excluded)."""
+    if first is None:
+        return None
+    exp, cfg = first
+    out: dict = defaultdict(lambda: defaultdict(list))
+    for e in sorted(exp.predict(cfg), key=lambda e: (e.rank, e.axis, e.group, e.seq)):
+        if e.op not in P2P:
+            out[(e.axis, e.group)][e.rank].append(e.op)
+    return out
+
+
+def diagnose(run_dir: Path) -> dict:
+    """The report of a run directory: its ranks, the rank errors, and the findings, earliest first
+    (``root_cause`` marks the first); ``healthy`` when there is neither an error nor a finding."""
+    run_dir = Path(run_dir)
+    ranks = load(run_dir)
+    result = None
+    if (run_dir / "result.json").exists():
+        result = json.loads((run_dir / "result.json").read_text())
+        result = result["results"][0] if "results" in result else result
+    first = _first_experiment(run_dir)
+    layout = first[0].layout(first[1]) if first else None
+    errors = []
+    for path in sorted((run_dir / "errors").glob("rank*.json")):
+        err = json.loads(path.read_text())
+        errors.append({"rank": err["rank"], "error": err["error"]})
+    findings = group_order(ranks)  # with groups created differently, every later entry is suspect
+    if not findings:
+        no_grad = pp_no_grad(ranks)
+        explained = {tuple(f.group) for f in no_grad}  # its upstream's unanswered recv is the same fault
+        findings = (collectives(ranks, _plan(first)) + no_grad
+                    + [f for f in p2p(ranks, {e["rank"]: e["error"] for e in errors}) if tuple(f.group) not in explained])
+    findings += dp_wrong_group(ranks, layout) + pruned_a2a(result)
+    findings.sort(key=lambda f: f.t)  # stable: equally dated findings keep the order they were looked for in
+    return {"run_dir": str(run_dir), "ranks": sorted(ranks), "healthy": not findings and not errors,
+            "findings": [{k: v for k, v in asdict(f).items() if k != "t"} | {"summary": f.line(), "root_cause": i == 0}
+                         for i, f in enumerate(findings)],
+            "errors": errors}
+
+
+def render(report: dict) -> list[str]:
+    """The text report: the earliest finding marked as the likely root cause, the rest as what followed."""
+    lines = [f"rank {e['rank']} failed: {e['error']}" for e in report["errors"]]
+    for f in report["findings"]:
+        lines.append(("likely root cause: " if f["root_cause"] else "  then: ") + f["summary"])
+    if report["healthy"]:
+        lines.append(f"no problem found in the flight logs of ranks {report['ranks']}")
+    return lines
