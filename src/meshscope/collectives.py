@@ -11,8 +11,8 @@ Two gradient conventions exist for a loss computed identically on every TP rank 
   `ReduceScatterSum`, `AllGatherCat`. Backward treats the G replicated losses as G different
   summands, so shard gradients come out G times the true gradient: divide the loss by G.
 * replicated-loss (Megatron's f/g conjugates, what DTensor does): `CopyToGroup` (f), `ReduceFromGroup`
-  (g), `ReduceScatterSum` and `GatherSplitBackward`. Correct gradients with the plain loss and fewer
-  collectives.
+  (g), `ReduceScatterSum`, `GatherSplitBackward` and its conjugate `SplitGatherBackward`. Correct
+  gradients with the plain loss and fewer collectives.
 
 `AllToAllV` moves rows between ranks with per-destination splits; its backward swaps the splits
 (seed, "AllToAll 的 backward 如何交换 Split").
@@ -196,6 +196,28 @@ class GatherSplitBackward(_Labelled):
         if ctx.group.size == 1:
             return grad, None
         return _local_chunk(grad, ctx.group), None
+
+
+class SplitGatherBackward(_Labelled):
+    """forward: keep this rank's slab along dim 0 (no collective); backward: all-gather along dim 0.
+    [replicated-loss, Megatron's scatter_to_sequence_parallel_region; the conjugate of GatherSplitBackward]
+
+    x_[N*G, *] replicated -> y_[N, *], member i's rows [i*N, (i+1)*N). Each rank's slab gradient is
+    only its part of the replicated tensor's gradient; gathering the G parts gives the whole of it
+    (Megatron's pipeline scatter/gather: the sender of a split activation gathers its gradient).
+    """
+
+    @staticmethod
+    def forward(ctx, x, group: AxisGroup):
+        _Labelled._save(ctx, group)
+        return _local_chunk(x, group) if group.size > 1 else x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        if ctx.group.size == 1:
+            return grad, None
+        with region(*ctx.labels):
+            return _all_gather(grad, ctx.group), None
 
 
 def check_splits(splits, rows: int, group: AxisGroup, what: str) -> list[int]:

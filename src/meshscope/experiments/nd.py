@@ -1,0 +1,237 @@
+"""``nd_mlp``: TP x PP x DP (with an MoE stage inside) on one world, predicted, captured and verified.
+
+The seed ran each mode alone ("不同配置没有同时运行TP和PP"; "真正3D并行会再增加独立PP坐标"); here they
+run together, as in real training. World 8 = tp 2 x pp 2 x dp 2 by default: every pipeline stage is
+the TP MLP block of `models.tp_mlp` on the stage's tp group, microbatches flow through the GPipe or
+1F1B program of `models.pipeline` between the ranks of a pp group (same tp and dp coordinates), and
+each TP shard's gradient is averaged in its dp group. ``--pp-scatter-gather`` sends 1/T of each
+boundary tensor and all-gathers it in the receiver's tp group (`models.nd_stage`). ``--moe`` turns the
+last stage into the EP experiment's MoE layer, experts over the expert groups of the mesh (etp 1, ep
+carved from dp), expert gradients averaged in edp.
+
+The mesh (`nd_predict.ORDER`) keeps the default order's dense groups and carves ep from dp. The
+predictor (`nd_predict`) composes the per-mode rules and never special-cases ``nd_mlp``.
+Verification is against the unsharded chain trained the same way (`nd_model.reference_step`): every
+stage's outputs, every TP shard's and expert's gradient, the weights after --steps SGD steps, replica
+equality in every dp and edp group, finite losses. The ``axes`` section lists rank 0's collectives per
+mesh axis, so that a slow or hung collective is placed on its dimension (the seed:
+"必须把hang或慢通信定位到具体维度").
+
+Legend: b microbatch rows, D --hidden, H --ffn, T tp size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+
+from ..capture import Capture
+from ..errors import UsageError
+from ..events import CommEvent
+from ..mesh import Layout
+from ..models.data_parallel import sgd_step, sync_grads
+from ..models.nd_stage import run_stage_program
+from ..models.pipeline import SCHEDULES, StageBoundary, check_matched, program
+from ..models.tp_mlp import SEMANTICS, SUMMED
+from ..verify import digest
+from . import Check, Experiment, RankOutput, bound, register
+from .nd_model import StageModel, expert_grad_scale, init_weights, loss_scale, reference_step, replica_batch, route
+from .nd_predict import axis_aliases, axis_breakdown, nd_layout, predict_step
+from .tp import TOLERANCE, Worst
+
+ROUTINGS = ("balanced", "skewed")
+
+
+@dataclass(frozen=True)
+class NDConfig:
+    world: int | None = None
+    """Number of ranks; None: tp * pp * dp, or 8 when --dp is not given either."""
+    tp: int = 2
+    """Tensor-parallel size T of every dense stage; must divide --ffn."""
+    pp: int = 2
+    """Pipeline stages."""
+    dp: int | None = None
+    """Data-parallel replicas; None: world / (tp * pp). Given with --world, they must agree."""
+    batch: int = 32
+    """Rows of each replica's batch per step, split into equal microbatches."""
+    microbatches: int = 2
+    """Microbatches M per step; must divide --batch."""
+    schedule: str = "gpipe"
+    """Pipeline schedule: gpipe or 1f1b."""
+    hidden: int = 128
+    """Model dim D: every stage boundary carries [b, D]."""
+    ffn: int = 256
+    """FFN dim H of each dense stage, sharded over tp."""
+    semantics: str = SUMMED
+    """TP gradient semantics: summed-loss or replicated-loss."""
+    pp_scatter_gather: bool = False
+    """Send 1/T of each boundary tensor and all-gather it in the receiver's tp group (Megatron)."""
+    moe: bool = False
+    """The last stage is an MoE layer over the mesh's expert groups instead of a TP MLP."""
+    ep: int | None = None
+    """Expert-parallel size (--moe only), a divisor of dp; None: dp."""
+    experts: int | None = None
+    """Number of experts (--moe only), a multiple of ep; None: ep."""
+    routing: str = "balanced"
+    """Deterministic top-1 routing: balanced or skewed."""
+    skew: str = "7:1"
+    """skewed: token ratio, hot:rest or one weight per expert."""
+    steps: int = 2
+    """SGD steps; the first is captured."""
+    lr: float = 0.5
+    """SGD learning rate, the same for the ranks and the reference."""
+
+
+def resolve(cfg: NDConfig) -> NDConfig:
+    """Fill world, dp, ep and experts; UsageError (one line, with the values) otherwise."""
+    for name in ("world", "tp", "pp", "dp", "batch", "microbatches", "hidden", "ffn", "ep", "experts", "steps"):
+        value = getattr(cfg, name)
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise UsageError(f"--{name} {value!r} must be a positive integer")
+    if cfg.semantics not in SEMANTICS:
+        raise UsageError(f"--semantics {cfg.semantics!r} is not one of: {', '.join(SEMANTICS)}")
+    if cfg.schedule not in SCHEDULES:
+        raise UsageError(f"--schedule {cfg.schedule!r} is not one of: {', '.join(SCHEDULES)}")
+    if cfg.routing not in ROUTINGS:
+        raise UsageError(f"--routing {cfg.routing!r} is not one of: {', '.join(ROUTINGS)}")
+    if cfg.ffn % cfg.tp:
+        raise UsageError(f"--tp {cfg.tp} does not divide --ffn {cfg.ffn}; pick a divisor of {cfg.ffn}")
+    if cfg.batch % cfg.microbatches:
+        raise UsageError(f"--batch {cfg.batch} is not divisible by --microbatches {cfg.microbatches}")
+    rows = cfg.batch // cfg.microbatches
+    if cfg.pp_scatter_gather and rows % cfg.tp:
+        raise UsageError(f"--pp-scatter-gather splits each microbatch's {rows} rows over --tp {cfg.tp}; "
+                         f"make batch/microbatches a multiple of tp")
+    model = cfg.tp * cfg.pp
+    if cfg.dp is None:
+        world = cfg.world or 8
+        if world % model:
+            raise UsageError(f"--world {world} is not divisible by tp x pp = {cfg.tp} x {cfg.pp} = {model}")
+        cfg = replace(cfg, world=world, dp=world // model)
+    elif cfg.world is None:
+        cfg = replace(cfg, world=model * cfg.dp)
+    elif cfg.world != model * cfg.dp:
+        raise UsageError(f"--world {cfg.world} disagrees with tp x pp x dp = {cfg.tp} x {cfg.pp} x {cfg.dp}")
+    if not cfg.moe:
+        if cfg.ep is not None or cfg.experts is not None:
+            raise UsageError("--ep and --experts need --moe (the dense chain has no experts)")
+        return replace(cfg, ep=1)
+    ep = cfg.ep or cfg.dp
+    if cfg.dp % ep:
+        raise UsageError(f"--ep {ep} does not divide dp {cfg.dp}: ep is carved from dp; pick a divisor of {cfg.dp}")
+    experts = cfg.experts or ep
+    if experts % ep:
+        raise UsageError(f"--experts {experts} is not a multiple of --ep {ep} (experts per EP rank)")
+    return replace(cfg, ep=ep, experts=experts)
+
+
+# -- runtime -------------------------------------------------------------------------------------------
+class NDParallel(Experiment):
+    Config = NDConfig
+
+    def config(self, overrides: dict) -> NDConfig:
+        return resolve(super().config(overrides))
+
+    def layout(self, cfg) -> Layout:
+        return nd_layout(cfg)
+
+    def predict(self, cfg) -> list[CommEvent]:
+        return predict_step(cfg)
+
+    def run_rank(self, ctx, cfg) -> RankOutput:
+        layout = self.layout(cfg)
+        mesh, weights = ctx.mesh(layout), init_weights(cfg)
+        model = StageModel(cfg, weights, mesh, ctx.rank).to(ctx.device)
+        stage, replica = model.stage, model.replica
+        boundary = stage_boundary(ctx, cfg, model, mesh)
+        boundary.check_shapes(cfg.microbatches)  # P2P shapes agreed once, before any blocking recv
+        worst, losses, events = Worst(), [], []
+        for step in range(cfg.steps):
+            batches = [replica_batch(cfg, step, r) for r in range(cfg.dp)]
+            with Capture() if step == 0 else contextlib.nullcontext() as cap:  # forward, backward, syncs
+                outs, mb_losses = train_step(ctx, cfg, model, boundary, step, batches[replica])
+            if step == 0:
+                events = cap.events
+            ref_outs, ref_grads = reference_step(cfg, weights, batches, step)
+            worst.add("output", torch.cat(outs), ref_outs[replica][stage])
+            for name, p in model.named_dense() + model.named_experts():
+                worst.add("grad", p.grad, model.shard_of(name, ref_grads[name]))
+            if model.last:
+                losses.append(sum(mb_losses).item())
+            sgd_step(model.parameters(), cfg.lr)
+            weights = weights.sgd(cfg, ref_grads, cfg.lr)
+        full = weights.named(cfg)
+        for name, p in model.named_dense() + model.named_experts():
+            worst.add("weights", p, model.shard_of(name, full[name]))
+        checks = [
+            bound("stage outputs == unsharded chain", worst.abs["output"], TOLERANCE),
+            worst.check("shard and expert grads == unsharded slices", "grad"),
+            bound(f"weights after {cfg.steps} SGD steps == unsharded", worst.abs["weights"], TOLERANCE),
+        ]
+        if losses:
+            checks.append(Check("losses finite", all(v == v and abs(v) != float("inf") for v in losses),
+                                f"{len(losses)} losses, last {losses[-1]:.6g}"))
+        replicas = {name: (group.ranks, digest([p for _, p in params]))
+                    for name, group, params in (("dense shards", model.dp, model.named_dense()),
+                                                ("experts", model.edp, model.named_experts()))
+                    if params and group.size > 1}
+        numerics = {f"max_abs_err_{k}": v for k, v in worst.abs.items()}
+        numerics["max_rel_err_grad"] = worst.rel["grad"]
+        return RankOutput(ctx.rank, events, checks=checks, numerics=numerics, replicas=replicas,
+                          extra={"losses": losses})
+
+    def step_fn(self, ctx, cfg):
+        mesh = ctx.mesh(self.layout(cfg))
+        model = StageModel(cfg, init_weights(cfg), mesh, ctx.rank).to(ctx.device)
+        boundary = stage_boundary(ctx, cfg, model, mesh)
+        batch = replica_batch(cfg, 0, model.replica)
+
+        def step():
+            train_step(ctx, cfg, model, boundary, 0, batch)
+            sgd_step(model.parameters(), cfg.lr)
+
+        return step
+
+    def summarize(self, cfg, outputs: list[RankOutput]) -> dict:
+        """``axes``: rank 0's collectives per mesh axis (count, logical bytes), its group on each axis,
+        and the other dimensions each communicator serves (``aliases``: with ep = dp the MoE
+        all_to_alls run on the dp communicator), so that a slow or hung collective is placed on its
+        dimension, not only on a global rank."""
+        events = [e for o in outputs for e in o.events]
+        groups = {e.axis: list(e.group) for e in events if e.rank == 0}
+        return {"axes": {"rank": 0, "groups": dict(sorted(groups.items())), "ops": axis_breakdown(events, 0),
+                         "aliases": axis_aliases(self.layout(cfg))}}
+
+
+def stage_boundary(ctx, cfg: NDConfig, model: StageModel, mesh) -> StageBoundary:
+    """The stage's P2P over its pp group; every message is [b, D], or its 1/T slab with scatter/gather."""
+    check_matched(cfg.schedule, cfg.pp, cfg.microbatches)  # fail fast on a schedule that could deadlock
+    rows = cfg.batch // cfg.microbatches // (cfg.tp if cfg.pp_scatter_gather else 1)
+    return StageBoundary(mesh["pp"], model.stage, [cfg.hidden] * (cfg.pp + 1), rows, ctx.device)
+
+
+def train_step(ctx, cfg: NDConfig, model: StageModel, boundary: StageBoundary, step: int, batch):
+    """One step of this rank's stage: its schedule program over the pp boundary, then the dense shards'
+    dp sync and the experts' (scaled) edp sync. Returns (stage outputs, microbatch losses)."""
+    m, replica = cfg.microbatches, model.replica
+    x_mbD, t_mbD = ([c.to(ctx.device) for c in t.chunk(m)] for t in batch)
+
+    def forward(i, x_bD):
+        y_bD = model(x_bD, route(cfg, step, replica, i) if model.moe is not None else None)
+        if model.last:
+            return y_bD, F.mse_loss(y_bD, t_mbD[i]) * loss_scale(cfg)
+        return y_bD, model.outgoing(y_bD)
+
+    prog = program(cfg.schedule, cfg.pp, model.stage, m)
+    outs, losses, _ = run_stage_program(prog, boundary, forward, x_mbD)
+    for _, p in model.named_experts():
+        p.grad.mul_(expert_grad_scale(cfg))
+    sync_grads(model.named_dense(), model.dp)
+    sync_grads(model.named_experts(), model.edp, label="edp.grad_sync")
+    return outs, losses
+
+
+register(NDParallel, "nd_mlp", "TP x PP x DP MLP chain (world 8 = 2 x 2 x 2); --moe: last stage an EP MoE layer")
