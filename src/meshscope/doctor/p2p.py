@@ -1,7 +1,7 @@
 """Diagnoses of point-to-point traffic: send/recv pairing between two ranks, and the pipeline's
 activation gradient that never came back.
 
-Between two ranks, gloo and NCCL match messages in issue order, so the k-th send a->b pairs with
+Between two ranks of a group, gloo and NCCL match messages in issue order, so the k-th send a->b pairs with
 the k-th recv of b from a (seed, "PP hang": send/recv顺序或shape不一致). Async sends and receives
 are logged as completed when posted; a blocking ``send``/``recv`` stays pending while it waits.
 """
@@ -19,20 +19,20 @@ def _stopped(errors: dict[int, str], r: int) -> str:
 
 
 def p2p(ranks: dict[int, RankLog], errors: dict[int, str] | None = None) -> list[Finding]:
-    """P2P pairing, per pair of ranks: the k-th send a->b is matched by the k-th recv of b from a
-    (gloo and NCCL match point-to-point messages between two ranks in issue order). One finding per
-    pair, the likeliest first: a size mismatch, then an order mismatch, then an unmatched message.
+    """P2P pairing, per pair of ranks in one group: the k-th send a->b is matched by the k-th recv of b
+    from a (gloo and NCCL match point-to-point messages of a group between two ranks in issue order).
+    One finding per pair, the likeliest first: a size mismatch, then an order mismatch, then an unmatched message.
     `errors`: rank -> the error it stopped with, quoted when that rank is the silent end."""
     errors = errors or {}
-    by_pair: dict[tuple[int, int], list[CommEvent]] = defaultdict(list)
+    by_pair: dict[tuple, list[CommEvent]] = defaultdict(list)  # (group, rank, peer) -> rank's calls in order
     for r, info in ranks.items():
         for e in info.issued:
             if e.op in P2P and e.peer is not None:
-                by_pair[(r, e.peer)].append(e)
+                by_pair[(e.group, r, e.peer)].append(e)
     out = []
-    for a, b in sorted({tuple(sorted(k)) for k in by_pair}):
+    for group, a, b in sorted({(g, min(r, q), max(r, q)) for g, r, q in by_pair}):
         if a in ranks and b in ranks:
-            ab, ba = by_pair.get((a, b), []), by_pair.get((b, a), [])
+            ab, ba = by_pair.get((group, a, b), []), by_pair.get((group, b, a), [])
             found = _p2p_size(ranks, a, b, ab, ba) or _p2p_order(ranks, a, b, ab, ba) or \
                 _p2p_unmatched(ranks, errors, a, b, ab, ba)
             if found:
