@@ -15,6 +15,7 @@ import re
 import pytest
 
 from meshscope import experiments
+from meshscope.doctor import diagnose
 from meshscope.errors import UsageError
 from meshscope.events import counts
 from meshscope.mesh import Layout
@@ -130,6 +131,7 @@ def test_any_sizes_that_multiply_into_the_world():
     (dict(batch=12, microbatches=2, tp=4, pp=2, world=8, pp_scatter_gather=True), "splits each microbatch's 6 rows"),
     (dict(moe=True, experts=3), "--experts 3 is not a multiple of --ep 2"),
     (dict(schedule="zigzag"), "--schedule 'zigzag'"),
+    (dict(pp=1, fault_pp_no_grad=True), "the pp-no-grad fault needs a stage boundary"),
 ])
 def test_bad_configs_are_usage_errors(overrides, fragment):
     with pytest.raises(UsageError, match=re.escape(fragment)):
@@ -195,3 +197,18 @@ def test_axes_section_places_each_collective_on_its_dimension(world8):
     assert axes["rank"] == 0 and axes["groups"] == {"dp": [0, 2], "pp": [0, 4], "tp": [0, 1]}
     assert axes["ops"] == {"dp": DP_SYNC["dp"], "pp": p2p(ACT), "tp": {"all_reduce": op(4, 4 * ACT, 4 * ACT)}}
     assert axes["aliases"]["dp"] == ["dp-cp", "ep"]
+
+
+def test_injected_pp_hang_is_placed_on_the_pp_axis(tmp_path):
+    # Rank 5 (stage 1 of rank 1's pipeline) never sends the gradient back: rank 1 hangs in its recv,
+    # its tp peer rank 0 then waits in the fc2.out backward all_reduce and the dp syncs stall. The
+    # doctor must name the pp boundary [1, 5] first, not the tp or dp collectives the hang spread to.
+    flags = [a for k, v in S.items() for a in (f"--{k}", v)]
+    proc = cli("run", "nd_mlp", *flags, "--inject", "pp-no-grad", "--timeout", 10, "--out", tmp_path, "--json",
+               timeout=300)
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    findings = diagnose(tmp_path)["findings"]
+    first = findings[0]
+    assert (first["kind"], first["axis"], first["group"], first["ranks"], first["root_cause"]) == \
+        ("pp-no-grad", "pp", [1, 5], [5], True)
+    assert any(f["axis"] == "tp" for f in findings[1:])  # the spread is visible, ranked after the cause

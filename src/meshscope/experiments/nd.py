@@ -15,7 +15,8 @@ Verification is against the unsharded chain trained the same way (`nd_model.refe
 stage's outputs, every TP shard's and expert's gradient, the weights after --steps SGD steps, replica
 equality in every dp and edp group, finite losses. The ``axes`` section lists rank 0's collectives per
 mesh axis, so that a slow or hung collective is placed on its dimension (the seed:
-"必须把hang或慢通信定位到具体维度").
+"必须把hang或慢通信定位到具体维度"); ``--inject pp-no-grad`` plants a hang at a pipeline boundary that
+spreads to the tp and dp peers, and the doctor names the pp boundary first.
 
 Legend: b microbatch rows, D --hidden, H --ffn, T tp size.
 """
@@ -30,6 +31,7 @@ import torch.nn.functional as F
 
 from ..capture import Capture
 from ..errors import UsageError
+from ..faults import FAULT_RANK
 from ..events import CommEvent
 from ..mesh import Layout
 from ..models.data_parallel import sgd_step, sync_grads
@@ -83,6 +85,13 @@ class NDConfig:
     """SGD steps; the first is captured."""
     lr: float = 0.5
     """SGD learning rate, the same for the ranks and the reference."""
+    fault_pp_no_grad: bool = False
+    """FAULT INJECTION, not a CLI flag: in FAULT_RANK's pipeline, the stage after FAULT_RANK's never sends
+    the activation gradient back (seed: PP反向无gradient). The hang spreads to the tp and dp peers that
+    wait for the stuck rank; the doctor must still place its cause on the pp axis."""
+    dp_group_fault: bool = False
+    """FAULT INJECTION, not a CLI flag: dense shard gradients are averaged over the tp group (ranks
+    holding different shards: the seed's "DP over [0,1]") instead of the dp group."""
 
 
 def resolve(cfg: NDConfig) -> NDConfig:
@@ -115,6 +124,8 @@ def resolve(cfg: NDConfig) -> NDConfig:
         cfg = replace(cfg, world=model * cfg.dp)
     elif cfg.world != model * cfg.dp:
         raise UsageError(f"--world {cfg.world} disagrees with tp x pp x dp = {cfg.tp} x {cfg.pp} x {cfg.dp}")
+    if cfg.fault_pp_no_grad and cfg.pp < 2:
+        raise UsageError(f"the pp-no-grad fault needs a stage boundary; --pp {cfg.pp} has none (use --pp 2 or more)")
     if not cfg.moe:
         if cfg.ep is not None or cfg.experts is not None:
             raise UsageError("--ep and --experts need --moe (the dense chain has no experts)")
@@ -131,6 +142,7 @@ def resolve(cfg: NDConfig) -> NDConfig:
 # -- runtime -------------------------------------------------------------------------------------------
 class NDParallel(Experiment):
     Config = NDConfig
+    faults = {"pp-no-grad": {"fault_pp_no_grad": True}, "dp-wrong-group": {"dp_group_fault": True}}
 
     def config(self, overrides: dict) -> NDConfig:
         return resolve(super().config(overrides))
@@ -210,7 +222,12 @@ def stage_boundary(ctx, cfg: NDConfig, model: StageModel, mesh) -> StageBoundary
     """The stage's P2P over its pp group; every message is [b, D], or its 1/T slab with scatter/gather."""
     check_matched(cfg.schedule, cfg.pp, cfg.microbatches)  # fail fast on a schedule that could deadlock
     rows = cfg.batch // cfg.microbatches // (cfg.tp if cfg.pp_scatter_gather else 1)
-    return StageBoundary(mesh["pp"], model.stage, [cfg.hidden] * (cfg.pp + 1), rows, ctx.device)
+    silent = False
+    if cfg.fault_pp_no_grad:  # the stage after FAULT_RANK's, in FAULT_RANK's pipeline, drops its gradients
+        layout = nd_layout(cfg)
+        silent = ctx.rank == layout.group_of("pp", FAULT_RANK)[max(layout.coords(FAULT_RANK)["pp"], 1)]
+    return StageBoundary(mesh["pp"], model.stage, [cfg.hidden] * (cfg.pp + 1), rows, ctx.device,
+                         drop_gradients=silent)
 
 
 def train_step(ctx, cfg: NDConfig, model: StageModel, boundary: StageBoundary, step: int, batch):
@@ -229,7 +246,7 @@ def train_step(ctx, cfg: NDConfig, model: StageModel, boundary: StageBoundary, s
     outs, losses, _ = run_stage_program(prog, boundary, forward, x_mbD)
     for _, p in model.named_experts():
         p.grad.mul_(expert_grad_scale(cfg))
-    sync_grads(model.named_dense(), model.dp)
+    sync_grads(model.named_dense(), model.tp if cfg.dp_group_fault else model.dp)
     sync_grads(model.named_experts(), model.edp, label="edp.grad_sync")
     return outs, losses
 
