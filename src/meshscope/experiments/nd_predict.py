@@ -173,8 +173,6 @@ def axis_breakdown(events, rank: int) -> dict[str, dict[str, dict[str, int]]]:
     return {axis: {op: dict(ops[op]) for op in OPS if op in ops} for axis, ops in sorted(out.items())}
 
 
-
-
 def axis_aliases(layout: Layout) -> dict[str, list[str]]:
     """{canonical axis: the other group names with the same groups}: a captured event is recorded under
     the name its communicator was created with (``ep`` all_to_alls show as ``dp`` when the groups are
