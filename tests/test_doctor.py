@@ -207,3 +207,12 @@ def test_doctor_on_missing_directory_is_a_usage_error(tmp_path):
     assert proc.returncode == 2 and "not available for collectives" in proc.stderr
     proc = cli("run", "pp_mb1", "--inject", "p2p-order")
     assert proc.returncode == 2 and "p2p-order fault needs an exchange carrying messages both ways" in proc.stderr
+
+
+def test_reused_run_directory_starts_clean(tmp_path):
+    for _ in range(2):
+        proc = cli("run", "collectives", "--world", 2, "--tp", 2, "--out", tmp_path, "--json", timeout=200)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    # one run's worth of log lines per rank, not two: the second run did not append to the first's
+    first = (tmp_path / "flight" / "rank0.jsonl").read_text().splitlines()
+    assert sum('"kind": "mark"' in line for line in first) == 1

@@ -262,6 +262,7 @@ def launch_spec(run_dir: Path, spec: dict, world: int, timeout: float) -> dict |
     from .launch import launch
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    _clear_previous_run(run_dir)
     (run_dir / "spec.json").write_text(json.dumps(spec, indent=1))
     outcome = launch(run_dir, world, timeout, on_progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
     if outcome.returncode != 0 or not (run_dir / "result.json").exists():
@@ -350,6 +351,22 @@ def cmd_doctor(args) -> int:
 
         print("\n".join(render(report)))
     return 0 if report["healthy"] else 1
+
+
+RUN_ARTEFACTS = ("flight", "errors", "traces", "records", "figures", "result.json", "report.md", "launcher.log")
+"""What a run writes into its directory; a reused --out is cleared of them first, so that the doctor
+never reads one run's flight logs mixed with another's (the logs are appended to)."""
+
+
+def _clear_previous_run(run_dir: Path) -> None:
+    import shutil
+
+    for name in RUN_ARTEFACTS:
+        path = run_dir / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
 
 
 def _run_as_rank(args, spec) -> int:
