@@ -27,7 +27,7 @@ AXES = {(0, 1): "pp", (0, 2): "dp"}
 
 def call(rank, op, group, t, done=True, **fields):
     """The flight-log lines of one call: issued at `t`, completed unless `done` is False."""
-    e = CommEvent(rank=rank, seq=fields.pop("seq", 0), op=op, axis=fields.pop("axis", AXES[group]),
+    e = CommEvent(rank=rank, seq=fields.pop("seq", 0), op=op, axis=fields.pop("axis") if "axis" in fields else AXES[group],
                   group=group, phase=fields.pop("phase", "forward"), dtype="float32",
                   bytes_in=fields.pop("bytes_in", 1024 if op != "recv" else 0),
                   bytes_out=fields.pop("bytes_out", 1024 if op != "send" else 0), **fields)
@@ -116,6 +116,19 @@ def test_earliest_finding_is_the_root_cause(tmp_path):
     kinds = [(f["kind"], f["axis"], f["root_cause"]) for f in report["findings"]]
     assert kinds == [("p2p", "pp", True), ("missing", "dp", False)]
     assert render(report)[0].startswith("likely root cause: [p2p] pp[0, 1] ranks [0, 1]")
+
+
+def test_a_wait_for_a_blocked_rank_follows_the_block(tmp_path):
+    """Split mismatch in ep[0, 1] at t=2 blocks rank 1 in the next all_to_all (t=3); rank 3 of a faster
+    EP group already waits (t=1) for rank 1 in the expert-DP sync: that wait is a consequence."""
+    a2a = dict(axis="ep", group=(0, 1))
+    logs = {0: call(0, "all_to_all", t=2, input_splits=(2, 2), output_splits=(2, 2), **a2a),
+            1: call(1, "all_to_all", t=2, input_splits=(2, 2), output_splits=(3, 2), **a2a)
+            + call(1, "all_to_all", t=3, done=False, seq=1, input_splits=(3, 2), output_splits=(2, 2), **a2a),
+            3: call(3, "all_reduce", (1, 3), 1, done=False, axis="edp")}
+    findings = diagnose(write_run(tmp_path, logs))["findings"]
+    assert [(f["kind"], f["axis"], f["derived"]) for f in findings] == [("mismatch", "ep", False),
+                                                                        ("missing", "edp", True)]
 
 
 def test_gradient_never_sent_back_is_pp_no_grad(tmp_path):

@@ -18,8 +18,9 @@ Diagnoses:
   pruned-a2a      fewer all_to_all than predicted because the tokens needed no gradient (`prediction`)
 
 One fault cascades: ranks blocked by it leave their peers waiting in other groups. Findings are
-ordered by when their first divergent entry was issued, and the earliest is reported as the likely
-root cause, the others as what followed from it.
+ordered by when their first divergent entry was issued -- a wait for ranks that were blocked in
+another call is dated by that call, since it follows from it -- and the earliest is reported as the
+likely root cause, the others as what followed from it.
 """
 
 from __future__ import annotations
@@ -84,7 +85,7 @@ def diagnose(run_dir: Path) -> dict:
         findings = (collectives(ranks, _plan(first)) + no_grad
                     + [f for f in p2p(ranks, {e["rank"]: e["error"] for e in errors}) if tuple(f.group) not in explained])
     findings += dp_wrong_group(ranks, layout) + pruned_a2a(result)
-    findings.sort(key=lambda f: f.t)  # stable: equally dated findings keep the order they were looked for in
+    findings.sort(key=lambda f: (f.t, f.derived))  # stable: equal keys keep the order they were looked for in
     return {"run_dir": str(run_dir), "ranks": sorted(ranks), "healthy": not findings and not errors,
             "findings": [{k: v for k, v in asdict(f).items() if k != "t"} | {"summary": f.line(), "root_cause": i == 0}
                          for i, f in enumerate(findings)],

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..events import CommEvent
-from .evidence import P2P, Finding, RankLog, brief, issued_at, key, last_call
+from .evidence import P2P, Finding, RankLog, blocked_in, brief, issued_at, key, last_call
 
 
 def group_order(ranks: dict[int, RankLog]) -> list[Finding]:
@@ -54,11 +54,14 @@ def collectives(ranks: dict[int, RankLog], predicted: dict | None = None) -> lis
                 waiting = sorted(m for m, e in have.items() if key(e) not in ranks[m].completed)
                 e = next(iter(have.values()))
                 last = "; ".join(f"rank {m} last issued {last_call(ranks[m])}" for m in missing)
+                # Missing ranks blocked elsewhere never got here: date the wait by their blocks.
+                blocks = [c for c in map(lambda m: blocked_in(ranks, m), missing) if c is not None]
+                t = max([issued_at(ranks, *have.values())] + [issued_at(ranks, c) for c in blocks])
                 out.append(Finding(
                     "missing", axis, list(group), missing,
                     f"collective #{k} of {axis}{list(group)}: {brief(e)}",
                     f"ranks {missing} never issued it while ranks {waiting or sorted(have)} "
-                    f"{'wait in it' if waiting else 'did'}; {last}", issued_at(ranks, *have.values())))
+                    f"{'wait in it' if waiting else 'did'}; {last}", t, derived=bool(blocks)))
                 break
             bad = _disagreement(have, group)
             if bad and len({e.op for e in have.values()}) > 1 and predicted:

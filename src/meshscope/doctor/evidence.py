@@ -33,6 +33,10 @@ class Finding:
     cause: str
     t: float = float("inf")
     """When the first divergent entry was issued; the earliest finding is the likeliest root cause."""
+    derived: bool = False
+    """Dated by the call a peer was blocked in instead: the wait follows from that block, so it sorts
+    after a finding of the same date (load skews ranks on a busy host, so issue times alone can put a
+    healthy group's wait before the fault that caused it)."""
 
     def line(self) -> str:
         where = f"{self.axis}{self.group}" if self.group else self.axis
@@ -94,6 +98,12 @@ def last_call(info: RankLog) -> str:
 def pending(ranks, e: CommEvent) -> bool:
     """Issued and never completed: the rank is (or was, when it stopped) blocked in this call."""
     return key(e) not in ranks[e.rank].completed
+
+
+def blocked_in(ranks, r: int) -> CommEvent | None:
+    """The call rank `r` was blocked in when it stopped (its last call, issued and never completed)."""
+    calls = ranks[r].issued
+    return calls[-1] if calls and pending(ranks, calls[-1]) else None
 
 
 def issued_at(ranks, *events: CommEvent) -> float:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..events import CommEvent
-from .evidence import P2P, Finding, RankLog, brief, issued_at, last_call, pending
+from .evidence import P2P, Finding, RankLog, blocked_in, brief, issued_at, last_call, pending
 
 
 def _stopped(errors: dict[int, str], r: int) -> str:
@@ -86,13 +86,11 @@ def _p2p_unmatched(ranks, errors, a, b, ab, ba) -> Finding | None:
         else:
             continue
         cause += f": one side waits forever; rank {silent} last issued {last_call(ranks[silent])}{_stopped(errors, silent)}"
-        t = issued_at(ranks, e)
-        last = ranks[silent].issued[-1] if ranks[silent].issued else None
-        if last is not None and last.op not in P2P and pending(ranks, last):
-            # The silent rank is blocked in a collective: this wait is its consequence, dated no earlier.
-            t = max(t, issued_at(ranks, last))
-        found.append(Finding("p2p", e.axis, list(e.group), [src, dst], entry, cause, t))
-    return min(found, key=lambda f: f.t, default=None)
+        # A silent rank blocked in another call never got here: date the wait by its block.
+        block = blocked_in(ranks, silent)
+        t = issued_at(ranks, e) if block is None else max(issued_at(ranks, e), issued_at(ranks, block))
+        found.append(Finding("p2p", e.axis, list(e.group), [src, dst], entry, cause, t, derived=block is not None))
+    return min(found, key=lambda f: (f.t, f.derived), default=None)
 
 
 def pp_no_grad(ranks: dict[int, RankLog]) -> list[Finding]:
