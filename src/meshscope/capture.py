@@ -301,6 +301,8 @@ class Capture:
 
 _ACTIVE: list[Capture] = []
 _SAVED: list[tuple[object, str, object]] = []
+_RANK: int | None = None
+"""This process's global rank, read on the first recorded call of an install."""
 
 
 def active() -> bool:
@@ -329,6 +331,8 @@ def _install() -> None:
 
 
 def _uninstall() -> None:
+    global _RANK
+    _RANK = None
     for obj, name, original in reversed(_SAVED):
         setattr(obj, name, original)
     _SAVED.clear()
@@ -396,10 +400,13 @@ def _record(call: _Call) -> None:
 
 def _proto(call: _Call) -> dict:
     """The fields of a call's event but its seq (each capture numbers its own)."""
+    global _RANK
+    if _RANK is None:  # dist.get_rank() costs more than the rest of the recording: ask once per install
+        _RANK = dist.get_rank()
     axis, ranks = describe(call.group)
     in_backward = torch._C._current_graph_task_id() != -1
     return dict(
-        rank=dist.get_rank(), op=call.op, axis=axis, group=ranks,
+        rank=_RANK, op=call.op, axis=axis, group=ranks,
         phase="backward" if in_backward else _LABELS.phase,
         dtype=call.dtype, bytes_in=call.bytes_in, bytes_out=call.bytes_out,
         region=_LABELS.region, microbatch=_LABELS.microbatch,
