@@ -4,6 +4,16 @@
 runtime on rank `FAULT_RANK`; every other fault is a switch in the experiment's own config, which the
 experiment maps from the kind in its `faults` table (e.g. ``dp-wrong-group`` -> ``dp_group_fault``).
 Each planted run must end within its ``--timeout`` and the doctor must name the planted cause.
+
+Where each kind is planted (`Experiment.faults`) and what the doctor names first:
+  group-order         any experiment            group-order
+  missing-collective  collectives               mismatch (the rank that skipped)
+  dp-wrong-group      tp_*                      dp-wrong-group
+  p2p-shape           pp_*                      p2p (send without recv; the receiver's shape error)
+  p2p-order           pp_* under 1F1B, M >= 2   p2p (both ends send first)
+  pp-no-grad          pp_*                      pp-no-grad
+  split-mismatch      ep_*                      mismatch (input_splits vs the peer's output_splits)
+  no-input-grad       ep_* with --input-grad    pruned-a2a (3 all_to_all instead of 4)
 """
 
 FAULT_RANK = 1
