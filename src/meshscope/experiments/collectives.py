@@ -20,7 +20,7 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 
 from .. import collectives as coll
-from ..capture import Capture, phase, region
+from ..capture import Capture, region
 from ..errors import UsageError
 from ..events import CommEvent, payload_bytes
 from ..mesh import Layout

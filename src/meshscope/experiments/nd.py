@@ -35,8 +35,7 @@ from ..faults import FAULT_RANK
 from ..events import CommEvent
 from ..mesh import Layout
 from ..models.data_parallel import sgd_step, sync_grads
-from ..models.nd_stage import run_stage_program
-from ..models.pipeline import SCHEDULES, StageBoundary, check_matched, program
+from ..models.pipeline import SCHEDULES, StageBoundary, check_matched, program, run_program
 from ..models.tp_mlp import SEMANTICS, SUMMED
 from ..verify import digest
 from . import Check, Experiment, RankOutput, bound, register
@@ -243,7 +242,7 @@ def train_step(ctx, cfg: NDConfig, model: StageModel, boundary: StageBoundary, s
         return y_bD, model.outgoing(y_bD)
 
     prog = program(cfg.schedule, cfg.pp, model.stage, m)
-    outs, losses, _ = run_stage_program(prog, boundary, forward, x_mbD)
+    outs, losses, _ = run_program(prog, boundary, forward, x_mbD)
     for _, p in model.named_experts():
         p.grad.mul_(expert_grad_scale(cfg))
     sync_grads(model.named_dense(), model.tp if cfg.dp_group_fault else model.dp)

@@ -36,8 +36,8 @@ from ..events import CommEvent
 from ..faults import FAULT_RANK
 from ..mesh import Layout
 from ..models.data_parallel import predict_grad_sync, sgd_step, sync_grads
-from ..models.pipeline import (SCHEDULES, Exchange, StageBoundary, check_matched, program, run_program, stage_forward,
-                               stash_bound)
+from ..models.pipeline import (SCHEDULES, Exchange, StageBoundary, chain_stage, check_matched, program, run_program,
+                               stage_forward, stash_bound)
 from ..predict import Ledger
 from ..verify import digest
 from . import Check, Experiment, RankOutput, bound, register
@@ -227,7 +227,8 @@ class Pipeline(Experiment):
             recorder.start()
             capture = Capture() if step == 0 else contextlib.nullcontext()
             with capture:  # one full step: every microbatch's F and B with their P2P, then DP sync
-                outs, mb_losses, peak = run_program(prog, boundary, w_OI, x_ND.chunk(m), t_NO.chunk(m), recorder)
+                forward = chain_stage(w_OI, t_NO.chunk(m), stage == cfg.pp - 1, m)
+                outs, mb_losses, peak = run_program(prog, boundary, forward, x_ND.chunk(m), recorder)
                 sync_grads([(f"stage{stage}.weight", w_OI)], dp_g)
             if step == 0:
                 events = capture.events
@@ -272,7 +273,8 @@ class Pipeline(Experiment):
 
         def step():
             recorder.start()
-            run_program(prog, boundary, w_OI, x_ND.chunk(m), t_NO.chunk(m), recorder)
+            run_program(prog, boundary, chain_stage(w_OI, t_NO.chunk(m), stage == cfg.pp - 1, m), x_ND.chunk(m),
+                        recorder)
             sync_grads([(f"stage{stage}.weight", w_OI)], dp_g)
             sgd_step([w_OI], cfg.lr)
 

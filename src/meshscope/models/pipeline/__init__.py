@@ -6,7 +6,7 @@ its boundaries, where plain send/recv cut the autograd graph and the gradient me
 """
 
 from .schedules import SCHEDULES, Action, Exchange, Message, actions, check_matched, peak_stash, program, stash_bound
-from .stage import StageBoundary, run_program, stage_forward
+from .stage import StageBoundary, chain_stage, run_program, stage_forward
 
 __all__ = ["SCHEDULES", "Action", "Exchange", "Message", "actions", "check_matched", "peak_stash", "program",
-           "stash_bound", "StageBoundary", "run_program", "stage_forward"]
+           "stash_bound", "StageBoundary", "chain_stage", "run_program", "stage_forward"]

@@ -17,6 +17,8 @@ Legend: b = microbatch rows, I = this stage's input width, O = its output width.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -108,22 +110,35 @@ class StageBoundary:
         return inbox
 
 
-def run_program(prog, boundary: StageBoundary, w_OI: torch.Tensor, x_mbI, target_mbO,
-                recorder) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+def chain_stage(w_OI: torch.Tensor, target_mbO, last: bool, microbatches: int):
+    """forward(i, x) of the seed's chain for `run_program`: Linear (+ GELU), and on the last stage the
+    MSE loss of microbatch i divided by M, so the accumulated gradient is that of the batch mean."""
+
+    def forward(i: int, x_bI: torch.Tensor):
+        y_bO = stage_forward(x_bI, w_OI, last)
+        return y_bO, (F.mse_loss(y_bO, target_mbO[i]) / microbatches if last else y_bO)
+
+    return forward
+
+
+def run_program(prog, boundary: StageBoundary, forward, inputs, recorder=None) -> tuple[list, list, int]:
     """Execute one training step of a stage's program; return (outputs, losses, peak stash).
 
-    x_mbI: the stage-0 inputs per microbatch (ignored on other stages); target_mbO: the last stage's
-    targets. Each microbatch's loss is divided by M so the accumulated gradient is that of the mean
-    over the whole batch. `w_OI.grad` accumulates over the microbatches.
+    forward(i, x) -> (y, out): microbatch i's stage output y (recorded) and `out`, the tensor sent
+    downstream or, on the last stage, microbatch i's loss. x is inputs[i] on the first stage and the
+    received activation, made a fresh leaf, elsewhere (seed: send/recv move bytes, not graphs). Every
+    collective the stage computation issues carries region ``stage<s>`` and microbatch i. `recorder`
+    (a `timeline.Recorder`), if given, records each F and B span.
     """
-    stage, m = boundary.stage, len(x_mbI)
+    stage = boundary.stage
     first, last = stage == 0, stage == boundary.pp - 1
     inbox: dict[Message, torch.Tensor] = {}
     outbox: dict[Message, torch.Tensor] = {}
     stash: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    outputs: list = [None] * m
-    losses: list = [None] * m
+    outputs: list = [None] * len(inputs)
+    losses: list = [None] * len(inputs)
     peak = 0
+    span = recorder.span if recorder is not None else (lambda kind, i: contextlib.nullcontext())
     for item in prog:
         if isinstance(item, Exchange):
             inbox.update(boundary.exchange(item, outbox))
@@ -131,26 +146,25 @@ def run_program(prog, boundary: StageBoundary, w_OI: torch.Tensor, x_mbI, target
         i = item.microbatch
         if item.kind == "F":
             # The received activation is a fresh leaf: autograd on this rank starts here.
-            x_bI = x_mbI[i] if first else inbox.pop(Message("activation", i, stage - 1)).requires_grad_(True)
-            with recorder.span("F", i):
-                y_bO = stage_forward(x_bI, w_OI, last)
-                out = F.mse_loss(y_bO, target_mbO[i]) / m if last else y_bO
-            outputs[i] = y_bO.detach()
+            x = inputs[i] if first else inbox.pop(Message("activation", i, stage - 1)).requires_grad_(True)
+            with span("F", i), region(f"stage{stage}", i):
+                y, out = forward(i, x)
+            outputs[i] = y.detach()
             if last:
                 losses[i] = out.detach()
             else:
-                outbox[Message("activation", i, stage)] = y_bO.detach()  # bytes only, no graph
-            stash[i] = (x_bI, out)
+                outbox[Message("activation", i, stage)] = out.detach()  # bytes only, no graph
+            stash[i] = (x, out)
             peak = max(peak, len(stash))
         else:
-            x_bI, out = stash.pop(i)
-            with recorder.span("B", i):
+            x, out = stash.pop(i)
+            with span("B", i):
                 if last:
                     out.backward()
                 else:  # continue the local graph with the gradient the next stage sent back
                     out.backward(inbox.pop(Message("gradient", i, stage)))
             if not first:
-                outbox[Message("gradient", i, stage - 1)] = x_bI.grad
+                outbox[Message("gradient", i, stage - 1)] = x.grad
     if inbox or outbox or stash:
         raise RuntimeError(f"stage {stage} ended the step with unconsumed messages or activations "
                            f"({len(inbox)} received, {len(outbox)} unsent, {len(stash)} stashed)")
