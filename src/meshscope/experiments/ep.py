@@ -223,7 +223,7 @@ class ExpertParallel(Experiment):
             replicas["gate"] = (dp_group.ranks, digest([router.gate.weight]))
         numerics = {f"max_abs_err_{k}": v for k, v in errs.items()}
         return RankOutput(ctx.rank, events, checks, numerics, replicas,
-                          ep_records.rank_extra(layer, first_routing, records, step_s))
+                          {**ep_records.rank_extra(layer, first_routing, records, step_s), "losses": losses})
 
     def summarize(self, cfg: EPConfig, outputs: list[RankOutput]) -> dict:
         """The seed's production records per EP group and rank (`ep_records`), and why the step has

@@ -254,7 +254,7 @@ class Pipeline(Experiment):
             checks.append(Check("losses finite", all(v == v and abs(v) != float("inf") for v in losses),
                                 f"{len(losses)} losses, last {losses[-1]:.6g}"))
         replicas = {"stage weights": (dp_g.ranks, digest([w_OI]))} if dp_g.size > 1 else {}
-        extra = {"stage": stage, "spans": spans, "peak_stash": peak, "stash_bound": want,
+        extra = {"stage": stage, "spans": spans, "peak_stash": peak, "stash_bound": want, "losses": losses,
                  "weights_digest": digest([w_OI]), "clock": recorder.clock, "run_dir": str(ctx.run_dir)}
         if step_bytes is not None:
             extra["peak_step_bytes"] = step_bytes
