@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .kernels import compare_fingerprints, expected_kernels, fingerprint, kernel_seconds, profiled
+from .events import counts
+from .kernels import comm_counts, comm_records, compare_fingerprints, expected_kernels, fingerprint, kernel_seconds, profiled
 
 
 def load_fits(path: str | None):
@@ -39,16 +40,25 @@ def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None
         for _ in range(steps):
             step()
     trace = json.loads(path.read_text())
-    gathered = ctx.gather((fingerprint(trace), kernel_seconds(trace)))
+    gathered = ctx.gather((fingerprint(trace), kernel_seconds(trace), comm_counts(comm_records(trace))))
     if ctx.rank != 0:
         return None
     predicted = exp.predict(cfg)
-    per_rank, problems = [], []
-    for r, (total, seconds) in enumerate(gathered):
-        want = expected_kernels([e for e in predicted if e.rank == r])
+    per_rank, problems, op_problems = [], [], []
+    for r, (total, seconds, ops) in enumerate(gathered):
+        mine = [e for e in predicted if e.rank == r]
+        want = expected_kernels(mine)
         got = {f: n // steps if n % steps == 0 else n / steps for f, n in total.items()}
         problems += [f"rank {r}: {d}" for d in compare_fingerprints(want, got)]
+        # The profiler's comm metadata names the logical op and group behind each kernel: it tells an
+        # EP all_to_all from PP send/recv although both launch SendRecv kernels.
+        logical = {op: sum(n for n in by_group.values()) / steps for op, by_group in ops.items()}
+        if ops and logical != counts(mine):
+            op_problems.append(f"rank {r}: profiler comm records {logical} per step, predicted {counts(mine)}")
         per_rank.append({"rank": r, "expected": want, "measured": got,
+                         "comm_ops_per_step": logical, "comm_ops_by_group": {op: {str(list(g) if g else g): n / steps
+                                                                                     for g, n in by_group.items()}
+                                                                                for op, by_group in ops.items()},
                          "nccl_kernel_s_per_step": sum(seconds.values()) / steps})
     section = {"profile_steps": steps, "per_rank": per_rank}
     if ctx.device.type == "cuda":
@@ -56,6 +66,10 @@ def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None
                   f"{sum(sum(p['measured'].values()) for p in per_rank)} kernels per step on {len(per_rank)} ranks "
                   f"as predicted ({steps} profiled steps)")
         section["check"] = {"name": "NCCL kernels == prediction", "passed": not problems, "detail": detail}
+        if any(p["comm_ops_per_step"] for p in per_rank):  # present when the backend records comm metadata
+            section["ops_check"] = {"name": "profiler comm records == predicted ops", "passed": not op_problems,
+                                    "detail": "; ".join(op_problems[:2]) if op_problems else
+                                    "the logical op and group of every NCCL call match the prediction"}
     if fits:
         from .sweep import predict_time
 

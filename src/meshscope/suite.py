@@ -164,9 +164,10 @@ def run_suite_rank(ctx, options: SuiteOptions) -> dict | None:
         timing[entry.label] = row
     for label, fp in kernels.items():
         results[label]["kernels"] = fp
-        if "check" in fp:
-            results[label]["checks"].append(fp["check"])
-            results[label]["passed"] = results[label]["passed"] and fp["check"]["passed"]
+        for key in ("check", "ops_check"):
+            if key in fp:
+                results[label]["checks"].append(fp[key])
+                results[label]["passed"] = results[label]["passed"] and fp[key]["passed"]
     return {"kind": "suite", "options": options.__dict__ | {"configs": list(options.configs)},
             "timing_method": method, "results": results, "timing": timing,
             "comparisons": comparisons(results, timing)}

@@ -73,8 +73,9 @@ def build_result(exp: Experiment, cfg, backend: str, outputs: list[RankOutput], 
     comm_check = Check("comm ledger == prediction", not problems,
                        f"{len(captured)} events match event by event" if not problems else "; ".join(problems[:3]))
     checks = [comm_check, *merge_checks(outputs), *replica_checks(outputs)]
-    if kernels and "check" in kernels:
-        checks.append(Check(**kernels["check"]))
+    for key in ("check", "ops_check"):
+        if kernels and key in kernels:
+            checks.append(Check(**kernels[key]))
     numerics: dict[str, float] = {}
     for out in outputs:
         for k, v in out.numerics.items():
