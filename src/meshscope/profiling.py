@@ -11,10 +11,14 @@ kernel durations per step, which includes waiting for the peer), both on the cri
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
-from .events import counts
 from .kernels import comm_counts, comm_records, compare_fingerprints, expected_kernels, fingerprint, kernel_seconds, profiled
+
+
+def _calls(calls) -> str:
+    return ", ".join(f"{n:g} {op} on {list(g) if g else '?'}" for (op, g), n in sorted(calls.items(), key=str))
 
 
 def load_fits(path: str | None):
@@ -53,8 +57,11 @@ def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None
         # The profiler's comm metadata names the logical op and group behind each kernel: it tells an
         # EP all_to_all from PP send/recv although both launch SendRecv kernels.
         logical = {op: sum(n for n in by_group.values()) / steps for op, by_group in ops.items()}
-        if ops and logical != counts(mine):
-            op_problems.append(f"rank {r}: profiler comm records {logical} per step, predicted {counts(mine)}")
+        got_calls = {(op, tuple(g) if g else None): n / steps for op, by_group in ops.items() for g, n in by_group.items()}
+        want_calls = Counter((e.op, e.group) for e in mine)
+        if ops and got_calls != dict(want_calls):
+            op_problems.append(f"rank {r}: profiler comm records {_calls(got_calls)} per step, predicted "
+                               f"{_calls(want_calls)}")
         per_rank.append({"rank": r, "expected": want, "measured": got,
                          "comm_ops_per_step": logical, "comm_ops_by_group": {op: {str(list(g) if g else g): n / steps
                                                                                      for g, n in by_group.items()}
