@@ -259,6 +259,7 @@ class _Model:
     def __init__(self, ctx, cfg: EPConfig, mesh):
         self.cfg, self.rank = cfg, ctx.rank
         ep_group, self.edp_group, self.dp_group = mesh["ep"], mesh["edp"], mesh["dp"]
+        self.ep_size = ep_group.size
         experts_w, gate_w = initial_weights(cfg)
         self.layer = MoELayer(cfg.hidden, cfg.experts, ep_group, ep_group.local_rank(ctx.rank),
                               expect_extra_row=cfg.fault_split_mismatch and ctx.rank == FAULT_RANK).to(ctx.device)
@@ -279,6 +280,12 @@ class _Model:
         out_TD, record = self.layer(x_TD, routing, self.pad_to, self.counts_SL)
         loss = step_loss(self.cfg, out_TD, routing)
         loss.backward()
+        # An expert's local gradient already sums the losses of the ep sources that sent it tokens;
+        # averaging over edp alone would leave it ep times the gradient of the mean loss over all
+        # ranks that the dense gate gets from its dp average. Scale first, as Megatron scales expert
+        # gradients, so that every parameter follows the gradient of one objective.
+        for _, w in self.layer.named_expert_weights():
+            w.grad.div_(self.ep_size)
         sync_grads(self.layer.named_expert_weights(), self.edp_group, label="edp.grad_sync")
         if self.router is not None:
             sync_grads([("gate.weight", self.router.gate.weight)], self.dp_group, label="dp.grad_sync")

@@ -92,9 +92,10 @@ def step_loss(cfg: EPConfig, out_TD: torch.Tensor, routing: Routing) -> torch.Te
 def reference_training(cfg: EPConfig, layout: Layout, rank: int) -> dict:
     """The unsharded single-process run: every source's tokens through the full weights, cfg.steps SGD steps.
 
-    Gradients are what each sync group's average yields: experts sum over all sources / edp (edp
-    replicas, each fed by its own EP group), the gate sums over all ranks / dp. Returns `rank`'s
-    step-0 output and x.grad, the step-0 gradients and the final weights, by parameter name.
+    Every gradient is that of the mean loss over all source ranks: the sum over the world's losses
+    divided by the number of sources (ep * edp ranks feed the experts; dp ranks hold the gate, and
+    both products are the world when etp and pp are 1). Returns `rank`'s step-0 output and x.grad,
+    the step-0 gradients and the final weights, by parameter name.
     """
     experts_w, gate_w = initial_weights(cfg)
     params = {f"expert{e}.weight": w.clone().requires_grad_() for e, w in enumerate(experts_w)}
@@ -114,7 +115,7 @@ def reference_training(cfg: EPConfig, layout: Layout, rank: int) -> dict:
                 out["output"], x_mine = y_TD.detach(), x_TD
         total.backward()
         for name, p in params.items():
-            p.grad /= layout.dp if name == "gate.weight" else layout.edp
+            p.grad /= layout.dp if name == "gate.weight" else layout.edp * layout.ep
         if step == 0:
             out["grads"] = {n: p.grad.clone() for n, p in params.items()}
             out["x_grad"] = x_mine.grad
