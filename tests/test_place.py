@@ -18,10 +18,11 @@ from meshscope.cli import main
 from meshscope.errors import UsageError
 from meshscope.mesh import ORDER_AXES, Layout
 from meshscope.model_spec import ModelSpec
-from meshscope.place import (AXIS_MEMBERS, LinkClass, axis_spans, crossing_groups, link_from_sweep,
-                             rank_placements)
+from meshscope.node_crossing import (AXIS_MEMBERS, axis_spans, crossing_boundaries, crossing_groups,
+                                     crossing_per_stage)
+from meshscope.place import LinkClass, link_from_sweep, rank_placements
 from meshscope.sweep import fit_alpha_beta, model_bytes
-from meshscope.volume import link_bytes, step_traffic, table
+from meshscope.volume import link_bytes, stage_traffic, step_traffic, table
 
 INTRA = LinkClass("intra-node", 1e-5, 100e9)
 INTER = LinkClass("inter-node", 1e-4, 10e9)
@@ -69,6 +70,28 @@ def test_ep_four_all_to_alls_per_moe_layer_and_expert_dp_sync():
     assert vol["ep"] == {"all_to_all": (4 * 2, 4 * 2 * 64 * 2 * 512 * 4)}  # tokens x k x h per call
     assert vol["edp"] == {"all_reduce": (2 * 2 * 8 // 4, 2 * 2 * 8 // 4 * 256 * 512 * 4)}
     assert vol["dp"] == {"all_reduce": (2, 2 * 8 * 512 * 4)}  # the router, over dense dp
+
+
+def test_unbalanced_stages_scale_layer_traffic_but_not_the_boundary_messages():
+    spec = ModelSpec(**{**GPT, "layers": 8}, microbatches=2, stage_layers=(6, 2))
+    layout = Layout(16, tp=4, pp=2)
+    heavy, light = (table(stage_traffic(spec, layout, s)) for s in (0, 1))
+    assert heavy["tp"]["all_reduce"][0] == 4 * 6 * 2 and light["tp"]["all_reduce"][0] == 4 * 2 * 2
+    assert heavy["dp"]["all_reduce"][1] == 3 * light["dp"]["all_reduce"][1]  # gradient bytes follow the layers
+    assert heavy["pp"] == light["pp"] == {"send": (2, 2 * 1024 * 1024 * 2), "recv": (2, 2 * 1024 * 1024 * 2)}
+    assert table(step_traffic(spec, layout)) == heavy  # the busiest rank is on the heavy stage
+    even = table(step_traffic(ModelSpec(**{**GPT, "layers": 8}, microbatches=2), layout))
+    assert even["tp"]["all_reduce"][0] == 4 * 4 * 2
+
+
+@pytest.mark.parametrize("stage_layers,pp,words", [
+    ((6, 1), 2, "--stage-layers 6,1 must be integers >= 1 summing to --layers 8"),
+    ((8, 0), 2, "must be integers >= 1"),
+    ((4, 2, 2), 2, "--stage-layers 4,2,2 lists 3 stage\\(s\\); --pp 2 needs one entry per stage"),
+])
+def test_bad_stage_layers_are_one_usage_error(stage_layers, pp, words):
+    with pytest.raises(UsageError, match=words):
+        ModelSpec(**{**GPT, "layers": 8}, stage_layers=stage_layers).check(1, 1, pp, 1, 1)
 
 
 def test_cp_ring_attention_is_modelled_and_shares_the_dp_group():
@@ -123,11 +146,15 @@ def test_volume_equals_the_pipeline_ledger(name, overrides):
         assert {a: sum(b for _, b in ops.values()) for a, ops in got.items()} == \
                {a: sum(b for _, b in ops.values()) for a, ops in want.items()}
         assert (got["dp"]["all_reduce"][0], want["dp"]["all_reduce"][0]) == (1, 2)
+        # per stage, which way each message goes: stage 0 sends activations forward, stage 1 receives them
+        stage = exp.layout(cfg).coords(rank)["pp"]
+        assert {(e.op, e.phase) for e in events if e.rank == rank and e.axis == "pp"} == \
+               {(t.op, t.phase) for t in stage_traffic(spec, exp.layout(cfg), stage) if t.axis == "pp"}
 
 
 # -- group math ---------------------------------------------------------------------------------------
-def test_crossing_counts_and_dedupe_agree_with_brute_force_groups():
-    world, gpn, sizes = 32, 4, _sizes(tp=2, cp=2, pp=2, ep=2)
+@pytest.mark.parametrize("world,gpn,sizes", [(32, 4, _sizes(tp=2, cp=2, pp=2, ep=2)), (12, 4, _sizes(tp=2, pp=3))])
+def test_crossing_counts_and_dedupe_agree_with_brute_force_groups(world, gpn, sizes):
     seen: dict[tuple, tuple] = {}
     for perm in itertools.permutations(ORDER_AXES):
         try:
@@ -140,8 +167,16 @@ def test_crossing_counts_and_dedupe_agree_with_brute_force_groups():
                 continue
             gs = layout.groups(axis)
             spans = axis_spans(layout, axis)
-            want = sum(len({r // gpn for r in g}) > 1 for g in gs)
-            assert crossing_groups(world, gpn, spans) == want, (perm, axis)
+            crosses = [len({r // gpn for r in g}) > 1 for g in gs]
+            assert crossing_groups(world, gpn, spans) == sum(crosses), (perm, axis)
+            pp_spans = axis_spans(layout, "pp") or ((1, 1),)
+            if axis == "pp":  # per boundary: the pairs (stage b, stage b + 1) of each pipeline
+                want = [sum(g[b] // gpn != g[b + 1] // gpn for g in gs) for b in range(layout.pp - 1)]
+                assert crossing_boundaries(world, gpn, pp_spans[0]) == tuple(want), perm
+            else:  # per stage: a group's ranks share one pp coordinate
+                want = [sum(c for g, c in zip(gs, crosses) if layout.coords(g[0])["pp"] == st)
+                        for st in range(layout.pp)]
+                assert crossing_per_stage(world, gpn, spans, pp_spans[0]) == tuple(want), (perm, axis)
             key.append(spans)
             groups.append(tuple(map(tuple, gs)))
         # same key <=> same groups on every axis
@@ -165,6 +200,7 @@ def test_usual_answer_tp_inside_the_node_dp_across():
     assert (cost["tp"].crossing, cost["dp"].crossing, cost["dp"].groups) == (0, 8, 8)
     assert best.order == "tp-cp-ep-dp-pp"
     assert best.reason() == "dp crosses nodes: 6.29 MB/step over 10 GB/s links; inside the node: tp"
+    assert [p.step_s for p in r.placements] == pytest.approx([p.total_s for p in r.placements])  # one stage
 
 
 def _best_crossing(r):
@@ -201,12 +237,58 @@ def test_pipeline_goes_inside_the_node_when_activations_outweigh_weights():
     assert r.placements[0].total_s == pytest.approx(pp_intra + _ar(INTER, 8, 2, weights))
 
 
+def _p2p(link, msgs, size):
+    return msgs * (link.latency_s + size / link.bandwidth)
+
+
+def test_unbalanced_stages_flip_the_pipeline_placement():
+    """The seed's "stage不均衡" flip. dp 8 x pp 2 on two nodes of 8: either dp or pp goes inside a node.
+    Per microbatch an end stage sends one activation and receives one gradient, [1792, 1024] bf16 =
+    3.67 MB, exactly the ring bytes 2(8-1)/8 x 2 MiB of one layer-weight all-reduce over dp 8: so with
+    M = 4 the pipelined pp messages weigh (M + p - 1) / M x 2M = 10 calls against 2 x layers_s dp calls
+    of the same cost, and the flip sits at layers_s = 5. Even stages (4 + 4) keep pp inside the node;
+    6 + 2 makes stage 0's 12 dp all-reduces pace the step, so dp goes inside and pp crosses."""
+    mlp = dict(layers=8, hidden=1024, ffn=1024, seq_len=1792, heads=0, dtype="bf16", microbatches=4)
+    msg, ar = 1792 * 1024 * 2, 1024 * 1024 * 2  # one activation; one layer weight's gradient
+    even = rank_placements(16, 8, ModelSpec(**mlp), _sizes(pp=2), INTRA, INTER)
+    assert len(even.placements) == 2 and _best_crossing(even) == {"dp": 2, "pp": 0}
+    assert even.placements[0].step_s == pytest.approx(5 / 4 * _p2p(INTRA, 8, msg) + _ar(INTER, 8, 8, 8 * ar))
+    assert even.placements[1].step_s == pytest.approx(5 / 4 * _p2p(INTER, 8, msg) + _ar(INTRA, 8, 8, 8 * ar))
+
+    skewed = rank_placements(16, 8, ModelSpec(**mlp, stage_layers=(6, 2)), _sizes(pp=2), INTRA, INTER)
+    assert _best_crossing(skewed) == {"dp": 0, "pp": 8}
+    best, worst = skewed.placements
+    assert best.step_s == pytest.approx(5 / 4 * _p2p(INTER, 8, msg) + _ar(INTRA, 8, 12, 12 * ar))
+    assert worst.step_s == pytest.approx(5 / 4 * _p2p(INTRA, 8, msg) + _ar(INTER, 8, 12, 12 * ar))
+    assert (best.pacing.stage, worst.pacing.stage) == (0, 0)
+    assert worst.reason().startswith("stage 0 holds 6 of 8 layers and paces the step: dp traffic 5.6 ms")
+    assert best.reason().endswith("inside the node: dp")
+    # the light stage alone would have kept pp inside: 2 x 2 dp calls < 10 pp calls
+    assert best.stages[1].step_s > worst.stages[1].step_s
+
+
+def test_compute_decides_which_stage_paces():
+    """Per-layer compute adds (M + p - 1) x layers_s x layer_s to stage s's time, the same under every
+    placement: it moves the step but not a stage's ranking, and it names the heavy stage as the pacer."""
+    spec = ModelSpec(layers=8, hidden=1024, ffn=1024, seq_len=1792, heads=0, dtype="bf16", microbatches=4,
+                     stage_layers=(2, 6))
+    bare = rank_placements(16, 8, spec, _sizes(pp=2), INTRA, INTER)
+    busy = rank_placements(16, 8, spec, _sizes(pp=2), INTRA, INTER, layer_s=1e-3)
+    assert [p.order for p in busy.placements] == [p.order for p in bare.placements]
+    for b, p in zip(busy.placements, bare.placements):
+        assert [st.step_s for st in b.stages] == pytest.approx([st.step_s + 5 * n * 1e-3
+                                                                for st, n in zip(p.stages, (2, 6))])
+        assert b.pacing.stage == 1 and "paces the step: compute 30 ms" in b.reason()
+    with pytest.raises(UsageError, match="--layer-ms -1.0 must be >= 0"):
+        rank_placements(16, 8, spec, _sizes(pp=2), INTRA, INTER, layer_s=-1e-3)
+
+
 def test_scale_16k_ranks_five_axes_partitions_the_orders():
     spec = ModelSpec(layers=32, hidden=4096, ffn=14336, seq_len=4096, heads=32, experts=64, topk=2,
                      sequence_parallel=True, microbatches=16)
     r = rank_placements(16384, 8, spec, _sizes(tp=8, cp=2, pp=8, ep=8), INTRA, INTER)
     assert sum(len(p.orders) for p in r.placements) + len(r.skipped_orders) == 120
-    totals = [p.total_s for p in r.placements]
+    totals = [p.step_s for p in r.placements]
     assert totals == sorted(totals) and totals[0] < totals[-1]
     assert {a.axis for a in r.placements[0].axes} == {"tp", "cp", "dp-cp", "pp", "ep", "edp"}
 
@@ -237,6 +319,7 @@ def test_cli_json_is_one_document_and_writes_the_plot(tmp_path, capsys):
     assert [p["order"] for p in doc["placements"]] == ["tp-cp-ep-dp-pp", "cp-ep-dp-tp-pp"]
     assert doc["placements"][0]["axes"]["dp"]["crossing_groups"] == 8
     assert doc["volume"]["tp"]["all_reduce"] == {"calls": 8, "bytes": 8 * 1024 * 1024 * 2}
+    assert doc["placements"][0]["stages"][0]["layers"] == 2 and doc["spec"]["stage_layers"] == []
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
@@ -246,6 +329,9 @@ def test_cli_json_is_one_document_and_writes_the_plot(tmp_path, capsys):
     (["--dtype", "fp8"], "--dtype 'fp8' is not a float dtype"),
     (["--heads", "4"], "--tp 8 does not divide --heads 4"),
     (["--ep", "2"], "need an MoE model"),
+    (["--pp", "2", "--stage-layers", "2,1"], "--stage-layers 2,1 must be integers >= 1 summing to --layers 2"),
+    (["--pp", "2", "--stage-layers", "2"], "--stage-layers 2 lists 1 stage(s); --pp 2 needs one entry per stage"),
+    (["--stage-layers", "1;1"], "--stage-layers '1;1' is not a comma-separated list of integers"),
 ])
 def test_cli_bad_input_is_one_line_exit_2_nothing_written(tmp_path, capsys, extra, words):
     png = tmp_path / "rank.png"

@@ -17,7 +17,7 @@ from . import experiments
 from .errors import UsageError
 from .faults import KINDS, RUN_LEVEL
 from .mesh import DEFAULT_ORDER, Layout
-from .model_spec import ModelSpec
+from .model_spec import ModelSpec, parse_stage_layers
 from .place import INTER_DEFAULT, INTRA_DEFAULT
 
 OVERRIDES = {
@@ -152,6 +152,10 @@ def build_parser() -> argparse.ArgumentParser:
         pl.add_argument(flag, dest=dest, type=int, default=getattr(spec, dest), help="(default %(default)s)")
     pl.add_argument("--dtype", default=spec.dtype, help="activation/gradient dtype (default %(default)s)")
     pl.add_argument("--sp", dest="sequence_parallel", action="store_true", help="sequence parallel TP (AG + RS)")
+    pl.add_argument("--stage-layers", default="",
+                    help="layers of each pipeline stage, e.g. 6,2 (default: an even split)")
+    pl.add_argument("--layer-ms", type=float, default=0.0,
+                    help="compute ms of one layer forward+backward per microbatch (default 0: communication only)")
     pl.add_argument("--intra-latency", type=float, default=INTRA_DEFAULT.latency_s * 1e6, help="us per call (default %(default)s)")
     pl.add_argument("--intra-bw", type=float, default=INTRA_DEFAULT.bandwidth / 1e9, help="GB/s bus bandwidth (default %(default)s)")
     pl.add_argument("--inter-latency", type=float, default=INTER_DEFAULT.latency_s * 1e6, help="us per call (default %(default)s)")
@@ -433,7 +437,8 @@ def cmd_place(args) -> int:
     from .place_report import plot, render, to_json
 
     spec = ModelSpec(**{k: getattr(args, k) for k in ("layers", "hidden", "ffn", "seq_len", "micro_batch", "heads",
-                                                       "experts", "topk", "microbatches", "dtype", "sequence_parallel")})
+                                                       "experts", "topk", "microbatches", "dtype", "sequence_parallel")},
+                     stage_layers=parse_stage_layers(args.stage_layers))
     intra = (link_from_sweep(args.sweep) if args.sweep else
              LinkClass("intra-node", args.intra_latency * 1e-6, args.intra_bw * 1e9, "flags"))
     inter = LinkClass("inter-node", args.inter_latency * 1e-6, args.inter_bw * 1e9, "flags")
@@ -441,7 +446,7 @@ def cmd_place(args) -> int:
         print(f"meshscope: note: intra-node link {intra.bandwidth / 1e9:.3g} GB/s ({intra.source}) is slower than "
               f"inter-node {inter.bandwidth / 1e9:.3g} GB/s; a CPU/gloo sweep does not describe NVLink", file=sys.stderr)
     sizes = {a: getattr(args, a) for a in ("tp", "cp", "pp", "ep", "etp")}
-    ranking = rank_placements(args.world, args.gpus_per_node, spec, sizes, intra, inter)
+    ranking = rank_placements(args.world, args.gpus_per_node, spec, sizes, intra, inter, args.layer_ms * 1e-3)
     if args.plot:
         plot(ranking, args.plot)
     print(json.dumps(to_json(ranking)) if args.json else render(ranking, args.limit))

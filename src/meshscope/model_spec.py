@@ -10,6 +10,9 @@ MoE when experts > 0, as in Mixtral). heads = 0 gives MLP-only layers: the seed'
 layer. Weights per layer: attention QKV [3h, h] and O [h, h] (no GQA), MLP W1 [ffn, h] and W2 [h, ffn],
 MoE router [experts, h] and W1/W2 per expert. Embeddings, norms and biases are not modelled.
 
+The layers are split over the pipeline stages evenly, or as `stage_layers` says: the seed's "stage不均衡"
+case (one stage holding more layers than another), whose heavier stage paces the pipeline (`place`).
+
 Legend: b micro_batch, s seq_len, h hidden, f ffn, E experts, k topk.
 """
 
@@ -30,7 +33,7 @@ class ModelSpec:
     """Shapes of a transformer-style model, per microbatch; validated against a layout by `check`."""
 
     layers: int = 32
-    """Transformer layers, split evenly over the pipeline stages."""
+    """Transformer layers, split over the pipeline stages evenly or as `stage_layers` says."""
     hidden: int = 4096
     """Model width h: every activation that crosses a TP, PP or EP boundary is [tokens, h]."""
     ffn: int = 16384
@@ -51,12 +54,20 @@ class ModelSpec:
     """Microbatches M per training step per data-parallel replica (pipeline depth / grad accumulation)."""
     sequence_parallel: bool = False
     """Megatron sequence parallelism (Korthikanti et al. 2022): AG + RS instead of each TP all-reduce."""
+    stage_layers: tuple[int, ...] = ()
+    """Layers of each pipeline stage, first stage first (one entry per pp stage, summing to `layers`);
+    empty = an even split."""
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "ffn", "seq_len", "micro_batch", "microbatches"):
             _positive(name, getattr(self, name), minimum=1)
         for name in ("heads", "experts", "topk"):
             _positive(name, getattr(self, name), minimum=0)
+        object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
+        if self.stage_layers and (any(not isinstance(n, int) or n < 1 for n in self.stage_layers)
+                                  or sum(self.stage_layers) != self.layers):
+            raise UsageError(f"--stage-layers {_csv(self.stage_layers)} must be integers >= 1 summing to "
+                             f"--layers {self.layers}")
         dtype = DTYPE_ALIASES.get(self.dtype, self.dtype)
         if dtype not in FLOAT_DTYPES:
             raise UsageError(f"--dtype {self.dtype!r} is not a float dtype; valid: "
@@ -77,10 +88,18 @@ class ModelSpec:
         """Tokens of one microbatch of one data-parallel replica: b * s."""
         return self.micro_batch * self.seq_len
 
+    def layers_per_stage(self, pp: int) -> tuple[int, ...]:
+        """Layers held by each of the `pp` stages (`check` has validated the split)."""
+        return self.stage_layers or (self.layers // pp,) * pp
+
     def check(self, tp: int, cp: int, pp: int, ep: int, etp: int) -> None:
-        """Raise `UsageError` when a parallel size cannot split this model evenly."""
-        need = [("--layers", self.layers, "--pp", pp), ("--ffn", self.ffn, "--tp", tp),
-                ("--seq", self.seq_len, "--cp", cp)]
+        """Raise `UsageError` when a parallel size cannot split this model as asked."""
+        need = [("--ffn", self.ffn, "--tp", tp), ("--seq", self.seq_len, "--cp", cp)]
+        if self.stage_layers and len(self.stage_layers) != pp:
+            raise UsageError(f"--stage-layers {_csv(self.stage_layers)} lists {len(self.stage_layers)} stage(s); "
+                             f"--pp {pp} needs one entry per stage")
+        if not self.stage_layers:
+            need.append(("--layers", self.layers, "--pp", pp))
         if self.heads:
             need.append(("--heads", self.heads, "--tp", tp))
         if self.experts:
@@ -99,6 +118,18 @@ class ModelSpec:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def parse_stage_layers(text: str) -> tuple[int, ...]:
+    """The `--stage-layers` flag: comma-separated layer counts, e.g. "6,2"; empty = an even split."""
+    try:
+        return tuple(int(part) for part in text.split(",")) if text else ()
+    except ValueError:
+        raise UsageError(f"--stage-layers {text!r} is not a comma-separated list of integers, e.g. 6,2") from None
+
+
+def _csv(values) -> str:
+    return ",".join(map(str, values))
 
 
 def _positive(name: str, value, minimum: int) -> None:

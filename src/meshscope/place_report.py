@@ -1,7 +1,8 @@
 """How `meshscope place` shows a `place.Ranking`: a text table, one JSON document, a PNG bar chart.
 
-The chart stacks each placement's predicted communication time per axis (the total is their sum, as
-`place` ranks by), best placement on top, so the axis that makes a placement slow is the widest bar.
+The chart stacks, per placement, the pacing stage's step time T_s by axis (and compute), so each bar's
+length is the step estimate `place` ranks by, best placement on top, and the axis that makes a
+placement slow is the widest segment.
 """
 
 from __future__ import annotations
@@ -18,15 +19,20 @@ def to_json(r: Ranking) -> dict:
         "world": r.layout.world, "gpus_per_node": r.gpus_per_node, "nodes": r.layout.world // r.gpus_per_node,
         "sizes": r.layout.sizes, "spec": r.spec.to_json(),
         "links": {"intra": r.intra.to_json(), "inter": r.inter.to_json()},
-        "aggregate": "sum of per-axis times (no overlap between axes assumed)",
+        "layer_compute_s": r.layer_s,
+        "aggregate": "step_s = max over pipeline stages of T_s = (M + p - 1) / M x (compute + forward/backward "
+                     "comm) + optimizer comm, each stage on its own groups; total_s = sum of per-axis times",
         "volume": {axis: {op: {"calls": c, "bytes": b} for op, (c, b) in ops.items()}
                    for axis, ops in table(r.traffic).items()},
         "traffic": [{"axis": t.axis, "op": t.op, "phase": t.phase, "region": t.region, "count": t.count,
                      "size": t.size} for t in r.traffic],
         "placements": [{
-            "rank": i + 1, "order": p.order, "orders": list(p.orders), "total_s": p.total_s, "reason": p.reason(),
+            "rank": i + 1, "order": p.order, "orders": list(p.orders), "step_s": p.step_s, "total_s": p.total_s,
+            "pacing_stage": p.pacing.stage, "reason": p.reason(),
             "axes": {a.axis: {"group_size": a.group_size, "groups": a.groups, "crossing_groups": a.crossing,
                               "bytes": a.bytes, "link": a.link.name, "time_s": a.time_s} for a in p.axes},
+            "stages": [{"stage": st.stage, "layers": st.layers, "step_s": st.step_s, "compute_s": st.compute_s,
+                        "axes_s": dict(st.axis_s)} for st in p.stages],
         } for i, p in enumerate(r.placements)],
         "skipped_orders": list(r.skipped_orders),
     }
@@ -46,11 +52,14 @@ def render(r: Ranking, limit: int = 20) -> str:
     n = len(r.placements)
     skipped = f"; {len(r.skipped_orders)} orders rejected by Layout" if r.skipped_orders else ""
     valid = sum(len(p.orders) for p in r.placements)
-    lines.append(f"{n} distinct placements from {valid} valid orders{skipped}; "
-                 f"total = sum over axes (no overlap assumed), best first:")
+    if r.layout.pp > 1:
+        layers = ",".join(map(str, r.spec.layers_per_stage(r.layout.pp)))
+        lines.append(f"stages: layers {layers}; compute {r.layer_s * 1e3:.3g} ms per layer and microbatch")
+    lines.append(f"{n} distinct placements from {valid} valid orders{skipped}; step = slowest stage's time "
+                 f"(sum = per-axis times added up), best first:")
     for i, p in enumerate(r.placements[:limit]):
         axes = "  ".join(f"{a.axis} {a.time_s * 1e3:.3g}ms{'*' if a.crossing else ''}" for a in p.axes)
-        lines.append(f"{i + 1:3d}. {p.order:16s} {p.total_s * 1e3:10.3f} ms   {axes}")
+        lines.append(f"{i + 1:3d}. {p.order:16s} step {p.step_s * 1e3:10.3f} ms  sum {p.total_s * 1e3:.3f} ms   {axes}")
         lines.append(f"       {p.reason()}")
     if n > limit:
         lines.append(f"  ... {n - limit} more (--json lists all); * = some groups cross nodes")
@@ -67,21 +76,22 @@ def plot(r: Ranking, path: Path) -> None:
 
     ps = r.placements
     axes = [a.axis for a in ps[0].axes] if ps else []
+    parts = axes + (["compute"] if r.layer_s else [])
     fig, ax = plt.subplots(figsize=(9, 1.2 + 0.32 * len(ps)))
     left = [0.0] * len(ps)
     ys = list(range(len(ps)))[::-1]
-    for k, axis in enumerate(axes):
-        widths = [p.axes[k].time_s * 1e3 for p in ps]
-        hatches = ["//" if p.axes[k].crossing else "" for p in ps]
+    for k, axis in enumerate(parts):
+        widths = [(p.pacing.compute_s if axis == "compute" else p.pacing.axis_s[k][1]) * 1e3 for p in ps]
+        hatches = ["//" if axis != "compute" and p.axes[k].crossing else "" for p in ps]
         bars = ax.barh(ys, widths, left=left, label=axis, color=f"C{k}")
         for bar, hatch in zip(bars, hatches):
             bar.set_hatch(hatch)
         left = [a + b for a, b in zip(left, widths)]
     ax.set_yticks(ys, [f"{i + 1}. {p.order}" for i, p in enumerate(ps)], fontsize=8)
-    ax.set_xlabel("predicted communication time per step (ms, sum over axes); hatched = crosses nodes")
+    ax.set_xlabel("predicted step time (ms, the slowest stage's, by axis); hatched = crosses nodes")
     ax.set_title(f"placements of world {r.layout.world} ({r.gpus_per_node} GPUs/node), best on top", fontsize=10)
     # proxy patches: a legend entry would otherwise copy the first bar's hatch
-    handles = [Patch(color=f"C{k}", label=axis) for k, axis in enumerate(axes)]
+    handles = [Patch(color=f"C{k}", label=axis) for k, axis in enumerate(parts)]
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1), fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

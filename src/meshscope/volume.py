@@ -2,9 +2,14 @@
 
 The seed's method ("从模型 Shape 预测 Trace 的方法") applied to a whole model instead of a toy: each
 layout change of an activation is a collective on one axis, its backward is the dual, and the
-orthogonal DP sync comes last. The result is a list of `Traffic` records for the BUSIEST rank of one
-training step (M microbatches), each a count of calls of one size on one axis. Order does not enter
+orthogonal DP sync comes last. The result is a list of `Traffic` records for a rank of one pipeline
+stage for one training step (M microbatches), each a count of calls of one size on one axis; every
+rank of a stage moves the same bytes. `step_traffic` is the BUSIEST stage's. Order does not enter
 here: volumes depend on the axis sizes only; where the groups sit is `place`'s business.
+
+Stages may hold different numbers of layers (`ModelSpec.stage_layers`, the seed's unbalanced stages):
+what is per layer (TP, CP, EP, ETP) and what is per weight (DP, expert DP) scales with the stage's
+own layers; the PP messages do not (one activation per boundary and microbatch, whatever the stage).
 
 Per layer and microbatch, with T = b * s / cp tokens on a rank and A = T * h * bytes:
   TP   (Narayanan et al. 2021, Megatron-LM): each TP block (attention, dense MLP) all-reduces its
@@ -18,7 +23,9 @@ Per layer and microbatch, with T = b * s / cp tokens on a rank and A = T * h * b
        receive overlaps its send (batched isend/irecv), unlike the blocking pipeline P2P below.
   PP   per microbatch and stage boundary, the activation forward and its gradient backward
        (Narayanan et al. 2021: b*s*h per message); with sequence parallelism only the rank's
-       sequence shard A / tp is sent. A middle stage talks to two boundaries, an end stage to one.
+       sequence shard A / tp is sent. A middle stage talks to two boundaries, an end stage to one;
+       each record names the stage at the other end (`peer_stage`), so `place` can tell which
+       boundary crosses nodes.
   EP   per MoE layer: dispatch and combine all-to-alls forward, their reverses backward (the seed's
        "完整step是..."); each carries the rank's T/tp tokens x k copies x h (balanced routing).
   ETP  around each expert: all-gather of the received tokens over etp and reduce-scatter of the
@@ -30,7 +37,7 @@ Sizes follow nccl-tests (as `sweep.model_bytes`): all_gather output, reduce_scat
 the buffer, all_to_all what the rank sends, send/recv the message. Logical bytes, never wire bytes:
 `link_bytes` applies the ring factor of `sweep.BUS_FACTOR`.
 
-Legend: b micro_batch, s seq_len, h hidden, f ffn, E experts, k topk, M microbatches, L layers per stage.
+Legend: b micro_batch, s seq_len, h hidden, f ffn, E experts, k topk, M microbatches, L layers of the stage.
 """
 
 from __future__ import annotations
@@ -59,6 +66,8 @@ class Traffic:
     """Calls per training step."""
     size: int
     """Bytes per call in the nccl-tests convention (all_gather: output, reduce_scatter: input)."""
+    peer_stage: int | None = None
+    """pp only: the stage at the other end of each message (the boundary it crosses)."""
 
     @property
     def bytes(self) -> int:
@@ -71,18 +80,25 @@ def dp_axis(layout: Layout) -> str:
 
 
 def step_traffic(spec: ModelSpec, layout: Layout) -> list[Traffic]:
-    """Every collective of one training step on the busiest rank, derived from the spec's shapes."""
+    """Every collective of one training step on the busiest rank (the stage moving the most bytes)."""
+    stages = [stage_traffic(spec, layout, s) for s in range(layout.pp)]
+    return max(stages, key=lambda ts: sum(t.bytes for t in ts))
+
+
+def stage_traffic(spec: ModelSpec, layout: Layout, stage: int) -> list[Traffic]:
+    """Every collective of one training step on a rank of pipeline `stage`, derived from the spec's shapes."""
     spec.check(layout.tp, layout.cp, layout.pp, layout.ep, layout.etp)
     tp, cp, pp, ep, etp = layout.tp, layout.cp, layout.pp, layout.ep, layout.etp
     h, f, e, m = spec.hidden, spec.ffn, spec.elem, spec.microbatches
-    per_mb = spec.layers // pp * m  # layer passes per step on one rank
+    layers = spec.layers_per_stage(pp)[stage]
+    per_mb = layers * m  # layer passes per step on one rank
     tokens = spec.tokens // cp
     act = tokens * h * e  # A: one [b, s/cp, h] activation
     out: list[Traffic] = []
 
-    def add(axis, op, phase, region, count, size):
+    def add(axis, op, phase, region, count, size, peer_stage=None):
         if count and layout.size(axis) > 1:
-            out.append(Traffic(axis, op, phase, region, count, size))
+            out.append(Traffic(axis, op, phase, region, count, size, peer_stage))
 
     tp_blocks = (["attention"] if spec.heads else []) + ([] if spec.experts else ["mlp"])
     for block in tp_blocks:
@@ -96,15 +112,15 @@ def step_traffic(spec: ModelSpec, layout: Layout) -> list[Traffic]:
         kv = 2 * tokens * h // tp * e
         for phase, hops in (("forward", cp - 1), ("backward", 2 * (cp - 1))):
             add("cp", "send", phase, "kv", per_mb * hops, kv)  # each hop's recv overlaps it (isend/irecv)
-    if pp > 1:
-        p2p = act // tp if spec.sequence_parallel else act
-        # Stage 0 of two sends activations forward and receives their gradients backward (stage 1
-        # mirrors it); a middle stage of more also receives forward and sends backward.
-        plan = [("forward", "send", "activation"), ("backward", "recv", "activation grad")]
-        if pp > 2:
-            plan += [("forward", "recv", "activation"), ("backward", "send", "activation grad")]
-        for phase, op, region in plan:
-            add("pp", op, phase, region, m, p2p)
+    p2p = act // tp if spec.sequence_parallel else act
+    # Towards the previous stage: receive activations forward, send their gradients backward; towards
+    # the next stage the mirror image. End stages have one neighbour, middle stages two.
+    if stage > 0:
+        add("pp", "recv", "forward", "activation", m, p2p, stage - 1)
+        add("pp", "send", "backward", "activation grad", m, p2p, stage - 1)
+    if stage < pp - 1:
+        add("pp", "send", "forward", "activation", m, p2p, stage + 1)
+        add("pp", "recv", "backward", "activation grad", m, p2p, stage + 1)
     if spec.experts:
         routed = tokens // tp * spec.topk * h * e  # the rank's sequence shard, k copies per token
         for phase, regions in (("forward", ("dispatch", "combine")), ("backward", ("combine", "dispatch"))):
@@ -112,7 +128,6 @@ def step_traffic(spec: ModelSpec, layout: Layout) -> list[Traffic]:
                 add("ep", "all_to_all", phase, region, per_mb, routed)
             add("etp", "all_gather", phase, "expert", per_mb, routed * etp)
             add("etp", "reduce_scatter", phase, "expert", per_mb, routed * etp)
-    layers = spec.layers // pp
     for name, numel in dense_weights(spec, tp):
         add(dp_axis(layout), "all_reduce", "optimizer", name, layers, numel * e)
     if spec.experts:
