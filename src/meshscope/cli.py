@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from . import experiments
+from . import experiments, rundir
 from .errors import UsageError
 from .faults import KINDS, RUN_LEVEL
 from .mesh import DEFAULT_ORDER, Layout
@@ -235,8 +235,7 @@ def cmd_run(args) -> int:
     run_level = _inject(exp, args.inject, overrides)
     cfg = exp.config(overrides)
     layout = exp.layout(cfg)
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout {args.timeout} must be positive")
+    rundir.check_timeout(args.timeout)
     if args.profile < 0:
         raise UsageError(f"--profile {args.profile} must be a number of steps >= 1")
     spec = {"backend": args.backend, "timeout": args.timeout, "inject": run_level, "profile": args.profile,
@@ -251,6 +250,9 @@ def cmd_run(args) -> int:
     if result is None or not result["passed"]:
         _auto_doctor(run_dir)
     if result is None:
+        if args.json:  # stdout still carries one document
+            print(json.dumps({"experiment": exp.name, "passed": False, "error": first_failure_line(run_dir),
+                              "run_dir": str(run_dir)}))
         return 1
     if args.json:
         print(json.dumps(result))
@@ -265,14 +267,18 @@ def launch_spec(run_dir: Path, spec: dict, world: int, timeout: float) -> dict |
     """Write the spec, launch the ranks, return rank 0's result (None after printing why it failed)."""
     from .launch import launch
 
-    run_dir.mkdir(parents=True, exist_ok=True)
-    _clear_previous_run(run_dir)
-    (run_dir / "spec.json").write_text(json.dumps(spec, indent=1))
+    rundir.start(run_dir, spec)
     outcome = launch(run_dir, world, timeout, on_progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
     if outcome.returncode != 0 or not (run_dir / "result.json").exists():
+        (run_dir / "failure.txt").write_text(outcome.error or "no result written")
         print(f"meshscope: run failed: {outcome.error or 'no result written'} (logs: {run_dir})", file=sys.stderr)
         return None
     return json.loads((run_dir / "result.json").read_text())
+
+
+def first_failure_line(run_dir: Path) -> str:
+    path = run_dir / "failure.txt"
+    return path.read_text() if path.exists() else "no result written"
 
 
 def _auto_doctor(run_dir: Path) -> None:
@@ -281,7 +287,9 @@ def _auto_doctor(run_dir: Path) -> None:
 
     try:
         report = diagnose(run_dir)
-    except UsageError:
+    except Exception as exc:  # noqa: BLE001 - the run already failed; the diagnosis is a bonus
+        print(f"meshscope doctor: could not diagnose {run_dir}: {type(exc).__name__}: {exc}".splitlines()[0],
+              file=sys.stderr)
         return
     for f in report["findings"]:
         print(f"meshscope doctor: {f['summary']}", file=sys.stderr)
@@ -300,8 +308,7 @@ def cmd_suite(args) -> int:
                            cv_threshold=args.cv_threshold, profile=args.profile, profile_steps=args.profile_steps,
                            world=args.world, sweep=args.sweep)
     world = world_of(options)  # validates everything before anything is written
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout {args.timeout} must be positive")
+    rundir.check_timeout(args.timeout)
     _check_backend(args.backend, world)
     if args.profile and args.backend != "nccl":
         print("meshscope: note: --profile on gloo records CPU traces only; NCCL kernel counts need --backend nccl",
@@ -328,9 +335,16 @@ def cmd_report(args) -> int:
     from .suite_report import print_terminal, summary, write_all
 
     path = args.run_dir / "result.json"
-    if not path.exists():
-        raise UsageError(f"{path} does not exist; give a suite run directory")
-    doc = json.loads(path.read_text())
+    if not path.is_file():
+        raise UsageError(f"{path} does not exist; give the directory of a finished meshscope run")
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    expected = ("results", "timing", "environment") if doc.get("kind") == "suite" else ("experiment", "passed", "checks")
+    missing = [k for k in expected if not isinstance(doc, dict) or k not in doc]
+    if missing:
+        raise UsageError(f"{path} is not a meshscope result (no {missing[0]!r})")
     if doc.get("kind") != "suite":
         from .report import print_result
 
@@ -346,7 +360,8 @@ def cmd_doctor(args) -> int:
     from .doctor import diagnose
 
     if not args.run_dir.is_dir():
-        raise UsageError(f"run directory {args.run_dir} does not exist")
+        what = "is not a directory" if args.run_dir.exists() else "does not exist"
+        raise UsageError(f"run directory {args.run_dir} {what}")
     report = diagnose(args.run_dir)
     if args.json:
         print(json.dumps(report))
@@ -355,22 +370,6 @@ def cmd_doctor(args) -> int:
 
         print("\n".join(render(report)))
     return 0 if report["healthy"] else 1
-
-
-RUN_ARTEFACTS = ("flight", "errors", "traces", "records", "figures", "result.json", "report.md", "launcher.log")
-"""What a run writes into its directory; a reused --out is cleared of them first, so that the doctor
-never reads one run's flight logs mixed with another's (the logs are appended to)."""
-
-
-def _clear_previous_run(run_dir: Path) -> None:
-    import shutil
-
-    for name in RUN_ARTEFACTS:
-        path = run_dir / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
-            path.unlink()
 
 
 def _run_as_rank(args, spec) -> int:
@@ -415,8 +414,7 @@ def cmd_sweep(args) -> int:
     cfg = SweepConfig(world=args.world, tp=args.tp, cp=args.cp, pp=args.pp, ep=args.ep, etp=args.etp, axis=args.axis,
                       iters=args.iters, warmup=args.warmup, back_to_back=args.back_to_back, **{k: v for k, v in given.items() if v is not None})
     cfg.validate()
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout {args.timeout} must be positive")
+    rundir.check_timeout(args.timeout)
     from .launch import in_torchrun
 
     if in_torchrun():  # every rank would launch a world of its own

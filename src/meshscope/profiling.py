@@ -22,13 +22,16 @@ def _calls(calls) -> str:
 
 
 def load_fits(path: str | None):
-    """The alpha-beta fits of a saved `meshscope sweep` (its sweep.json), or None."""
+    """The alpha-beta fits of a saved `meshscope sweep` (its sweep.json), or None; UsageError if unusable."""
     if path is None:
         return None
+    from .errors import UsageError
     from .sweep import Fit
 
-    doc = json.loads(Path(path).read_text())
-    return [Fit(**{**f, "rel_err": tuple(f["rel_err"])}) for f in doc["fits"]]
+    try:
+        return [Fit(**{**f, "rel_err": tuple(f["rel_err"])}) for f in json.loads(Path(path).read_text())["fits"]]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UsageError(f"--sweep {path}: not the sweep.json of `meshscope sweep --out DIR` ({type(exc).__name__})") from None
 
 
 def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None) -> dict | None:

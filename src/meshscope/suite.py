@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from . import experiments
 from .errors import UsageError
 from .events import CommEvent
+from .profiling import load_fits
 from .stats import DEFAULT_CV_THRESHOLD, compare, summarize_table, time_steps
 from .verify import build_result
 
@@ -93,8 +94,10 @@ class SuiteOptions:
                 raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)} must be at least 1")
         if self.profile_steps < 1:
             raise UsageError(f"--profile-steps {self.profile_steps} must be at least 1")
-        if self.sweep is not None and not __import__("pathlib").Path(self.sweep).is_file():
-            raise UsageError(f"--sweep {self.sweep} is not a file; give the sweep.json of `meshscope sweep --out DIR`")
+        if self.sweep is not None:
+            if not self.profile:
+                raise UsageError("--sweep needs --profile: the measured communication time comes from the profile")
+            load_fits(self.sweep)  # a bad file fails here, before any rank starts
         if self.warmup < 0:
             raise UsageError(f"--warmup {self.warmup} must be at least 0")
         if not 0 < self.cv_threshold < 10:
@@ -199,7 +202,8 @@ def _structure(result: dict) -> dict:
     events = [CommEvent.from_json(e) for e in result["comm"]["events"]["captured"] if e["rank"] == 0]
     payload = {}
     for e in events:
-        payload.setdefault(f"{e.axis} {e.op}", max(e.bytes_in, e.bytes_out))
+        key = f"{e.axis} {e.op}"
+        payload[key] = max(payload.get(key, 0), e.bytes_in, e.bytes_out)
     return {"max_payload_rank0": payload,
             "counts_rank0": result["comm"]["per_rank"][0]["captured"],
             "tokens_per_expert": result.get("experts", {}).get("tokens_per_expert")}

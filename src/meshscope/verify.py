@@ -19,6 +19,7 @@ import torch
 
 from .events import counts, diff
 from .experiments import Check, Experiment, RankOutput
+from .experiments.numerics import worse
 
 
 def digest(tensors) -> str:
@@ -79,7 +80,7 @@ def build_result(exp: Experiment, cfg, backend: str, outputs: list[RankOutput], 
     numerics: dict[str, float] = {}
     for out in outputs:
         for k, v in out.numerics.items():
-            numerics[k] = max(numerics.get(k, 0.0), float(v))
+            numerics[k] = worse(numerics.get(k, 0.0), float(v))  # a NaN on any rank stays NaN
     world = exp.layout(cfg).world
     per_rank = [{"rank": r,
                  "predicted": counts(e for e in predicted if e.rank == r),

@@ -41,7 +41,7 @@ from ..verify import digest
 from . import Check, Experiment, RankOutput, bound, register
 from .nd_model import StageModel, expert_grad_scale, init_weights, loss_scale, reference_step, replica_batch, route
 from .nd_predict import axis_aliases, axis_breakdown, nd_layout, predict_step
-from .tp import TOLERANCE, Worst
+from .numerics import TOLERANCE, Worst
 
 ROUTINGS = ("balanced", "skewed")
 
@@ -189,8 +189,7 @@ class NDParallel(Experiment):
                     for name, group, params in (("dense shards", model.dp, model.named_dense()),
                                                 ("experts", model.edp, model.named_experts()))
                     if params and group.size > 1}
-        numerics = {f"max_abs_err_{k}": v for k, v in worst.abs.items()}
-        numerics["max_rel_err_grad"] = worst.rel["grad"]
+        numerics = worst.numerics()
         return RankOutput(ctx.rank, events, checks=checks, numerics=numerics, replicas=replicas,
                           extra={"losses": losses})
 

@@ -41,11 +41,10 @@ from ..models.pipeline import (SCHEDULES, Exchange, StageBoundary, chain_stage, 
 from ..predict import Ledger
 from ..verify import digest
 from . import Check, Experiment, RankOutput, bound, register
+from .numerics import TOLERANCE, Worst, finite
 
 ORDER = "pp-tp-cp-ep-dp"
 """pp varies fastest: consecutive ranks form a pipeline replica (the seed's rank 0 -> 1, 2 -> 3)."""
-TOLERANCE = 2e-5
-"""The seed's acceptance threshold for every numeric comparison."""
 
 
 @dataclass(frozen=True)
@@ -186,8 +185,6 @@ def reference_step(ws, batches) -> tuple[list[list[torch.Tensor]], list[torch.Te
     return outs, grads
 
 
-def _err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.detach().float() - b.detach().float().to(a.device)).abs().max().item()
 
 
 class Pipeline(Experiment):
@@ -216,7 +213,7 @@ class Pipeline(Experiment):
                                  **fault_knobs(cfg, self.layout(cfg), ctx.rank))
         boundary.check_shapes(m)
         recorder = timeline.Recorder(ctx.device)
-        err = {"output": 0.0, "grad": 0.0}
+        worst = Worst()
         losses, events, spans, peak = [], [], [], 0
         for step in range(cfg.steps):
             batches = [replica_batch(cfg, step, r) for r in range(cfg.dp)]
@@ -235,23 +232,23 @@ class Pipeline(Experiment):
             if timed:
                 spans, step_bytes = recorder.spans(), recorder.peak_step_bytes()
             ref_outs, ref_grads = reference_step(ws, batches)
-            err["output"] = max(err["output"], _err(torch.cat(outs), ref_outs[replica][stage]))
-            err["grad"] = max(err["grad"], _err(w_OI.grad, ref_grads[stage]))
+            worst.add("output", torch.cat(outs), ref_outs[replica][stage])
+            worst.add("grad", w_OI.grad, ref_grads[stage])
             if stage == cfg.pp - 1:
                 losses.append(sum(mb_losses).item())
             sgd_step([w_OI], cfg.lr)
             ws = [w - cfg.lr * g for w, g in zip(ws, ref_grads)]
-        err["weights"] = _err(w_OI, ws[stage])
+        worst.add("weights", w_OI, ws[stage])
         want = stash_bound(cfg.schedule, cfg.pp, stage, m)
         checks = [
-            bound("stage output == unsharded chain", err["output"], TOLERANCE),
-            bound("stage weight grad == unsharded chain", err["grad"], TOLERANCE),
-            bound(f"weights after {cfg.steps} SGD steps == unsharded", err["weights"], TOLERANCE),
+            bound("stage output == unsharded chain", worst.abs["output"], TOLERANCE),
+            worst.check("stage weight grad == unsharded chain", "grad"),
+            bound(f"weights after {cfg.steps} SGD steps == unsharded", worst.abs["weights"], TOLERANCE),
             Check("peak stashed activations == schedule bound", peak == want,
                   f"stage {stage}: {peak} stashed, bound {want} ({cfg.schedule}, M={m})"),
         ]
         if losses:
-            checks.append(Check("losses finite", all(v == v and abs(v) != float("inf") for v in losses),
+            checks.append(Check("losses finite", all(map(finite, losses)),
                                 f"{len(losses)} losses, last {losses[-1]:.6g}"))
         replicas = {"stage weights": (dp_g.ranks, digest([w_OI]))} if dp_g.size > 1 else {}
         extra = {"stage": stage, "spans": spans, "peak_stash": peak, "stash_bound": want, "losses": losses,
@@ -259,7 +256,7 @@ class Pipeline(Experiment):
         if step_bytes is not None:
             extra["peak_step_bytes"] = step_bytes
         return RankOutput(ctx.rank, events, checks=checks, replicas=replicas, extra=extra,
-                          numerics={f"max_abs_err_{k}": v for k, v in err.items()})
+                          numerics=worst.numerics())
 
     def step_fn(self, ctx, cfg):
         mesh = ctx.mesh(self.layout(cfg))

@@ -31,13 +31,10 @@ from ..models.tp_mlp import SEMANTICS, SUMMED, TensorParallelMLP, boundaries, sh
 from ..predict import Ledger, Partial, Replicate, Shard, transition
 from ..verify import digest
 from . import Check, Experiment, RankOutput, bound, register
+from .numerics import TOLERANCE, Worst, finite
 
 SEED_WORLD = 4
 """The seed's world when neither --world nor --dp is given."""
-TOLERANCE = 2e-5
-"""The seed's acceptance threshold for every numeric comparison ("数值与状态验收")."""
-REL_TOLERANCE = 1e-4
-"""Gradients also: max abs error over the largest element of the reference gradient."""
 
 
 @dataclass(frozen=True)
@@ -178,8 +175,6 @@ def reference_step(w1_HD, w2_DH, xs_BD):
     return per_replica, (g1, g2)
 
 
-def _err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return (a.detach().float() - b.detach().float().to(a.device)).abs().max().item()
 
 
 class TensorParallel(Experiment):
@@ -230,12 +225,11 @@ class TensorParallel(Experiment):
             bound("output == unsharded MLP", worst.abs["output"], TOLERANCE),
             worst.check("weight grads == unsharded slices", "grad"),
             bound(f"weights after {cfg.steps} SGD steps == unsharded", worst.abs["weights"], TOLERANCE),
-            Check("losses finite", all(map(_finite, losses)), f"{len(losses)} losses, last {losses[-1]:.6g}"),
+            Check("losses finite", all(map(finite, losses)), f"{len(losses)} losses, last {losses[-1]:.6g}"),
         ]
         if cfg.input_grad:
             checks.append(worst.check("input grad == unsharded", "input_grad"))
-        numerics = {f"max_abs_err_{k}": v for k, v in worst.abs.items()}
-        numerics.update({f"max_rel_err_{k}": worst.rel[k] for k in ("grad", "input_grad") if k in worst.rel})
+        numerics = worst.numerics()
         replicas = {"tp shard weights": (dp_g.ranks, digest([p.detach() for p in model.parameters()]))}
         return RankOutput(ctx.rank, events, checks=checks, numerics=numerics, replicas=replicas,
                           extra={"losses": losses})
@@ -262,36 +256,6 @@ def train_step(model: TensorParallelMLP, x_BD: torch.Tensor, sync_group):
     loss.backward()
     sync_grads(model.named_parameters(), sync_group)
     return y_BD, loss
-
-
-class Worst:
-    """Worst error per quantity over all steps: absolute, and relative to the reference's largest
-    element. A missing or non-finite value is NaN, and NaN sticks (it fails every bound)."""
-
-    def __init__(self):
-        self.abs: dict[str, float] = {}
-        self.rel: dict[str, float] = {}
-
-    def add(self, key: str, got: torch.Tensor | None, want: torch.Tensor) -> None:
-        err = float("nan") if got is None else _err(got, want)
-        rel = err / max(want.abs().max().item(), 1e-30)
-        self.abs[key], self.rel[key] = _worse(self.abs.get(key, 0.0), err), _worse(self.rel.get(key, 0.0), rel)
-
-    def check(self, name: str, key: str) -> Check:
-        """Gradients of the mean-square loss are ~1e-3, so 2e-5 absolute alone would let a 1 % error
-        pass: they must also be within `REL_TOLERANCE` of the largest reference element."""
-        a, r = self.abs[key], self.rel[key]
-        return Check(name, a <= TOLERANCE and r <= REL_TOLERANCE,
-                     f"max abs err {a:.3g} (limit {TOLERANCE:.0e}), {r:.3g} of the largest element "
-                     f"(limit {REL_TOLERANCE:.0e})")
-
-
-def _worse(a: float, b: float) -> float:
-    return b if b != b or b > a else a
-
-
-def _finite(v: float) -> bool:
-    return v == v and abs(v) != float("inf")
 
 
 register(TensorParallel, "tp_ar_b32", "TP MLP D=512 H=1024, batch 32, row output all-reduced", batch=32)
