@@ -1,7 +1,5 @@
 """Capture on real gloo ranks: every collective type, exact events, phases, timeouts."""
 
-import time
-
 import torch.distributed as dist
 
 from meshscope.capture import Capture, active
@@ -64,12 +62,10 @@ def test_hung_collective_becomes_error_within_timeout(tmp_path):
 
     spec = {"backend": "gloo", "timeout": 8, "experiments": [{"name": "collectives", "overrides": {"skip_rank": 1}}]}
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    start = time.monotonic()
     outcome = launch(tmp_path, 4, 8)
-    elapsed = time.monotonic() - start
     assert outcome.returncode != 0
-    assert outcome.error and outcome.error.startswith("rank ")
-    assert elapsed < 8 + 30, elapsed
+    assert outcome.error and outcome.error.startswith("rank ") and "Timed out" in outcome.error
+    assert not outcome.timed_out  # the collective timeout ended it, not the launcher's watchdog
     assert not (tmp_path / "result.json").exists()
 
 

@@ -16,7 +16,6 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, fields
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast", "barrier")
-PHASES = ("forward", "backward", "optimizer")
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int8": 1, "uint8": 1}
 

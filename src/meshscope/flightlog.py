@@ -49,11 +49,17 @@ class FlightLog:
 
 
 def read(path: Path) -> list[dict]:
-    """The lines of one rank's flight log (a torn last line from a killed rank is skipped)."""
+    """The lines of one rank's flight log. Only a torn LAST line (a rank killed mid-write) is skipped;
+    any other unreadable line means the log is not a flight log, and raises `UsageError`."""
+    from .errors import UsageError
+
+    lines = Path(path).read_text().splitlines()
     out = []
-    for line in Path(path).read_text().splitlines():
+    for i, line in enumerate(lines):
         try:
             out.append(json.loads(line))
         except json.JSONDecodeError:
-            continue
+            if i == len(lines) - 1:
+                continue
+            raise UsageError(f"{path} line {i + 1} is not a flight-log record: {line[:60]!r}") from None
     return out

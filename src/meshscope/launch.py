@@ -7,7 +7,8 @@ worker runs unchanged as one rank of a user's own multi-node ``torchrun`` job (`
 
 The launcher adds what torchrun does not: every line of output goes to ``RUN_DIR/launcher.log``;
 progress lines of rank 0 are shown live; a watchdog kills the whole process tree if nothing at all
-happens for longer than the collective timeout plus a grace period (a hang outside any collective);
+happens (no output line and no growth of any rank's flight log) for longer than the collective timeout
+plus a grace period (a hang outside any collective);
 and on failure it shows the failing rank and its error once, read from the error file that rank
 wrote, instead of torchrun's traceback of every rank.
 """
@@ -80,8 +81,12 @@ def launch(run_dir: Path, nproc: int, timeout_s: float, on_progress=None, env: d
     reader = threading.Thread(target=pump, daemon=True)
     reader.start()
     timed_out = False
+    flight_bytes = 0
     while proc.poll() is None:
         time.sleep(0.1)
+        grown = _flight_bytes(run_dir)
+        if grown != flight_bytes:  # a rank issued or completed a collective: the run is alive
+            flight_bytes, last_activity[0] = grown, time.monotonic()
         if time.monotonic() - last_activity[0] > timeout_s + GRACE_S:
             timed_out = True
             _kill_tree(proc)
@@ -95,6 +100,17 @@ def launch(run_dir: Path, nproc: int, timeout_s: float, on_progress=None, env: d
     if proc.returncode != 0 and error is None:
         error = f"torchrun exited with code {proc.returncode} and no rank recorded an error; see {run_dir / 'launcher.log'}"
     return Outcome(proc.returncode if not timed_out else 124, error, timed_out)
+
+
+def _flight_bytes(run_dir: Path) -> int:
+    """Total size of the ranks' flight logs (they grow with every collective)."""
+    total = 0
+    for path in (run_dir / "flight").glob("rank*.jsonl"):
+        try:
+            total += path.stat().st_size
+        except OSError:
+            continue
+    return total
 
 
 def _kill_tree(proc: subprocess.Popen) -> None:

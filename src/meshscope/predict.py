@@ -46,9 +46,6 @@ def transition(src, dst) -> str:
     raise ValueError(f"no single collective turns {src} into {dst}")
 
 
-DUAL = {"all_reduce": "all_reduce", "all_gather": "reduce_scatter", "reduce_scatter": "all_gather",
-        "all_to_all": "all_to_all", "send": "recv", "recv": "send"}
-"""Step 5: the backward collective of each forward collective (all_to_all also swaps its splits)."""
 
 
 class Ledger:

@@ -14,6 +14,8 @@ import json
 from collections import Counter
 from pathlib import Path
 
+import torch.distributed as dist
+
 from .kernels import comm_counts, comm_records, compare_fingerprints, expected_kernels, fingerprint, kernel_seconds, profiled
 
 
@@ -45,6 +47,10 @@ def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None
     path = ctx.run_dir / "traces" / f"{label}.rank{ctx.rank}.json"
     with profiled(path, ctx.device):
         for _ in range(steps):
+            # ranks start each profiled step together, as in timing, so that a kernel's duration is
+            # not the other rank's lag from the previous step
+            ctx.synchronize()
+            dist.barrier(group=ctx.control)
             step()
     trace = json.loads(path.read_text())
     gathered = ctx.gather((fingerprint(trace), kernel_seconds(trace), comm_counts(comm_records(trace))))

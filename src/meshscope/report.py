@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 from rich.console import Console
 from rich.table import Table
 
@@ -90,15 +88,3 @@ def print_result(result: dict, run_dir) -> None:
     if result["numerics"]:
         console.print("numerics: " + ", ".join(f"{k} {v:.3g}" for k, v in result["numerics"].items()))
     console.print(f"run directory: {run_dir}")
-
-
-def payload_table(events) -> Table:
-    """Distinct (axis, op, phase, bytes) of rank 0's ledger with their multiplicity."""
-    seen: dict = defaultdict(int)
-    for e in events:
-        if e.rank == 0:
-            seen[(e.axis, e.op, e.phase, e.bytes_in, e.bytes_out)] += 1
-    table = Table("axis", "op", "phase", "in", "out", "count", title="payload per collective (rank 0)")
-    for (axis, op, ph, bi, bo), n in seen.items():
-        table.add_row(axis, op, ph, human_bytes(bi), human_bytes(bo), str(n))
-    return table

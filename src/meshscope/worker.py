@@ -77,8 +77,11 @@ def execute(run_dir: Path, spec: dict) -> int:
         ctx = RankContext.start(spec["backend"], spec["timeout"], run_dir)
         ctx.flight = FlightLog(run_dir, ctx.rank)
         ctx.inject = spec.get("inject")
-        with ctx.flight.capture():
-            results = run_spec(ctx, spec)
+        try:
+            with ctx.flight.capture():
+                results = run_spec(ctx, spec)
+        finally:
+            ctx.flight.close()
         if results is not None:
             write_json(run_dir / "result.json", results[0] if len(results) == 1 else {"results": results})
         return 0
