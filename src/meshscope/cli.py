@@ -29,7 +29,7 @@ OVERRIDES = {
     "--pp": ("pp", int, "pipeline-parallel size (stages)"),
     "--ep": ("ep", int, "expert-parallel size"),
     "--etp": ("etp", int, "expert tensor-parallel size"),
-    "--batch": ("batch", int, "global batch (rows)"),
+    "--batch": ("batch", int, "rows of each data-parallel replica's batch (EP: tokens per source rank)"),
     "--hidden": ("hidden", int, "model dim D"),
     "--ffn": ("ffn", int, "hidden dim H of the MLP"),
     "--microbatches": ("microbatches", int, "pipeline microbatches M"),

@@ -65,6 +65,8 @@ def _reduce_scatter(x: torch.Tensor, group: AxisGroup) -> torch.Tensor:
 
 
 def _local_chunk(x: torch.Tensor, group: AxisGroup) -> torch.Tensor:
+    if x.shape[0] % group.size:
+        raise UsageError(f"cannot split dim 0 ({x.shape[0]}) into {group.size} equal slabs over {group.axis}")
     rows = x.shape[0] // group.size
     me = group.local_rank(dist.get_rank())
     return x[me * rows:(me + 1) * rows].contiguous()
@@ -246,6 +248,8 @@ class AllToAllV(_Labelled):
         _Labelled._save(ctx, group)
         input_splits = check_splits(input_splits, x.shape[0], group, "input_splits")
         output_splits = [int(s) for s in output_splits]
+        if len(output_splits) != group.size or any(s < 0 for s in output_splits):
+            raise UsageError(f"output_splits {output_splits} needs {group.size} entries >= 0 for the {group.axis} group")
         ctx.splits = (input_splits, output_splits)
         if group.size == 1:
             return x.clone()
