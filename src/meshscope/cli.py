@@ -17,31 +17,10 @@ from . import experiments, rundir
 from .errors import UsageError
 from .faults import KINDS, RUN_LEVEL
 from .mesh import DEFAULT_ORDER, Layout
+from .overrides import CLI_DESTS, OVERRIDES, SWITCHES
 from .model_spec import ModelSpec, parse_stage_layers
 from .place import INTER_DEFAULT, INTRA_DEFAULT
 
-OVERRIDES = {
-    # flag: (dest, type, help)
-    "--world": ("world", int, "number of ranks"),
-    "--tp": ("tp", int, "tensor-parallel size"),
-    "--cp": ("cp", int, "context-parallel size"),
-    "--dp": ("dp", int, "data-parallel size"),
-    "--pp": ("pp", int, "pipeline-parallel size (stages)"),
-    "--ep": ("ep", int, "expert-parallel size"),
-    "--etp": ("etp", int, "expert tensor-parallel size"),
-    "--batch": ("batch", int, "rows of each data-parallel replica's batch (EP: tokens per source rank)"),
-    "--hidden": ("hidden", int, "model dim D"),
-    "--ffn": ("ffn", int, "hidden dim H of the MLP"),
-    "--microbatches": ("microbatches", int, "pipeline microbatches M"),
-    "--schedule": ("schedule", str, "pipeline schedule: gpipe | 1f1b"),
-    "--semantics": ("semantics", str, "TP gradient semantics: summed-loss | replicated-loss"),
-    "--routing": ("routing", str, "MoE routing: balanced | skewed | learned"),
-    "--skew": ("skew", str, "MoE skew ratio, e.g. 7:1"),
-    "--topk": ("topk", int, "router top-k"),
-    "--capacity-factor": ("capacity_factor", float, "expert capacity factor"),
-    "--experts": ("experts", int, "number of experts"),
-    "--steps": ("steps", int, "training steps"),
-}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -53,19 +32,12 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("overrides (where they apply to the experiment)")
     for flag, (dest, typ, help_) in OVERRIDES.items():
         g.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
-    g.add_argument("--input-grad", dest="input_grad", action=argparse.BooleanOptionalAction, default=None,
-                   help="whether the model input requires grad")
-    g.add_argument("--pad", dest="pad", action=argparse.BooleanOptionalAction, default=None,
-                   help="MoE: pad expert buffers to capacity (static splits) instead of exchanging counts")
-    g.add_argument("--pp-scatter-gather", dest="pp_scatter_gather", action=argparse.BooleanOptionalAction,
-                   default=None, help="PP x TP: send 1/tp of each boundary tensor, all-gather it in tp on arrival")
-    g.add_argument("--moe", dest="moe", action=argparse.BooleanOptionalAction, default=None,
-                   help="nd_mlp: the last pipeline stage is an expert-parallel MoE layer")
+    for flag, (dest, help_) in SWITCHES.items():
+        g.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_)
 
 
 def _overrides(args) -> dict:
-    dests = [d for d, _, _ in OVERRIDES.values()] + ["input_grad", "pad", "pp_scatter_gather", "moe"]
-    return {d: getattr(args, d) for d in dests if getattr(args, d, None) is not None}
+    return {d: getattr(args, d) for d in CLI_DESTS if getattr(args, d, None) is not None}
 
 
 def build_parser() -> argparse.ArgumentParser:

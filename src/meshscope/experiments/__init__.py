@@ -75,9 +75,12 @@ class Experiment:
         names = {f.name for f in fields(self.Config)}
         unknown = sorted(k for k in overrides if k not in names)
         if unknown:
+            from ..overrides import CLI_DESTS
+
+            flags = sorted(n for n in names if n in CLI_DESTS)
             raise UsageError(
                 f"--{unknown[0].replace('_', '-')} does not apply to {self.name}; "
-                f"it takes: {', '.join('--' + n.replace('_', '-') for n in sorted(names))}"
+                f"it takes: {', '.join('--' + n.replace('_', '-') for n in flags)}"
             )
         cfg = replace(self.Config(**self.preset), **overrides)
         self.validate(cfg)
