@@ -27,187 +27,15 @@ import contextlib
 import functools
 import inspect
 import threading
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives  # noqa: F401  (must be imported before any patching)
 import torch.distributed.distributed_c10d as c10d
 
+from .collective_calls import AUTOGRAD, C10D, FUNCTIONAL, Call, dual
 from .events import CommEvent
 from .groups import describe
-
-
-@dataclass
-class _Call:
-    """A collective call reduced to what a CommEvent needs."""
-
-    op: str
-    group: object
-    dtype: str
-    bytes_in: int
-    bytes_out: int
-    input_splits: tuple[int, ...] | None = None
-    output_splits: tuple[int, ...] | None = None
-    peer: int | None = None
-
-
-def _nbytes(t) -> int:
-    return t.numel() * t.element_size()
-
-
-def _dtype(t) -> str:
-    return str(t.dtype).removeprefix("torch.")
-
-
-def _group_size(group) -> int:
-    return len(describe(group)[1])
-
-
-def _even_splits(rows: int, group) -> tuple[int, ...]:
-    n = _group_size(group)
-    return (rows // n,) * n
-
-
-def _global_peer(group, peer, group_peer):
-    if peer is not None:
-        return peer
-    if group_peer is not None:
-        return dist.get_global_rank(group if group is not None else dist.group.WORLD, group_peer)
-    return None
-
-
-# -- c10d entry points: bound arguments -> calls --------------------------------------------------
-def _c10d_all_reduce(a):
-    t = a["tensor"]
-    return [_Call("all_reduce", a["group"], _dtype(t), _nbytes(t), _nbytes(t))]
-
-
-def _c10d_all_gather(a):
-    t = a["tensor"]
-    return [_Call("all_gather", a["group"], _dtype(t), _nbytes(t), sum(map(_nbytes, a["tensor_list"])))]
-
-
-def _c10d_all_gather_into_tensor(a):
-    i, o = a["input_tensor"], a["output_tensor"]
-    return [_Call("all_gather", a["group"], _dtype(i), _nbytes(i), _nbytes(o))]
-
-
-def _c10d_reduce_scatter(a):
-    o = a["output"]
-    return [_Call("reduce_scatter", a["group"], _dtype(o), sum(map(_nbytes, a["input_list"])), _nbytes(o))]
-
-
-def _c10d_reduce_scatter_tensor(a):
-    i, o = a["input"], a["output"]
-    return [_Call("reduce_scatter", a["group"], _dtype(i), _nbytes(i), _nbytes(o))]
-
-
-def _c10d_all_to_all(a):
-    ins, outs = a["input_tensor_list"], a["output_tensor_list"]
-    return [_Call("all_to_all", a["group"], _dtype(ins[0]), sum(map(_nbytes, ins)), sum(map(_nbytes, outs)),
-                  tuple(t.shape[0] for t in ins), tuple(t.shape[0] for t in outs))]
-
-
-def _c10d_all_to_all_single(a):
-    i, o, g = a["input"], a["output"], a["group"]
-    ins = tuple(a["input_split_sizes"]) if a["input_split_sizes"] else _even_splits(i.shape[0], g)
-    outs = tuple(a["output_split_sizes"]) if a["output_split_sizes"] else _even_splits(o.shape[0], g)
-    return [_Call("all_to_all", g, _dtype(i), _nbytes(i), _nbytes(o), ins, outs)]
-
-
-def _c10d_broadcast(a):
-    t = a["tensor"]
-    return [_Call("broadcast", a["group"], _dtype(t), _nbytes(t), _nbytes(t))]
-
-
-def _c10d_barrier(a):
-    return [_Call("barrier", a["group"], "", 0, 0)]
-
-
-def _c10d_send(a):
-    t = a["tensor"]
-    return [_Call("send", a["group"], _dtype(t), _nbytes(t), 0, peer=_global_peer(a["group"], a["dst"], a.get("group_dst")))]
-
-
-def _c10d_recv(a):
-    t = a["tensor"]
-    return [_Call("recv", a["group"], _dtype(t), 0, _nbytes(t), peer=_global_peer(a["group"], a["src"], a.get("group_src")))]
-
-
-def _c10d_batch_isend_irecv(a):
-    calls = []
-    for p2p in a["p2p_op_list"]:
-        name = getattr(p2p.op, "__name__", "")
-        peer = _global_peer(p2p.group, getattr(p2p, "peer", None), getattr(p2p, "group_peer", None))
-        t = p2p.tensor
-        if "send" in name:
-            calls.append(_Call("send", p2p.group, _dtype(t), _nbytes(t), 0, peer=peer))
-        else:
-            calls.append(_Call("recv", p2p.group, _dtype(t), 0, _nbytes(t), peer=peer))
-    return calls
-
-
-_C10D = {
-    "all_reduce": _c10d_all_reduce,
-    "all_gather": _c10d_all_gather,
-    "all_gather_into_tensor": _c10d_all_gather_into_tensor,
-    "all_gather_single": _c10d_all_gather_into_tensor,  # torch >= 2.13 name
-    "reduce_scatter": _c10d_reduce_scatter,
-    "reduce_scatter_tensor": _c10d_reduce_scatter_tensor,
-    "reduce_scatter_single": _c10d_reduce_scatter_tensor,  # torch >= 2.13 name
-    "all_to_all": _c10d_all_to_all,
-    "all_to_all_single": _c10d_all_to_all_single,
-    "broadcast": _c10d_broadcast,
-    "barrier": _c10d_barrier,
-    "send": _c10d_send,
-    "isend": _c10d_send,
-    "recv": _c10d_recv,
-    "irecv": _c10d_recv,
-    "batch_isend_irecv": _c10d_batch_isend_irecv,
-}
-
-
-# -- functional collectives: torch.ops._c10d_functional(_autograd).<op>(positional args) ----------
-def _f_all_reduce(x, op, group_name):
-    return _Call("all_reduce", group_name, _dtype(x), _nbytes(x), _nbytes(x))
-
-
-def _f_all_gather(x, group_size, group_name):
-    return _Call("all_gather", group_name, _dtype(x), _nbytes(x), _nbytes(x) * group_size)
-
-
-def _f_reduce_scatter(x, op, group_size, group_name):
-    return _Call("reduce_scatter", group_name, _dtype(x), _nbytes(x), _nbytes(x) // group_size)
-
-
-def _f_all_to_all_single(x, output_split_sizes, input_split_sizes, group_name):
-    row = _nbytes(x) // max(x.shape[0], 1)
-    ins = tuple(int(s) for s in input_split_sizes) if input_split_sizes else _even_splits(x.shape[0], group_name)
-    outs = tuple(int(s) for s in output_split_sizes) if output_split_sizes else _even_splits(x.shape[0], group_name)
-    return _Call("all_to_all", group_name, _dtype(x), _nbytes(x), row * sum(outs), ins, outs)
-
-
-def _f_broadcast(x, src, group_name):
-    return _Call("broadcast", group_name, _dtype(x), _nbytes(x), _nbytes(x))
-
-
-_FUNCTIONAL = {
-    "all_reduce": _f_all_reduce,
-    "all_reduce_": _f_all_reduce,
-    "all_gather_into_tensor": _f_all_gather,
-    "reduce_scatter_tensor": _f_reduce_scatter,
-    "all_to_all_single": _f_all_to_all_single,
-    "broadcast": _f_broadcast,
-    "broadcast_": _f_broadcast,
-}
-_AUTOGRAD = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single")
-
-
-def _dual(call: _Call) -> _Call:
-    """The backward collective of an autograd collective (seed: AG<->RS, A2A<->A2A with splits swapped)."""
-    op = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather"}.get(call.op, call.op)
-    return _Call(op, call.group, call.dtype, call.bytes_out, call.bytes_in, call.output_splits, call.input_splits)
 
 
 @functools.lru_cache(maxsize=None)
@@ -311,7 +139,7 @@ def active() -> bool:
 
 
 def _install() -> None:
-    for name, describe_call in _C10D.items():
+    for name, describe_call in C10D.items():
         original = getattr(c10d, name, None)
         if original is None:
             continue  # not in this torch version
@@ -320,8 +148,8 @@ def _install() -> None:
             if getattr(module, name, None) is original:
                 _swap(module, name, wrapper)
     for namespace, autograd in ((torch.ops._c10d_functional, False), (torch.ops._c10d_functional_autograd, True)):
-        for name, describe_call in _FUNCTIONAL.items():
-            if autograd and name not in _AUTOGRAD:
+        for name, describe_call in FUNCTIONAL.items():
+            if autograd and name not in AUTOGRAD:
                 continue
             try:
                 original = getattr(namespace, name)
@@ -371,7 +199,7 @@ def _wrap_functional(original, describe_call, autograd: bool):
         call = describe_call(*args, **kwargs)
         out = _issue([call], original, args, kwargs)
         if autograd and isinstance(out, torch.Tensor) and out.requires_grad:
-            out.register_hook(lambda grad: _record(_dual(call)))
+            out.register_hook(lambda grad: _record(dual(call)))
         return out
 
     return recorder
@@ -391,14 +219,14 @@ def _issue(calls, original, args, kwargs):
     return out
 
 
-def _record(call: _Call) -> None:
+def _record(call: Call) -> None:
     """Record a call issued out of Python's sight (C++ autograd backward), as issued and completed."""
     proto = _proto(call)
     for cap in list(_ACTIVE):
         cap._complete([cap._add(proto)])
 
 
-def _proto(call: _Call) -> dict:
+def _proto(call: Call) -> dict:
     """The fields of a call's event but its seq (each capture numbers its own)."""
     global _RANK
     if _RANK is None:  # dist.get_rank() costs more than the rest of the recording: ask once per install
