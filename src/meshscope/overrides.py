@@ -36,3 +36,8 @@ SWITCHES = {
 
 CLI_DESTS = tuple(dest for dest, _, _ in OVERRIDES.values()) + tuple(dest for dest, _ in SWITCHES.values())
 """Config fields that a command-line flag can set."""
+
+
+def overrides_of(args) -> dict:
+    """The overrides an argparse namespace sets (flags left at None are not overrides)."""
+    return {d: getattr(args, d) for d in CLI_DESTS if getattr(args, d, None) is not None}
