@@ -126,8 +126,8 @@ def test_any_sizes_that_multiply_into_the_world():
 @pytest.mark.parametrize("overrides, fragment", [
     (dict(moe=True, ep=3), "--ep 3 does not divide dp 2"),
     (dict(ep=2), "need --moe"),
-    (dict(world=8, dp=4), "disagrees with tp x pp x dp"),
-    (dict(world=10), "--world 10 is not divisible by tp x pp = 2 x 2 = 4"),
+    (dict(world=8, dp=4), "--world 8 disagrees with tp x pp (2 x 2) x --dp 4 = 16"),
+    (dict(world=10), "--world 10 is not divisible by tp x pp (2 x 2) = 4"),
     (dict(batch=12, microbatches=2, tp=4, pp=2, world=8, pp_scatter_gather=True), "splits each microbatch's 6 rows"),
     (dict(moe=True, experts=3), "--experts 3 is not a multiple of --ep 2"),
     (dict(schedule="zigzag"), "--schedule 'zigzag'"),

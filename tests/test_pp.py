@@ -185,11 +185,11 @@ def test_pp4_middle_stages_talk_to_both_neighbours():
 
 @pytest.mark.parametrize("overrides,fragment", [
     ({"batch": 60, "microbatches": 8}, "--batch 60 is not divisible by --microbatches 8"),
-    ({"pp": 8}, "--pp 8 does not divide --world 4"),
-    ({"pp": 3}, "--pp 3 does not divide --world 4"),
+    ({"pp": 8}, "--world 4 is not divisible by pp = 8"),
+    ({"pp": 3}, "--world 4 is not divisible by pp = 3"),
     ({"pp": 1}, "--pp 1 has no stage boundary"),
     ({"schedule": "zb"}, "--schedule 'zb' is not one of"),
-    ({"world": 4, "dp": 4}, "--world 4 disagrees with --pp 2 x --dp 4"),
+    ({"world": 4, "dp": 4}, "--world 4 disagrees with pp x --dp 4 = 8"),
     ({"fault_p2p_order": True}, "the p2p-order fault needs an exchange carrying messages both ways"),
 ])
 def test_bad_configs_are_usage_errors(overrides, fragment):

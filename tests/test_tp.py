@@ -91,7 +91,7 @@ def test_world_and_dp_resolve_through_tp(overrides, world, dp):
 @pytest.mark.parametrize("name, overrides, words", [
     ("tp_ar_b32", {"tp": 3}, "--tp 3 does not divide --ffn 1024"),
     ("tp_ar_b32", {"world": 4, "dp": 1}, "disagrees"),
-    ("tp_ar_b32", {"world": 6, "tp": 4}, "--tp 4 does not divide --world 6"),
+    ("tp_ar_b32", {"world": 6, "tp": 4}, "--world 6 is not divisible by tp = 4"),
     ("tp_sp_b128", {"batch": 130, "tp": 4}, "--batch 130 is not divisible by --tp 4"),
     ("tp_ar_b32", {"semantics": "mean-loss"}, "'mean-loss' is not one of"),
     ("tp_ar_b32", {"steps": 0}, "--steps 0 must be a positive integer"),

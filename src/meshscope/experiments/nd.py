@@ -42,6 +42,7 @@ from . import Check, Experiment, RankOutput, bound, register
 from .nd_model import StageModel, expert_grad_scale, init_weights, loss_scale, reference_step, replica_batch, route
 from .nd_predict import axis_aliases, axis_breakdown, nd_layout, predict_step
 from .numerics import TOLERANCE, Worst
+from .sizes import check_choice, check_positive, world_and_dp
 
 ROUTINGS = ("balanced", "skewed")
 
@@ -95,16 +96,10 @@ class NDConfig:
 
 def resolve(cfg: NDConfig) -> NDConfig:
     """Fill world, dp, ep and experts; UsageError (one line, with the values) otherwise."""
-    for name in ("world", "tp", "pp", "dp", "batch", "microbatches", "hidden", "ffn", "ep", "experts", "steps"):
-        value = getattr(cfg, name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise UsageError(f"--{name} {value!r} must be a positive integer")
-    if cfg.semantics not in SEMANTICS:
-        raise UsageError(f"--semantics {cfg.semantics!r} is not one of: {', '.join(SEMANTICS)}")
-    if cfg.schedule not in SCHEDULES:
-        raise UsageError(f"--schedule {cfg.schedule!r} is not one of: {', '.join(SCHEDULES)}")
-    if cfg.routing not in ROUTINGS:
-        raise UsageError(f"--routing {cfg.routing!r} is not one of: {', '.join(ROUTINGS)}")
+    check_positive(cfg, ("world", "tp", "pp", "dp", "batch", "microbatches", "hidden", "ffn", "ep", "experts", "steps"))
+    check_choice("semantics", cfg.semantics, SEMANTICS)
+    check_choice("schedule", cfg.schedule, SCHEDULES)
+    check_choice("routing", cfg.routing, ROUTINGS)
     if cfg.ffn % cfg.tp:
         raise UsageError(f"--tp {cfg.tp} does not divide --ffn {cfg.ffn}; pick a divisor of {cfg.ffn}")
     if cfg.batch % cfg.microbatches:
@@ -113,16 +108,8 @@ def resolve(cfg: NDConfig) -> NDConfig:
     if cfg.pp_scatter_gather and rows % cfg.tp:
         raise UsageError(f"--pp-scatter-gather splits each microbatch's {rows} rows over --tp {cfg.tp}; "
                          f"make batch/microbatches a multiple of tp")
-    model = cfg.tp * cfg.pp
-    if cfg.dp is None:
-        world = cfg.world or 8
-        if world % model:
-            raise UsageError(f"--world {world} is not divisible by tp x pp = {cfg.tp} x {cfg.pp} = {model}")
-        cfg = replace(cfg, world=world, dp=world // model)
-    elif cfg.world is None:
-        cfg = replace(cfg, world=model * cfg.dp)
-    elif cfg.world != model * cfg.dp:
-        raise UsageError(f"--world {cfg.world} disagrees with tp x pp x dp = {cfg.tp} x {cfg.pp} x {cfg.dp}")
+    world, dp = world_and_dp(cfg.world, cfg.dp, cfg.tp * cfg.pp, f"tp x pp ({cfg.tp} x {cfg.pp})", 8)
+    cfg = replace(cfg, world=world, dp=dp)
     if cfg.fault_pp_no_grad and cfg.pp < 2:
         raise UsageError(f"the pp-no-grad fault needs a stage boundary; --pp {cfg.pp} has none (use --pp 2 or more)")
     if not cfg.moe:

@@ -42,6 +42,7 @@ from ..predict import Ledger
 from ..verify import digest
 from . import Check, Experiment, RankOutput, bound, register
 from .numerics import TOLERANCE, Worst, finite
+from .sizes import check_choice, check_positive, world_and_dp
 
 ORDER = "pp-tp-cp-ep-dp"
 """pp varies fastest: consecutive ranks form a pipeline replica (the seed's rank 0 -> 1, 2 -> 3)."""
@@ -83,12 +84,8 @@ class PPConfig:
 
 def resolve(cfg: PPConfig) -> PPConfig:
     """Fill world and dp from each other through pp; UsageError (one line, with the values) otherwise."""
-    for name in ("world", "pp", "dp", "batch", "microbatches", "hidden", "ffn", "steps"):
-        value = getattr(cfg, name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise UsageError(f"--{name} {value!r} must be a positive integer")
-    if cfg.schedule not in SCHEDULES:
-        raise UsageError(f"--schedule {cfg.schedule!r} is not one of: {', '.join(SCHEDULES)}")
+    check_positive(cfg, ("world", "pp", "dp", "batch", "microbatches", "hidden", "ffn", "steps"))
+    check_choice("schedule", cfg.schedule, SCHEDULES)
     if cfg.pp < 2:
         raise UsageError(f"--pp {cfg.pp} has no stage boundary; a pipeline needs --pp 2 or more")
     if cfg.batch % cfg.microbatches:
@@ -98,16 +95,8 @@ def resolve(cfg: PPConfig) -> PPConfig:
         raise UsageError(f"the p2p-order fault needs an exchange carrying messages both ways, which "
                          f"{cfg.schedule} with M={cfg.microbatches} never posts; use --schedule 1f1b "
                          f"--microbatches 2 or more (e.g. pp_1f1b_mb8)")
-    if cfg.dp is None:
-        world = cfg.world or 4
-        if cfg.pp > world or world % cfg.pp:
-            raise UsageError(f"--pp {cfg.pp} does not divide --world {world}; world = pp x dp")
-        return replace(cfg, world=world, dp=world // cfg.pp)
-    if cfg.world is None:
-        return replace(cfg, world=cfg.pp * cfg.dp)
-    if cfg.world != cfg.pp * cfg.dp:
-        raise UsageError(f"--world {cfg.world} disagrees with --pp {cfg.pp} x --dp {cfg.dp} = {cfg.pp * cfg.dp}")
-    return cfg
+    world, dp = world_and_dp(cfg.world, cfg.dp, cfg.pp, "pp", 4)
+    return replace(cfg, world=world, dp=dp)
 
 
 def _two_way(cfg: PPConfig) -> bool:

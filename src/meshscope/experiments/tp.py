@@ -32,6 +32,7 @@ from ..predict import Ledger, Partial, Replicate, Shard, transition
 from ..verify import digest
 from . import Check, Experiment, RankOutput, bound, register
 from .numerics import TOLERANCE, Worst, finite
+from .sizes import check_choice, check_positive, world_and_dp
 
 SEED_WORLD = 4
 """The seed's world when neither --world nor --dp is given."""
@@ -66,30 +67,18 @@ class TPConfig:
     shards: the seed's "DP over [0,1]") instead of the DP group. The gradient and replica checks must fail."""
 
 
-def _positive(name: str, value) -> None:
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-        raise UsageError(f"--{name.replace('_', '-')} {value!r} must be a positive integer")
 
 
 def resolve(cfg: TPConfig) -> TPConfig:
     """Fill world and dp from each other through tp; UsageError (one line, with the values) when the
     parameters cannot form the MLP's layout."""
-    for name in ("world", "tp", "dp", "batch", "hidden", "ffn", "steps"):
-        _positive(name, getattr(cfg, name))
-    if cfg.semantics not in SEMANTICS:
-        raise UsageError(f"--semantics {cfg.semantics!r} is not one of: {', '.join(SEMANTICS)}")
+    check_positive(cfg, ("world", "tp", "dp", "batch", "hidden", "ffn", "steps"))
+    check_choice("semantics", cfg.semantics, SEMANTICS)
     if cfg.ffn % cfg.tp:
         raise UsageError(f"--tp {cfg.tp} does not divide --ffn {cfg.ffn}: W1 rows and W2 columns are sharded "
                          f"over tp; pick a divisor of {cfg.ffn}")
-    if cfg.dp is None:
-        world = cfg.world or SEED_WORLD
-        if world % cfg.tp:
-            raise UsageError(f"--tp {cfg.tp} does not divide --world {world}; world = tp x dp")
-        cfg = replace(cfg, world=world, dp=world // cfg.tp)
-    elif cfg.world is None:
-        cfg = replace(cfg, world=cfg.tp * cfg.dp)
-    elif cfg.world != cfg.tp * cfg.dp:
-        raise UsageError(f"--world {cfg.world} disagrees with --tp {cfg.tp} x --dp {cfg.dp} = {cfg.tp * cfg.dp}")
+    world, dp = world_and_dp(cfg.world, cfg.dp, cfg.tp, "tp", SEED_WORLD)
+    cfg = replace(cfg, world=world, dp=dp)
     if cfg.sequence_parallel and cfg.batch % cfg.tp:
         raise UsageError(f"--batch {cfg.batch} is not divisible by --tp {cfg.tp}: sequence parallel "
                          f"reduce-scatters the batch rows over tp")
