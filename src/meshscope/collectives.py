@@ -80,6 +80,14 @@ class _Labelled(torch.autograd.Function):
         ctx.group = group
         ctx.labels = current_labels()
 
+    @staticmethod
+    def _backward(ctx, collective, grad):
+        """`collective(grad, group)` under the forward's region label; the identity on a one-rank group."""
+        if ctx.group.size == 1:
+            return grad
+        with region(*ctx.labels):
+            return collective(grad, ctx.group)
+
 
 class AllReduceSum(_Labelled):
     """forward: all-reduce (sum); backward: all-reduce (sum) of the gradient.  [summed-loss]
@@ -96,10 +104,7 @@ class AllReduceSum(_Labelled):
 
     @staticmethod
     def backward(ctx, grad):
-        if ctx.group.size == 1:
-            return grad, None
-        with region(*ctx.labels):
-            return _all_reduce(grad, ctx.group), None
+        return _Labelled._backward(ctx, _all_reduce, grad), None
 
 
 class ReduceFromGroup(_Labelled):
@@ -133,10 +138,7 @@ class CopyToGroup(_Labelled):
 
     @staticmethod
     def backward(ctx, grad):
-        if ctx.group.size == 1:
-            return grad, None
-        with region(*ctx.labels):
-            return _all_reduce(grad, ctx.group), None
+        return _Labelled._backward(ctx, _all_reduce, grad), None
 
 
 class ReduceScatterSum(_Labelled):
@@ -153,10 +155,7 @@ class ReduceScatterSum(_Labelled):
 
     @staticmethod
     def backward(ctx, grad):
-        if ctx.group.size == 1:
-            return grad, None
-        with region(*ctx.labels):
-            return _all_gather(grad, ctx.group), None
+        return _Labelled._backward(ctx, _all_gather, grad), None
 
 
 class AllGatherCat(_Labelled):
@@ -174,10 +173,7 @@ class AllGatherCat(_Labelled):
 
     @staticmethod
     def backward(ctx, grad):
-        if ctx.group.size == 1:
-            return grad, None
-        with region(*ctx.labels):
-            return _reduce_scatter(grad, ctx.group), None
+        return _Labelled._backward(ctx, _reduce_scatter, grad), None
 
 
 class GatherSplitBackward(_Labelled):
@@ -216,10 +212,7 @@ class SplitGatherBackward(_Labelled):
 
     @staticmethod
     def backward(ctx, grad):
-        if ctx.group.size == 1:
-            return grad, None
-        with region(*ctx.labels):
-            return _all_gather(grad, ctx.group), None
+        return _Labelled._backward(ctx, _all_gather, grad), None
 
 
 def check_splits(splits, rows: int, group: AxisGroup, what: str) -> list[int]:
