@@ -32,6 +32,15 @@ def _add_overrides(p: argparse.ArgumentParser) -> None:
         g.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_)
 
 
+def _add_launch_options(p: argparse.ArgumentParser, timeout: float, default_out: str) -> None:
+    """--backend, --timeout, --out and --json, for every command that launches ranks."""
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                   help="gloo on CPU (default) or nccl, one rank per GPU")
+    p.add_argument("--timeout", type=float, default=timeout, help="seconds a collective may take (default %(default)s)")
+    p.add_argument("--out", type=Path, default=None, help=f"run directory (default {default_out})")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="meshscope", description="Predict, run, verify and explain the communication of N-D parallel training.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -51,14 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="run an experiment on torch.distributed, capture and verify it")
     run.add_argument("experiment")
     _add_overrides(run)
-    run.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    run.add_argument("--timeout", type=float, default=60.0, help="seconds a collective may take (default %(default)s)")
-    run.add_argument("--out", type=Path, default=None, help="run directory (default runs/<experiment>-<time>)")
+    _add_launch_options(run, 60.0, "runs/<experiment>-<time>")
     run.add_argument("--profile", type=int, nargs="?", const=5, default=0, metavar="STEPS",
                      help="after verifying, profile STEPS training steps (default 5): NCCL kernel counts vs prediction")
     run.add_argument("--inject", default=None, metavar="KIND",
                      help="plant a fault on purpose: " + ", ".join(KINDS))
-    run.add_argument("--json", action="store_true")
 
     suite = sub.add_parser("suite", help="every seed configuration in one launch: verified, timed, compared")
     suite.add_argument("--configs", default=None, help="comma-separated subset (default: all; see `meshscope suite --list`)")
@@ -74,10 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     suite.add_argument("--world", type=int, default=None, help="run every config on this many ranks (default: its own, 4)")
     suite.add_argument("--sweep", default=None, metavar="SWEEP_JSON",
                        help="a saved `meshscope sweep` result: predicted vs measured communication time (with --profile)")
-    suite.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    suite.add_argument("--timeout", type=float, default=120.0, help="seconds a collective may take (default %(default)s)")
-    suite.add_argument("--out", type=Path, default=None, help="run directory (default runs/suite-<time>)")
-    suite.add_argument("--json", action="store_true")
+    _add_launch_options(suite, 120.0, "runs/suite-<time>")
 
     rep = sub.add_parser("report", help="re-render a suite run directory's tables, report.md and figures")
     rep.add_argument("run_dir", type=Path)
@@ -99,10 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--warmup", type=int, default=5, help="discarded iterations per size (default %(default)s)")
     sw.add_argument("--back-to-back", type=int, default=1,
                     help="collectives per timed sample, time / count, as nccl-tests' loop (default %(default)s)")
-    sw.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
-    sw.add_argument("--timeout", type=float, default=120.0, help="seconds a collective may take (default %(default)s)")
-    sw.add_argument("--out", type=Path, default=None, help="run directory, gets sweep.json (default runs/sweep-<time>)")
-    sw.add_argument("--json", action="store_true")
+    _add_launch_options(sw, 120.0, "runs/sweep-<time>; gets sweep.json")
 
     pl = sub.add_parser("place", help="rank the placements of the axes on nodes by predicted communication time")
     pl.add_argument("--world", type=int, required=True)
