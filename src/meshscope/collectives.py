@@ -81,6 +81,12 @@ class _Labelled(torch.autograd.Function):
         ctx.labels = current_labels()
 
     @staticmethod
+    def _forward(ctx, collective, x, group: AxisGroup):
+        """Save the group and labels for backward; `collective(x, group)`, a copy on a one-rank group."""
+        _Labelled._save(ctx, group)
+        return collective(x, group) if group.size > 1 else x.clone()
+
+    @staticmethod
     def _backward(ctx, collective, grad):
         """`collective(grad, group)` under the forward's region label; the identity on a one-rank group."""
         if ctx.group.size == 1:
@@ -99,8 +105,7 @@ class AllReduceSum(_Labelled):
 
     @staticmethod
     def forward(ctx, x, group: AxisGroup):
-        _Labelled._save(ctx, group)
-        return _all_reduce(x, group) if group.size > 1 else x.clone()
+        return _Labelled._forward(ctx, _all_reduce, x, group)
 
     @staticmethod
     def backward(ctx, grad):
@@ -150,8 +155,7 @@ class ReduceScatterSum(_Labelled):
 
     @staticmethod
     def forward(ctx, x, group: AxisGroup):
-        _Labelled._save(ctx, group)
-        return _reduce_scatter(x, group) if group.size > 1 else x.clone()
+        return _Labelled._forward(ctx, _reduce_scatter, x, group)
 
     @staticmethod
     def backward(ctx, grad):
@@ -168,8 +172,7 @@ class AllGatherCat(_Labelled):
 
     @staticmethod
     def forward(ctx, x, group: AxisGroup):
-        _Labelled._save(ctx, group)
-        return _all_gather(x, group) if group.size > 1 else x.clone()
+        return _Labelled._forward(ctx, _all_gather, x, group)
 
     @staticmethod
     def backward(ctx, grad):
@@ -186,8 +189,7 @@ class GatherSplitBackward(_Labelled):
 
     @staticmethod
     def forward(ctx, x, group: AxisGroup):
-        _Labelled._save(ctx, group)
-        return _all_gather(x, group) if group.size > 1 else x.clone()
+        return _Labelled._forward(ctx, _all_gather, x, group)
 
     @staticmethod
     def backward(ctx, grad):
@@ -207,8 +209,7 @@ class SplitGatherBackward(_Labelled):
 
     @staticmethod
     def forward(ctx, x, group: AxisGroup):
-        _Labelled._save(ctx, group)
-        return _local_chunk(x, group) if group.size > 1 else x.clone()
+        return _Labelled._forward(ctx, _local_chunk, x, group)
 
     @staticmethod
     def backward(ctx, grad):

@@ -41,7 +41,7 @@ from ..verify import digest
 from . import Check, Experiment, RankOutput, bound, register
 from .nd_model import StageModel, expert_grad_scale, init_weights, loss_scale, reference_step, replica_batch, route
 from .nd_predict import axis_aliases, axis_breakdown, nd_layout, predict_step
-from .numerics import TOLERANCE, Worst
+from .numerics import TOLERANCE, Worst, finite
 from .sizes import check_choice, check_positive, world_and_dp
 
 ROUTINGS = ("balanced", "skewed")
@@ -170,7 +170,7 @@ class NDParallel(Experiment):
             bound(f"weights after {cfg.steps} SGD steps == unsharded", worst.abs["weights"], TOLERANCE),
         ]
         if losses:
-            checks.append(Check("losses finite", all(v == v and abs(v) != float("inf") for v in losses),
+            checks.append(Check("losses finite", all(map(finite, losses)),
                                 f"{len(losses)} losses, last {losses[-1]:.6g}"))
         replicas = {name: (group.ranks, digest([p for _, p in params]))
                     for name, group, params in (("dense shards", model.dp, model.named_dense()),
