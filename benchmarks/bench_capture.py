@@ -39,28 +39,46 @@ def worker(iters: int, backend: str, block: int) -> None:
     w2_DH = torch.randn(512, 1024 // tp.size, generator=g).to(ctx.device).requires_grad_()
 
     def step():
+        """One step; returns host seconds of (forward, backward, synchronise)."""
+        t0 = time.perf_counter()
         y_BD = AllReduceSum.apply(F.linear(F.gelu(F.linear(x_BD, w1_HD)), w2_DH), tp)
-        (y_BD.square().mean() / tp.size).backward()
+        loss = y_BD.square().mean() / tp.size
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
         ctx.synchronize()
+        return t1 - t0, t2 - t1, time.perf_counter() - t2
 
     flight = FlightLog(tempfile.mkdtemp(), ctx.rank)
     modes = {"off": contextlib.nullcontext, "capture": Capture, "flight log": flight.capture}
+    # prints: the median step per mode and, per mode, the medians of its forward / backward /
+    # synchronise host times, which say where a recording's cost lands
     times = {m: [] for m in modes}
+    parts = {m: [] for m in modes}
+    calls = {}
     for i in range(iters // block):
         for mode, make in modes.items():
-            with make():
+            with make() as cap:
+                before = len(cap.events) if cap is not None else 0
                 for j in range(block):
                     dist.barrier()
                     start = time.perf_counter()
-                    step()
+                    split = step()
                     if i > 0:  # the first round of blocks is warmup
                         times[mode].append(time.perf_counter() - start)
+                        parts[mode].append(split)
+                if cap is not None:  # the barriers are recorded too: count what one step issued
+                    calls[mode] = (len(cap.events) - before) / block - 1
     if ctx.rank == 0:
         med = {m: statistics.median(t) for m, t in times.items()}
         print(f"backend {backend}, {ctx.world} ranks, {len(times['off'])} steps per mode in blocks of {block}: "
               f"median step {med['off'] * 1e3:.3f} ms without capture; with a capture kept on "
               f"{med['capture'] * 1e3:.3f} ms ({100 * (med['capture'] / med['off'] - 1):+.2f} %); with the "
               f"flight log {med['flight log'] * 1e3:.3f} ms ({100 * (med['flight log'] / med['off'] - 1):+.2f} %)")
+        for mode in modes:
+            fwd, bwd, sync = (statistics.median(p[k] for p in parts[mode]) * 1e6 for k in range(3))
+            recorded = f", {calls[mode]:.0f} recorded calls per step" if mode in calls else ""
+            print(f"  {mode:10s} median host us: forward {fwd:7.1f}  backward {bwd:7.1f}  synchronise {sync:7.1f}{recorded}")
     ctx.close()
 
 

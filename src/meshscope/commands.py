@@ -145,10 +145,11 @@ def cmd_suite(args) -> int:
     options = SuiteOptions(**({"configs": configs} if configs is not None else {}), rounds=args.rounds,
                            iters=args.iters, warmup=args.warmup, steps_per_sample=args.steps_per_sample,
                            cv_threshold=args.cv_threshold, profile=args.profile, profile_steps=args.profile_steps,
-                           world=args.world, sweep=args.sweep)
+                           world=args.world, sweep=args.sweep, cuda_graph=args.cuda_graph)
     world = world_of(options)  # validates everything before anything is written
     rundir.check_timeout(args.timeout)
     _check_backend(args.backend, world)
+    _check_cuda_graph(args.cuda_graph, args.backend)
     if args.profile and args.backend != "nccl":
         print("meshscope: note: --profile on gloo records CPU traces only; NCCL kernel counts need --backend nccl",
               file=sys.stderr)
@@ -245,15 +246,22 @@ def _asdict(cfg) -> dict:
     return asdict(cfg)
 
 
+def _check_cuda_graph(on: bool, backend: str) -> None:
+    if on and backend != "nccl":
+        raise UsageError(f"--cuda-graph replays CUDA graphs and needs --backend nccl, not {backend}")
+
+
 def cmd_sweep(args) -> int:
     from .sweep import SweepConfig, parse_sizes, render
 
     given = {"ops": tuple(args.ops.split(",")) if args.ops else None,
              "sizes": parse_sizes(args.sizes) if args.sizes else None}
     cfg = SweepConfig(world=args.world, tp=args.tp, cp=args.cp, pp=args.pp, ep=args.ep, etp=args.etp, axis=args.axis,
-                      iters=args.iters, warmup=args.warmup, back_to_back=args.back_to_back, **{k: v for k, v in given.items() if v is not None})
+                      iters=args.iters, warmup=args.warmup, back_to_back=args.back_to_back, cuda_graph=args.cuda_graph,
+                      **{k: v for k, v in given.items() if v is not None})
     cfg.validate()
     rundir.check_timeout(args.timeout)
+    _check_cuda_graph(args.cuda_graph, args.backend)
     from .launch import in_torchrun
 
     if in_torchrun():  # every rank would launch a world of its own

@@ -71,7 +71,10 @@ class RankContext:
         return self.meshes[layout]
 
     def progress(self, message: str) -> None:
-        """Report progress; rank 0 only, so the terminal shows one line per step of work."""
+        """Report progress: a mark in every rank's flight log (the doctor places a hang after the
+        last one), and a terminal line from rank 0 only, one per step of work."""
+        if self.flight is not None:
+            self.flight.mark(message)
         if self.rank == 0:
             print(PROGRESS_PREFIX + message, file=sys.stderr, flush=True)
 

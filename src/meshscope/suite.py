@@ -81,6 +81,9 @@ class SuiteOptions:
     """Run every configuration on this many ranks instead of its default (e.g. 2 on a 2-GPU host)."""
     sweep: str | None = None
     """A saved `meshscope sweep` (sweep.json): predict each config's communication time from its ledger."""
+    cuda_graph: bool = False
+    """Time each step as a CUDA-graph replay (`cuda_graph`): the device's step without Python and launch
+    jitter. A configuration whose step cannot be captured is timed eagerly and its method says why."""
 
     def validate(self) -> None:
         known = {e.label for e in SUITE}
@@ -140,15 +143,17 @@ def run_suite_rank(ctx, options: SuiteOptions) -> dict | None:
                                     "losses": {o.rank: o.extra.get("losses") for o in outs}}
     host: dict[str, list[list[float]]] = {e.label: [] for e, _, _ in plan}
     gpu: dict[str, list[list[float]]] = {e.label: [] for e, _, _ in plan}
-    method = ""
+    methods: dict[str, str] = {}
     for rnd in range(options.rounds):
         order = plan if rnd % 2 == 0 else plan[::-1]
         for j, (entry, exp, cfg) in enumerate(order):
             ctx.progress(f"time {entry.label}: round {rnd + 1}/{options.rounds}, config {j + 1}/{len(plan)}, "
                          f"{options.iters} steps")
+            blocker = exp.graph_blocker(cfg) if options.cuda_graph else None
             times = time_steps(exp.step_fn(ctx, cfg), options.iters, warmup=options.warmup, device=ctx.device,
-                               steps_per_sample=options.steps_per_sample)
-            method = times.method
+                               steps_per_sample=options.steps_per_sample,
+                               cuda_graph=options.cuda_graph and blocker is None)
+            methods[entry.label] = times.method + (f"; eager, not a CUDA graph: {blocker}" if blocker else "")
             gathered = ctx.gather((times.host_s, times.gpu_s))
             if ctx.rank == 0:
                 _append_round(host[entry.label], [h for h, _ in gathered])
@@ -159,7 +164,8 @@ def run_suite_rank(ctx, options: SuiteOptions) -> dict | None:
         return None
     timing = {}
     for entry, _, _ in plan:
-        row = {"host": summarize_table(host[entry.label], options.cv_threshold).to_json(),
+        row = {"method": methods[entry.label],
+               "host": summarize_table(host[entry.label], options.cv_threshold).to_json(),
                "host_steps": host[entry.label]}
         if gpu[entry.label]:
             row["gpu"] = summarize_table(gpu[entry.label], options.cv_threshold).to_json()
@@ -172,8 +178,14 @@ def run_suite_rank(ctx, options: SuiteOptions) -> dict | None:
                 results[label]["checks"].append(fp[key])
                 results[label]["passed"] = results[label]["passed"] and fp[key]["passed"]
     return {"kind": "suite", "options": options.__dict__ | {"configs": list(options.configs)},
-            "timing_method": method, "results": results, "timing": timing,
+            "timing_method": _common_method(methods), "results": results, "timing": timing,
             "comparisons": comparisons(results, timing)}
+
+
+def _common_method(methods: dict[str, str]) -> str:
+    """The one timing method of every configuration, or a pointer to each one's when they differ."""
+    distinct = set(methods.values())
+    return distinct.pop() if len(distinct) == 1 else "differs per configuration: see timing.<config>.method"
 
 
 def _append_round(table: list[list[float]], per_rank: list[list[float]]) -> None:

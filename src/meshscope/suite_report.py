@@ -98,6 +98,9 @@ def tables(doc: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     head = ["config", *(["critical GPU median", "GPU CV"] if gpu else []), "critical host median", "P95", "P99",
             "host CV", "steps", "verdict"]
     out.append((f"performance, critical rank = max over ranks per step ({doc.get('timing_method', '')})", head, rows))
+    methods = {label: t["method"] for label, t in sorted(timing.items()) if "method" in t}
+    if len(set(methods.values())) > 1:
+        out.append(("timing method per configuration", ["config", "method"], [[k, v] for k, v in methods.items()]))
 
     rows = []
     for label, r in results.items():

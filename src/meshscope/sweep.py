@@ -76,6 +76,9 @@ class SweepConfig:
     back_to_back: int = 1
     """Collectives issued back to back per timed sample (time / count), as nccl-tests times a loop of
     iterations: amortises the launch skew between ranks that a single synchronised call pays in full."""
+    cuda_graph: bool = False
+    """Each collective a replay of a CUDA graph of it (`cuda_graph`): no Python or launch overhead, so
+    small messages show NCCL's own latency rather than the host's (nccl-tests' ``-G`` does the same)."""
 
     def layout(self) -> Layout:
         return Layout(self.world, tp=self.tp, cp=self.cp, ep=self.ep, etp=self.etp, pp=self.pp)
@@ -236,7 +239,7 @@ def run_sweep_rank(ctx, cfg: SweepConfig) -> dict | None:
         for size in cfg.sizes:
             ctx.progress(f"sweep {op} {human_bytes(size)} on {cfg.axis} (group of {group.size})")
             t = time_steps(_step(op, size, group, ctx.device), cfg.iters, warmup=cfg.warmup, device=ctx.device,
-                           steps_per_sample=cfg.back_to_back)
+                           steps_per_sample=cfg.back_to_back, cuda_graph=cfg.cuda_graph)
             table[(op, size)] = t.gpu_s if t.gpu_s is not None else t.host_s
     everyone = ctx.gather({"ranks": list(group.ranks), "table": table, "method": t.method,
                            "clock": "gpu" if t.gpu_s is not None else "host"})

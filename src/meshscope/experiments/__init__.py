@@ -106,6 +106,11 @@ class Experiment:
         forward, backward, gradient sync and SGD, exactly as `run_rank` trains, without its checks."""
         raise NotImplementedError(f"{self.name} cannot be timed")
 
+    def graph_blocker(self, cfg) -> str | None:
+        """Why `step_fn` cannot be replayed as a CUDA graph (`cuda_graph`), or None when it can: its
+        step reads no device value on the host and keeps its shapes and splits from step to step."""
+        return None
+
 
 _REGISTRY: dict[str, Experiment] = {}
 _LOADED = False

@@ -179,14 +179,27 @@ class ExpertParallel(Experiment):
 
     def step_fn(self, ctx, cfg: EPConfig):
         m = _Model(ctx, cfg, ctx.mesh(self.layout(cfg)))
+        m.layer.record_durations = False
         x_TD = source_tokens(cfg, 0, ctx.rank).to(ctx.device).requires_grad_(tokens_need_grad(cfg))
+        # Fixed routing does not depend on the weights: route and pack once (host reads included), so
+        # the step itself only launches work, as a CUDA graph needs. A gate re-routes every step.
+        fixed = None
+        if cfg.routing != "learned":
+            routing = route(cfg, 0, ctx.rank, x_TD, None)
+            fixed = routing, pack_plan(routing.expert_A, cfg.experts, m.pad_to)
 
         def step():
             x_TD.grad = None
-            m.train_step(0, x_TD)
+            m.train_step(0, x_TD, fixed)
             sgd_step([p for _, p in m.named], cfg.lr)
 
         return step
+
+    def graph_blocker(self, cfg: EPConfig) -> str | None:
+        if cfg.routing == "learned":
+            return ("learned routing re-routes every step and reads the routed counts on the host (.tolist()), "
+                    "which a CUDA graph cannot replay")
+        return None
 
     def run_rank(self, ctx, cfg: EPConfig) -> RankOutput:
         layout = self.layout(cfg)
@@ -272,14 +285,16 @@ class _Model:
         self.named = self.layer.named_expert_weights() + (
             [("gate.weight", self.router.gate.weight)] if self.router else [])
         rows = static_rows(cfg)
+        # On the CPU: the splits are read on the host, which a device tensor would pay with a synchronise.
         self.counts_SL = None if rows is None else torch.tensor(
-            [rows[self.layer.first:self.layer.first + self.layer.local]] * ep_group.size, device=ctx.device)
+            [rows[self.layer.first:self.layer.first + self.layer.local]] * ep_group.size)
         self.pad_to = capacity(cfg) if cfg.pad else None
 
-    def train_step(self, step: int, x_TD: torch.Tensor):
-        """Route, dispatch, experts, combine, loss, backward, expert sync in edp and gate sync in dp."""
-        routing = route(self.cfg, step, self.rank, x_TD, self.router)
-        out_TD, record = self.layer(x_TD, routing, self.pad_to, self.counts_SL)
+    def train_step(self, step: int, x_TD: torch.Tensor, fixed=None):
+        """Route, dispatch, experts, combine, loss, backward, expert sync in edp and gate sync in dp.
+        `fixed`: a (routing, packing) from `plan` reused instead of routing again (fixed routing only)."""
+        routing, packing = fixed if fixed is not None else (route(self.cfg, step, self.rank, x_TD, self.router), None)
+        out_TD, record = self.layer(x_TD, routing, self.pad_to, self.counts_SL, packing)
         loss = step_loss(self.cfg, out_TD, routing)
         loss.backward()
         # An expert's local gradient already sums the losses of the ep sources that sent it tokens;

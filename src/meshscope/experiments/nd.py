@@ -183,6 +183,8 @@ class NDParallel(Experiment):
     def step_fn(self, ctx, cfg):
         mesh = ctx.mesh(self.layout(cfg))
         model = StageModel(cfg, init_weights(cfg), mesh, ctx.rank).to(ctx.device)
+        if model.moe is not None:
+            model.moe.record_durations = False
         boundary = stage_boundary(ctx, cfg, model, mesh)
         batch = replica_batch(cfg, 0, model.replica)
 
@@ -191,6 +193,11 @@ class NDParallel(Experiment):
             sgd_step(model.parameters(), cfg.lr)
 
         return step
+
+    def graph_blocker(self, cfg) -> str | None:
+        if cfg.moe:
+            return "the MoE stage packs each microbatch's routing, reading per-expert counts on the host"
+        return None
 
     def summarize(self, cfg, outputs: list[RankOutput]) -> dict:
         """``axes``: rank 0's collectives per mesh axis (count, logical bytes), its group on each axis,

@@ -134,7 +134,7 @@ class StageModel(nn.Module):
             # The deterministic router gives every source the same counts, so the splits are static and
             # no counts all_to_all precedes the dispatch (the EP experiment's `static_rows`).
             mine = expert_counts(cfg)[self.moe.first:self.moe.first + self.moe.local]
-            self.register_buffer("counts_SL", torch.tensor([mine] * ep.size), persistent=False)
+            self.counts_SL = torch.tensor([mine] * ep.size)  # on the CPU: the host reads the splits
         else:
             self.mlp = TensorParallelMLP(*weights.dense[self.stage], self.tp, rank, cfg.semantics, False)
 

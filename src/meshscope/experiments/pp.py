@@ -255,12 +255,9 @@ class Pipeline(Experiment):
         w_OI = init_weights(cfg)[stage].clone().to(ctx.device).requires_grad_()
         boundary = StageBoundary(pp_g, stage, widths(cfg), cfg.batch // m, ctx.device)
         x_ND, t_NO = (t.to(ctx.device) for t in replica_batch(cfg, 0, dp_g.local_rank(ctx.rank)))
-        recorder = timeline.Recorder(ctx.device)
 
-        def step():
-            recorder.start()
-            run_program(prog, boundary, chain_stage(w_OI, t_NO.chunk(m), stage == cfg.pp - 1, m), x_ND.chunk(m),
-                        recorder)
+        def step():  # no timeline recorder: its CUDA events and memory statistics are not the step's work
+            run_program(prog, boundary, chain_stage(w_OI, t_NO.chunk(m), stage == cfg.pp - 1, m), x_ND.chunk(m))
             sync_grads([(f"stage{stage}.weight", w_OI)], dp_g)
             sgd_step([w_OI], cfg.lr)
 

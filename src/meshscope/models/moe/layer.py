@@ -37,8 +37,11 @@ class Expert(nn.Module):
         return F.gelu(self.linear(x_ND))
 
 
-def _timed(fn, *args):
-    """(fn(*args), seconds), synchronising a GPU around it so the time is the kernel's, not the launch's."""
+def _timed(on: bool, fn, *args):
+    """(fn(*args), seconds), synchronising a GPU around it so the time is the kernel's, not the launch's;
+    (fn(*args), 0.0) with no synchronise when `on` is False (a timed or graph-captured step)."""
+    if not on:
+        return fn(*args), 0.0
     cuda = any(isinstance(a, torch.Tensor) and a.is_cuda for a in args)
     if cuda:
         torch.cuda.synchronize()
@@ -77,28 +80,34 @@ class MoELayer(nn.Module):
         """Fault knob (FAULT INJECTION): expect one row more from EP source 0 for the first local expert
         than it sends, the buffer sized to match (seed, 常见错误: input/output splits不一致)."""
         self.experts = nn.ModuleList(Expert(dim) for _ in range(self.local))
+        self.record_durations = True
+        """Time each GEMM and all-to-all (the seed's production records) by synchronising around it.
+        Off in the step that `suite` times: those synchronisations are the record's, not the step's."""
 
     def named_expert_weights(self):
         """(name, weight) with global expert ids, the order the edp gradient sync uses."""
         return [(f"expert{self.first + l}.weight", e.linear.weight) for l, e in enumerate(self.experts)]
 
     def forward(self, x_TD: torch.Tensor, routing: Routing, pad_to: int | None,
-                counts_SL: torch.Tensor | None) -> tuple[torch.Tensor, StepRecord]:
-        """x_TD -> out_TD. counts_SL: rows each source sends each local expert, when known statically;
-        None makes the ranks exchange them first (learned routing without padding)."""
-        packing = dsp.pack_plan(routing.expert_A, self.local * self.group.size, pad_to)
-        counts_s = 0.0
+                counts_SL: torch.Tensor | None, packing: dsp.Packing | None = None) -> tuple[torch.Tensor, StepRecord]:
+        """x_TD -> out_TD. counts_SL: rows each source sends each local expert, when known statically
+        (a CPU tensor reads its splits without a device synchronise); None makes the ranks exchange
+        them first (learned routing without padding). `packing`: this routing's `pack_plan`, when the
+        caller reuses one routing for every step (it is computed here otherwise)."""
+        if packing is None:
+            packing = dsp.pack_plan(routing.expert_A, self.local * self.group.size, pad_to)
+        counts_s, timed = 0.0, self.record_durations
         if counts_SL is None:
             with region("moe.counts"):
-                counts_SL, counts_s = _timed(dsp.exchange_counts, packing.rows_E, self.group, x_TD.device)
+                counts_SL, counts_s = _timed(timed, dsp.exchange_counts, packing.rows_E, self.group, x_TD.device)
         if self.expect_extra_row:
             counts_SL = counts_SL.clone()  # the static counts are shared across steps
             counts_SL[0, 0] += 1
         with region("moe.dispatch"):
-            received_RD, dispatch_s = _timed(dsp.dispatch, x_TD, routing, packing, counts_SL, self.group)
+            received_RD, dispatch_s = _timed(timed, dsp.dispatch, x_TD, routing, packing, counts_SL, self.group)
         y_RD, gemm_s = self._compute(received_RD, counts_SL)
         with region("moe.combine"):
-            returned_PD, combine_s = _timed(dsp.combine, y_RD, packing, counts_SL, self.group)
+            returned_PD, combine_s = _timed(timed, dsp.combine, y_RD, packing, counts_SL, self.group)
         record = StepRecord(packing.input_splits(self.group.size), counts_SL.sum(1).tolist(),
                             counts_SL.sum(0).tolist(), gemm_s, counts_s + dispatch_s + combine_s)
         return dsp.unpack(returned_PD, routing, packing, x_TD.shape[0]), record
@@ -110,7 +119,7 @@ class MoELayer(nn.Module):
         pieces, gemm_s = list(chunks), []
         for l, expert in enumerate(self.experts):
             mine = [chunks[s * local + l] for s in range(sources)]
-            y_ND, sec = _timed(expert, torch.cat(mine))
+            y_ND, sec = _timed(self.record_durations, expert, torch.cat(mine))
             gemm_s.append(sec)
             for s, y in enumerate(y_ND.split([c.shape[0] for c in mine])):
                 pieces[s * local + l] = y
