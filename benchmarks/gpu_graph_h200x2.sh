@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# CUDA-graph timing and the capture's overhead on 2 NVIDIA GPUs (device kind nvidia-h200-x2): the
-# measurements behind the "CUDA-graph replay" and "capture overhead" sections of docs/results/h200x2.md.
+# CUDA-graph timing, the alpha-beta model against graph-replayed kernels, and the capture's overhead
+# on 2 NVIDIA GPUs (device kind nvidia-h200-x2): the measurements behind the "CUDA-graph replay" and
+# "capture overhead" sections of docs/results/h200x2.md.
 # Run from the repository root: OUT=/some/dir bash benchmarks/gpu_graph_h200x2.sh
 # Every command has a wall-clock limit (a capture that hangs must not eat the session).
 set -uo pipefail
@@ -10,25 +11,32 @@ mkdir -p "$RUNS"
 export PYTHONPATH=src NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
 ms="python3 -m meshscope"
 step() { echo "== $(date -u +%T) $*" | tee -a "$OUT/commands.log"; timeout "$LIMIT" "$@"; echo "   exit $?" | tee -a "$OUT/commands.log"; }
-keep() { for f in result.json report.md sweep.json; do [ -f "$RUNS/$1/$f" ] && cp "$RUNS/$1/$f" "$OUT/$1.$f"; done; }
+keep() { mkdir -p "$OUT/$1"; for f in result.json report.md sweep.json; do [ -f "$RUNS/$1/$f" ] && cp "$RUNS/$1/$f" "$OUT/$1/$f"; done; }
 
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version())" > "$OUT/versions.txt"
-# 1. the capture's and the flight log's overhead on the seed's TP step, with the per-phase breakdown
+# 1. the capture's and the flight log's overhead on the seed's TP step (per-phase breakdown), the
+#    per-call cost in isolation, and the variants that locate it
 LIMIT=90 step python3 benchmarks/bench_capture.py --backend nccl --iters 600 > "$OUT/capture_overhead.txt" 2>&1
 LIMIT=60 step python3 benchmarks/bench_capture_calls.py > "$OUT/capture_calls.txt" 2>&1
-# 2. every 2-rank configuration, each step one CUDA-graph replay: per step, then 20 replays per sample
-LIMIT=200 step $ms suite --backend nccl --world 2 --cuda-graph --rounds 2 --iters 100 --timeout 60 \
-    --out "$RUNS/suite_graph" > "$OUT/suite_graph.txt" 2>&1
-keep suite_graph
-LIMIT=200 step $ms suite --backend nccl --world 2 --cuda-graph --rounds 2 --iters 30 --steps-per-sample 20 --timeout 60 \
-    --out "$RUNS/suite_graph_20" > "$OUT/suite_graph_20.txt" 2>&1
-keep suite_graph_20
-# 3. eager again, now without recording while sampling (the flight log used to be on)
-LIMIT=200 step $ms suite --backend nccl --world 2 --rounds 2 --iters 100 --timeout 60 \
-    --out "$RUNS/suite_eager" > "$OUT/suite_eager.txt" 2>&1
-keep suite_eager
-# 4. the collective sweep with every call a graph replay (nccl-tests -G), and its alpha-beta fits
+LIMIT=90 step python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/diag_capture_variants.py \
+    > "$OUT/capture_variants.txt" 2>&1
+# 2. the collective sweep with every call a CUDA-graph replay (nccl-tests -G) and its alpha-beta fits
 LIMIT=150 step $ms sweep --backend nccl --world 2 --iters 30 --warmup 5 --back-to-back 20 --cuda-graph --timeout 60 \
     --out "$RUNS/sweep_graph" > "$OUT/sweep_graph.txt" 2>&1
 keep sweep_graph
+# 3. every 2-rank configuration as CUDA-graph replays: per step, and 20 replays per sample with the
+#    kernel fingerprints and the model's error against graph-replayed NCCL kernel time
+LIMIT=200 step $ms suite --backend nccl --world 2 --cuda-graph --rounds 2 --iters 100 --timeout 60 \
+    --out "$RUNS/suite_graph" > "$OUT/suite_graph.txt" 2>&1
+keep suite_graph
+LIMIT=240 step $ms suite --backend nccl --world 2 --cuda-graph --rounds 2 --iters 50 --steps-per-sample 20 --timeout 60 \
+    --profile --sweep "$RUNS/sweep_graph/sweep.json" --out "$RUNS/suite_graph_20" > "$OUT/suite_graph_20.txt" 2>&1
+keep suite_graph_20
+# 4. eager steps, now without recording while sampling: per step and 20 per sample
+LIMIT=200 step $ms suite --backend nccl --world 2 --rounds 2 --iters 100 --timeout 60 \
+    --out "$RUNS/suite_eager" > "$OUT/suite_eager.txt" 2>&1
+keep suite_eager
+LIMIT=200 step $ms suite --backend nccl --world 2 --rounds 2 --iters 30 --steps-per-sample 20 --timeout 60 \
+    --out "$RUNS/suite_eager_20" > "$OUT/suite_eager_20.txt" 2>&1
+keep suite_eager_20
 tar -czf "$OUT/all.tar.gz" -C "$OUT" --exclude all.tar.gz .

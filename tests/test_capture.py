@@ -2,7 +2,7 @@
 
 import torch.distributed as dist
 
-from meshscope.capture import Capture, active
+from meshscope.capture import Capture, active, suspended
 from meshscope.events import CommEvent
 from meshscope.experiments import get
 from meshscope.launch import launch
@@ -55,6 +55,19 @@ def test_capture_patches_only_while_active_and_nests():
         assert active() and dist.send is not originals[1]
     assert (dist.all_reduce, dist.send, dist.all_to_all_single) == originals
     assert not active()
+
+
+def test_suspended_restores_torch_and_resumes_every_capture():
+    originals = (dist.all_reduce, dist.send)
+    with Capture() as outer:
+        patched = dist.all_reduce
+        with suspended():
+            assert not active() and (dist.all_reduce, dist.send) == originals
+            with Capture():  # a capture entered while suspended still works
+                assert dist.all_reduce is not originals[0]
+            assert dist.all_reduce is originals[0]
+        assert active() and dist.all_reduce is patched and outer.events == []
+    assert (dist.all_reduce, dist.send) == originals
 
 
 def test_hung_collective_becomes_error_within_timeout(tmp_path):

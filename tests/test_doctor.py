@@ -228,4 +228,4 @@ def test_reused_run_directory_starts_clean(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
     # one run's worth of log lines per rank, not two: the second run did not append to the first's
     first = (tmp_path / "flight" / "rank0.jsonl").read_text().splitlines()
-    assert sum('"kind": "mark"' in line for line in first) == 1
+    assert sum('"text": "experiment collectives"' in line for line in first) == 1

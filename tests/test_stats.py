@@ -4,7 +4,9 @@ import math
 
 import pytest
 
-from meshscope.stats import compare, critical_path, percentile, summarize, summarize_table, time_steps
+from meshscope.capture import Capture, active
+from meshscope.stats import (compare, critical_path, method_text, percentile, summarize, summarize_table,
+                             time_steps)
 
 
 def test_percentile_is_linear_interpolation_between_order_statistics():
@@ -71,3 +73,15 @@ def test_time_steps_discards_warmup_and_states_its_method():
     assert "5 back-to-back steps" in t.method
     with pytest.raises(ValueError):
         time_steps(lambda: None, 0)
+    with pytest.raises(ValueError, match="CUDA device"):
+        time_steps(lambda: None, 2, cuda_graph=True)
+    assert "one replay of a CUDA graph captured after 3 eager steps" in method_text(5, 3, 20, True, True)
+    assert "eager steps" in method_text(5, 3, 1, False) and "no collective recording" in method_text(5, 3, 1, False)
+
+
+def test_time_steps_records_nothing_while_sampling():
+    seen = []
+    with Capture():
+        time_steps(lambda: seen.append(active()), 3, warmup=1)
+        assert active()  # the capture listens again after sampling
+    assert seen == [False] * 4 and not active()

@@ -96,10 +96,23 @@ def test_report_rerenders_a_saved_run(suite_run):
 @pytest.mark.parametrize("args, needle", [
     (("suite", "--configs", "tp_ar_b32,nope"), "unknown suite config 'nope'"),
     (("suite", "--iters", 0), "--iters 0 must be at least 1"),
+    (("suite", "--cuda-graph", "--configs", "tp_ar_b32"), "--cuda-graph replays CUDA graphs and needs --backend nccl"),
+    (("sweep", "--cuda-graph"), "--cuda-graph replays CUDA graphs and needs --backend nccl"),
 ])
 def test_suite_bad_input(args, needle, tmp_path):
     proc = cli(*args, "--out", tmp_path / "x")
     assert proc.returncode == 2 and needle in proc.stderr and not (tmp_path / "x").exists()
+
+
+def test_graph_blockers_name_what_a_cuda_graph_cannot_replay():
+    from meshscope.experiments import get
+
+    fixed = [get(name).config({}) for name in ("ep_balanced", "ep_skewed", "ep_nograd")]
+    assert all(get("ep_balanced").graph_blocker(cfg) is None for cfg in fixed)
+    assert ".tolist()" in get("ep_learned").graph_blocker(get("ep_learned").config({}))
+    assert get("tp_sp_b128").graph_blocker(get("tp_sp_b128").config({})) is None
+    assert get("pp_1f1b_mb8").graph_blocker(get("pp_1f1b_mb8").config({})) is None
+    assert "host" in get("nd_mlp").graph_blocker(get("nd_mlp").config({"moe": True}))
 
 
 def test_world_of_rejects_mixed_worlds():

@@ -34,8 +34,14 @@ def _nbytes(t) -> int:
     return t.numel() * t.element_size()
 
 
+_DTYPE_NAMES: dict = {}
+
+
 def _dtype(t) -> str:
-    return str(t.dtype).removeprefix("torch.")
+    name = _DTYPE_NAMES.get(t.dtype)
+    if name is None:
+        name = _DTYPE_NAMES[t.dtype] = str(t.dtype).removeprefix("torch.")
+    return name
 
 
 def _group_size(group) -> int:

@@ -36,10 +36,14 @@ def load_fits(path: str | None):
         raise UsageError(f"--sweep {path}: not the sweep.json of `meshscope sweep --out DIR` ({type(exc).__name__})") from None
 
 
-def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None) -> dict | None:
+def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None,
+                   cuda_graph: bool = False) -> dict | None:
     """Every rank profiles `steps` training steps; rank 0 returns the kernel section (None elsewhere).
 
-    The section's ``check`` exists only on GPUs (gloo launches no kernels to fingerprint).
+    The section's ``check`` exists only on GPUs (gloo launches no kernels to fingerprint). With `fits`
+    the NCCL kernel time per step is compared with the alpha-beta prediction; with `cuda_graph` too
+    (and a step that can be captured) it is also measured over `steps` back-to-back graph replays,
+    where the ranks run in lockstep: an eager kernel's duration mostly waits for the peer's launch.
     """
     step = exp.step_fn(ctx, cfg)
     for _ in range(max(warmup, 1)):
@@ -53,12 +57,15 @@ def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None
             dist.barrier(group=ctx.control)
             step()
     trace = json.loads(path.read_text())
-    gathered = ctx.gather((fingerprint(trace), kernel_seconds(trace), comm_counts(comm_records(trace))))
+    graph_s = None
+    if fits and cuda_graph and ctx.device.type == "cuda" and exp.graph_blocker(cfg) is None:
+        graph_s = _graph_kernel_seconds(ctx, step, steps, warmup, path.with_name(f"{label}.graph.rank{ctx.rank}.json"))
+    gathered = ctx.gather((fingerprint(trace), kernel_seconds(trace), comm_counts(comm_records(trace)), graph_s))
     if ctx.rank != 0:
         return None
     predicted = exp.predict(cfg)
     per_rank, problems, op_problems = [], [], []
-    for r, (total, seconds, ops) in enumerate(gathered):
+    for r, (total, seconds, ops, _) in enumerate(gathered):
         mine = [e for e in predicted if e.rank == r]
         want = expected_kernels(mine)
         got = {f: n // steps if n % steps == 0 else n / steps for f, n in total.items()}
@@ -94,4 +101,25 @@ def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None
         section["comm_time"] = {"predicted_critical_s": pred, "measured_critical_s": meas,
                                 "rel_err": (pred - meas) / meas if meas else None,
                                 "measured_as": "sum of NCCL kernel durations per step, max over ranks"}
+        if all(g is not None for *_, g in gathered):
+            graph = max(g for *_, g in gathered)
+            section["comm_time"] |= {"measured_graph_critical_s": graph,
+                                     "rel_err_graph": (pred - graph) / graph if graph else None,
+                                     "measured_graph_as": f"the same over {steps} back-to-back CUDA-graph replays"}
     return section
+
+
+def _graph_kernel_seconds(ctx, step, steps: int, warmup: int, path) -> float:
+    """NCCL kernel seconds per step over `steps` back-to-back replays of a CUDA graph of `step`."""
+    from .capture import suspended
+    from .cuda_graph import graphed
+
+    with suspended():
+        replay = graphed(step, ctx.device, warmup)
+        ctx.synchronize()
+        dist.barrier(group=ctx.control)
+        with profiled(path, ctx.device):
+            for _ in range(steps):
+                replay()
+            ctx.synchronize()
+    return sum(kernel_seconds(json.loads(path.read_text())).values()) / steps

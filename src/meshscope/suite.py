@@ -203,7 +203,8 @@ def _profile(ctx, plan, options) -> dict:
     out = {}
     for entry, exp, cfg in plan:
         ctx.progress(f"profile {entry.label}: {options.profile_steps} steps")
-        section = profile_config(ctx, exp, cfg, entry.label, options.profile_steps, options.warmup, fits)
+        section = profile_config(ctx, exp, cfg, entry.label, options.profile_steps, options.warmup, fits,
+                                 options.cuda_graph)
         if section is not None:
             out[entry.label] = section
     return out
@@ -228,15 +229,25 @@ def comparisons(results: dict, timing: dict) -> list[dict]:
     for title, a, b in COMPARISONS:
         if a not in results or b not in results:
             continue
-        verdict = compare(_summary(timing[a]["host"]), _summary(timing[b]["host"]))
+        clock = verdict_clock(timing[a])
+        verdict = compare(_summary(timing[a][clock]), _summary(timing[b][clock]))
         out.append({"title": title, "a": a, "b": b, "structure_a": _structure(results[a]),
                     "structure_b": _structure(results[b]),
                     "structure_source": "measured: captured ledger, equal to the prediction" if
                     results[a]["comm"]["match"] and results[b]["comm"]["match"] else "MISMATCH with prediction",
                     "timing_ratio": verdict.ratio, "timing_verdict": _verdict(verdict),
                     "timing_distinguishable": verdict.distinguishable,
-                    "timing_detail": verdict.detail, "timing_source": "measured: critical-rank host time"})
+                    "timing_detail": verdict.detail, "timing_source": f"measured: critical-rank {CLOCKS[clock]}"})
     return out
+
+
+CLOCKS = {"gpu": "GPU time (CUDA events)", "host": "host time"}
+
+
+def verdict_clock(row: dict) -> str:
+    """The clock a configuration's verdicts use: CUDA events on a GPU (they span exactly the step's
+    device work; the host clock adds the wake-up of the final synchronise), the host clock on CPU."""
+    return "gpu" if "gpu" in row else "host"
 
 
 def _verdict(c) -> str:

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from .environment import header
 from .events import OPS, CommEvent, human_bytes
+from .suite import CLOCKS, verdict_clock
 
 KERNEL_FAMILIES = ("AllReduce", "AllGather", "ReduceScatter", "SendRecv", "Broadcast")
 
@@ -77,12 +78,17 @@ def tables(doc: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                 rows.append([label, *(f"{m.get(f, 0)}/{e.get(f, 0)}" for f in KERNEL_FAMILIES),
                              "yes" if r["kernels"]["check"]["passed"] else "NO"])
         out.append(("NCCL kernels per rank per step, rank 0 (measured/predicted)", ["config", *KERNEL_FAMILIES, "match"], rows))
-        rows = [[label, _ms(c["predicted_critical_s"]), _ms(c["measured_critical_s"]),
-                 f"{c['rel_err']:+.0%}" if c["rel_err"] is not None else "n/a"]
-                for label, r in results.items() if (c := r.get("kernels", {}).get("comm_time"))]
+        pct = lambda x: f"{x:+.0%}" if x is not None else "n/a"  # noqa: E731
+        times = {label: c for label, r in results.items() if (c := r.get("kernels", {}).get("comm_time"))}
+        graph = any("measured_graph_critical_s" in c for c in times.values())
+        rows = [[label, _ms(c["predicted_critical_s"]), _ms(c["measured_critical_s"]), pct(c["rel_err"]),
+                 *([_ms(c["measured_graph_critical_s"]), pct(c["rel_err_graph"])] if "measured_graph_critical_s" in c
+                   else ["n/a", "n/a"] if graph else [])]
+                for label, c in times.items()]
         if rows:
             out.append(("communication time per step, critical rank: alpha-beta model from the sweep vs measured "
-                        "NCCL kernel time", ["config", "predicted", "measured", "error"], rows))
+                        "NCCL kernel time", ["config", "predicted", "measured (eager)", "error",
+                                             *(["measured (graph replay)", "error"] if graph else [])], rows))
 
     rows = [[label, *(f"{r['numerics'].get(k, float('nan')):.3g}" for k in ("max_abs_err_output", "max_abs_err_grad")),
              "yes" if r["passed"] else "NO"] for label, r in results.items()]
@@ -93,7 +99,7 @@ def tables(doc: dict) -> list[tuple[str, list[str], list[list[str]]]]:
     for label, t in sorted(timing.items()):
         h = t["host"]
         cells = [_ms(t["gpu"]["median"]), f"{t['gpu']['cv']:.1%}"] if gpu and "gpu" in t else []
-        flag = "PERF_UNSTABLE" if h["unstable"] or (gpu and t.get("gpu", {}).get("unstable")) else "stable"
+        flag = "PERF_UNSTABLE" if t[verdict_clock(t)]["unstable"] else "stable"
         rows.append([label, *cells, _ms(h["median"]), _ms(h["p95"]), _ms(h["p99"]), f"{h['cv']:.1%}", str(h["n"]), flag])
     head = ["config", *(["critical GPU median", "GPU CV"] if gpu else []), "critical host median", "P95", "P99",
             "host CV", "steps", "verdict"]
@@ -246,12 +252,13 @@ def write_figures(doc: dict, run_dir: Path) -> list[str]:
         written.append(str(fig_dir / "expert_load.png"))
     timing = doc["timing"]
     labels = sorted(timing)
-    med = [timing[k]["host"]["median"] * 1e3 for k in labels]
-    p95 = [timing[k]["host"]["p95"] * 1e3 for k in labels]
+    med = [timing[k][verdict_clock(timing[k])]["median"] * 1e3 for k in labels]
+    p95 = [timing[k][verdict_clock(timing[k])]["p95"] * 1e3 for k in labels]
     fig, ax = plt.subplots(figsize=(8, 4))
-    colors = ["tab:red" if timing[k]["host"]["unstable"] else "tab:blue" for k in labels]
+    colors = ["tab:red" if timing[k][verdict_clock(timing[k])]["unstable"] else "tab:blue" for k in labels]
     ax.bar(labels, med, color=colors, yerr=[[0] * len(med), [p - m for p, m in zip(p95, med)]], capsize=3)
-    ax.set_ylabel("critical-rank host time per step (ms)")
+    clocks = {verdict_clock(timing[k]) for k in labels}
+    ax.set_ylabel(f"critical-rank {' / '.join(CLOCKS[c] for c in sorted(clocks))} per step (ms)")
     ax.set_title("median with P95 whisker; red = PERF_UNSTABLE")
     ax.tick_params(axis="x", rotation=60)
     fig.tight_layout()
