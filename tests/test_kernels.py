@@ -7,7 +7,7 @@ import torch
 
 from meshscope.events import CommEvent
 from meshscope.kernels import (classify, comm_counts, comm_records, compare_fingerprints, expected_kernels,
-                               fingerprint, profile_call)
+                               fingerprint, kernel_seconds_per_step, profile_call)
 
 NAMES = {
     "ncclDevKernel_AllReduce_Sum_f32_RING_LL": "AllReduce",
@@ -65,6 +65,18 @@ def _ev(op, rank=0, seq=0, group=(0, 1), axis="tp", b=1024, peer=None):
     bout = 0 if op == "send" else b
     bin_ = 0 if op in ("recv", "barrier") else b
     return CommEvent(rank, seq, op, axis, group, "forward", "float32", bin_, bout, peer=peer)
+
+
+def test_kernel_seconds_are_cut_into_steps_in_start_order():
+    def k(name, ts, dur):
+        return {"cat": "kernel", "name": name, "ts": ts, "dur": dur}
+
+    ar, rs = "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "ncclDevKernel_ReduceScatter_Sum_f32_RING_LL"
+    # 3 steps of 2 NCCL kernels each, listed out of order; the first waits 900 us for a late peer
+    trace = [k(rs, 310, 20), k(ar, 0, 900), k(ar, 1000, 30), k(ar, 2000, 10), k("sgemm", 5, 70),
+             k(rs, 2100, 15), k(rs, 1100, 25)]
+    assert kernel_seconds_per_step(trace, 3) == pytest.approx([920e-6, 55e-6, 25e-6])
+    assert kernel_seconds_per_step(trace, 4) == pytest.approx([1000e-6 / 4] * 4)  # 6 kernels do not cut into 4
 
 
 def test_expected_kernels_follow_the_seed_fingerprint_table():

@@ -53,7 +53,13 @@ class _Labels:
 
 
 _LABELS = _Labels()
-_NESTING = threading.local()
+class _Nesting(threading.local):
+    depth = 0
+    """Recorded entry points running on this thread (an entry point inside one is not recorded again)."""
+
+
+_NESTING = _Nesting()
+_graph_task_id = torch._C._current_graph_task_id  # != -1 while the autograd engine runs a backward
 
 
 @contextlib.contextmanager
@@ -127,7 +133,7 @@ class Capture:
         return self._events
 
     def _note(self, entry: tuple) -> list[CommEvent] | None:
-        """Record one entry point's calls (`_entry`); with callbacks, build and announce them now."""
+        """Record one entry point's calls (see `_issue`); with callbacks, build and announce them now."""
         self._pending.append(entry)
         if self._on_issue is None and self._on_complete is None:
             return None
@@ -226,7 +232,7 @@ def _wrap_c10d(original, describe_call):
     defaults = {p.name: p.default for p in params if p.default is not p.empty}
 
     def recorder(*args, **kwargs):
-        if getattr(_NESTING, "depth", 0):
+        if _NESTING.depth:
             return original(*args, **kwargs)
         arguments = dict(defaults)
         arguments.update(zip(names, args))
@@ -241,7 +247,7 @@ def _wrap_c10d(original, describe_call):
 @functools.lru_cache(maxsize=None)
 def _wrap_functional(original, describe_call, autograd: bool):
     def recorder(*args, **kwargs):
-        if getattr(_NESTING, "depth", 0):
+        if _NESTING.depth:
             return original(*args, **kwargs)
         call = describe_call(*args, **kwargs)
         out = _issue([call], original, args, kwargs)
@@ -253,30 +259,33 @@ def _wrap_functional(original, describe_call, autograd: bool):
 
 
 def _issue(calls, original, args, kwargs):
-    """Note `calls` in every active capture, run the original, then mark them completed."""
-    entry = _entry(calls)
-    issued = [(cap, cap._note(entry)) for cap in list(_ACTIVE)]
-    _NESTING.depth = getattr(_NESTING, "depth", 0) + 1
+    """Note `calls` in every active capture, run the original, then mark them completed.
+
+    The hot path of every recorded call, so it stays flat: a capture without callbacks only appends
+    one tuple (calls, phase, region, microbatch); `Capture._build` makes the events later."""
+    entry = (calls, "backward" if _graph_task_id() != -1 else _LABELS.phase, _LABELS.region, _LABELS.microbatch)
+    announced = None
+    for cap in _ACTIVE:
+        if cap._on_issue is None and cap._on_complete is None:
+            cap._pending.append(entry)
+        else:
+            announced = announced or []
+            announced.append((cap, cap._note(entry)))
+    _NESTING.depth += 1
     try:
         out = original(*args, **kwargs)
     finally:
         _NESTING.depth -= 1
-    for cap, events in issued:
-        if events is not None:
+    if announced:
+        for cap, events in announced:
             cap._complete(events)
     return out
 
 
 def _record(call: Call) -> None:
     """Record a call issued out of Python's sight (C++ autograd backward), as issued and completed."""
-    entry = _entry([call])
+    entry = ([call], "backward" if _graph_task_id() != -1 else _LABELS.phase, _LABELS.region, _LABELS.microbatch)
     for cap in list(_ACTIVE):
         events = cap._note(entry)
         if events is not None:
             cap._complete(events)
-
-
-def _entry(calls) -> tuple:
-    """(calls, phase, region, microbatch): what a capture notes of one entry point's call."""
-    in_backward = torch._C._current_graph_task_id() != -1
-    return calls, "backward" if in_backward else _LABELS.phase, _LABELS.region, _LABELS.microbatch

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from .groups import describe
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     """A collective call reduced to what a CommEvent needs."""
 
@@ -28,10 +28,6 @@ class Call:
     input_splits: tuple[int, ...] | None = None
     output_splits: tuple[int, ...] | None = None
     peer: int | None = None
-
-
-def _nbytes(t) -> int:
-    return t.numel() * t.element_size()
 
 
 _DTYPE_NAMES: dict = {}
@@ -64,32 +60,32 @@ def _global_peer(group, peer, group_peer):
 # -- c10d entry points: bound arguments -> calls --------------------------------------------------
 def _c10d_all_reduce(a):
     t = a["tensor"]
-    return [Call("all_reduce", a["group"], _dtype(t), _nbytes(t), _nbytes(t))]
+    return [Call("all_reduce", a["group"], _dtype(t), t.nbytes, t.nbytes)]
 
 
 def _c10d_all_gather(a):
     t = a["tensor"]
-    return [Call("all_gather", a["group"], _dtype(t), _nbytes(t), sum(map(_nbytes, a["tensor_list"])))]
+    return [Call("all_gather", a["group"], _dtype(t), t.nbytes, sum(x.nbytes for x in a["tensor_list"]))]
 
 
 def _c10d_all_gather_into_tensor(a):
     i, o = a["input_tensor"], a["output_tensor"]
-    return [Call("all_gather", a["group"], _dtype(i), _nbytes(i), _nbytes(o))]
+    return [Call("all_gather", a["group"], _dtype(i), i.nbytes, o.nbytes)]
 
 
 def _c10d_reduce_scatter(a):
     o = a["output"]
-    return [Call("reduce_scatter", a["group"], _dtype(o), sum(map(_nbytes, a["input_list"])), _nbytes(o))]
+    return [Call("reduce_scatter", a["group"], _dtype(o), sum(x.nbytes for x in a["input_list"]), o.nbytes)]
 
 
 def _c10d_reduce_scatter_tensor(a):
     i, o = a["input"], a["output"]
-    return [Call("reduce_scatter", a["group"], _dtype(i), _nbytes(i), _nbytes(o))]
+    return [Call("reduce_scatter", a["group"], _dtype(i), i.nbytes, o.nbytes)]
 
 
 def _c10d_all_to_all(a):
     ins, outs = a["input_tensor_list"], a["output_tensor_list"]
-    return [Call("all_to_all", a["group"], _dtype(ins[0]), sum(map(_nbytes, ins)), sum(map(_nbytes, outs)),
+    return [Call("all_to_all", a["group"], _dtype(ins[0]), sum(x.nbytes for x in ins), sum(x.nbytes for x in outs),
                   tuple(t.shape[0] for t in ins), tuple(t.shape[0] for t in outs))]
 
 
@@ -97,12 +93,12 @@ def _c10d_all_to_all_single(a):
     i, o, g = a["input"], a["output"], a["group"]
     ins = tuple(a["input_split_sizes"]) if a["input_split_sizes"] else _even_splits(i.shape[0], g)
     outs = tuple(a["output_split_sizes"]) if a["output_split_sizes"] else _even_splits(o.shape[0], g)
-    return [Call("all_to_all", g, _dtype(i), _nbytes(i), _nbytes(o), ins, outs)]
+    return [Call("all_to_all", g, _dtype(i), i.nbytes, o.nbytes, ins, outs)]
 
 
 def _c10d_broadcast(a):
     t = a["tensor"]
-    return [Call("broadcast", a["group"], _dtype(t), _nbytes(t), _nbytes(t))]
+    return [Call("broadcast", a["group"], _dtype(t), t.nbytes, t.nbytes)]
 
 
 def _c10d_barrier(a):
@@ -111,12 +107,12 @@ def _c10d_barrier(a):
 
 def _c10d_send(a):
     t = a["tensor"]
-    return [Call("send", a["group"], _dtype(t), _nbytes(t), 0, peer=_global_peer(a["group"], a["dst"], a.get("group_dst")))]
+    return [Call("send", a["group"], _dtype(t), t.nbytes, 0, peer=_global_peer(a["group"], a["dst"], a.get("group_dst")))]
 
 
 def _c10d_recv(a):
     t = a["tensor"]
-    return [Call("recv", a["group"], _dtype(t), 0, _nbytes(t), peer=_global_peer(a["group"], a["src"], a.get("group_src")))]
+    return [Call("recv", a["group"], _dtype(t), 0, t.nbytes, peer=_global_peer(a["group"], a["src"], a.get("group_src")))]
 
 
 def _c10d_batch_isend_irecv(a):
@@ -126,9 +122,9 @@ def _c10d_batch_isend_irecv(a):
         peer = _global_peer(p2p.group, getattr(p2p, "peer", None), getattr(p2p, "group_peer", None))
         t = p2p.tensor
         if "send" in name:
-            calls.append(Call("send", p2p.group, _dtype(t), _nbytes(t), 0, peer=peer))
+            calls.append(Call("send", p2p.group, _dtype(t), t.nbytes, 0, peer=peer))
         else:
-            calls.append(Call("recv", p2p.group, _dtype(t), 0, _nbytes(t), peer=peer))
+            calls.append(Call("recv", p2p.group, _dtype(t), 0, t.nbytes, peer=peer))
     return calls
 
 
@@ -154,26 +150,26 @@ C10D = {
 
 # -- functional collectives: torch.ops._c10d_functional(_autograd).<op>(positional args) ----------
 def _f_all_reduce(x, op, group_name):
-    return Call("all_reduce", group_name, _dtype(x), _nbytes(x), _nbytes(x))
+    return Call("all_reduce", group_name, _dtype(x), x.nbytes, x.nbytes)
 
 
 def _f_all_gather(x, group_size, group_name):
-    return Call("all_gather", group_name, _dtype(x), _nbytes(x), _nbytes(x) * group_size)
+    return Call("all_gather", group_name, _dtype(x), x.nbytes, x.nbytes * group_size)
 
 
 def _f_reduce_scatter(x, op, group_size, group_name):
-    return Call("reduce_scatter", group_name, _dtype(x), _nbytes(x), _nbytes(x) // group_size)
+    return Call("reduce_scatter", group_name, _dtype(x), x.nbytes, x.nbytes // group_size)
 
 
 def _f_all_to_all_single(x, output_split_sizes, input_split_sizes, group_name):
-    row = _nbytes(x) // max(x.shape[0], 1)
+    row = x.nbytes // max(x.shape[0], 1)
     ins = tuple(int(s) for s in input_split_sizes) if input_split_sizes else _even_splits(x.shape[0], group_name)
     outs = tuple(int(s) for s in output_split_sizes) if output_split_sizes else _even_splits(x.shape[0], group_name)
-    return Call("all_to_all", group_name, _dtype(x), _nbytes(x), row * sum(outs), ins, outs)
+    return Call("all_to_all", group_name, _dtype(x), x.nbytes, row * sum(outs), ins, outs)
 
 
 def _f_broadcast(x, src, group_name):
-    return Call("broadcast", group_name, _dtype(x), _nbytes(x), _nbytes(x))
+    return Call("broadcast", group_name, _dtype(x), x.nbytes, x.nbytes)
 
 
 FUNCTIONAL = {

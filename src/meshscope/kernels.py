@@ -76,19 +76,24 @@ def fingerprint(trace) -> dict[str, int]:
     return {f: c[f] for f in FAMILIES if c[f]}
 
 
-def kernel_seconds(trace) -> dict[str, float]:
-    """{family: total GPU time in seconds} of the NCCL kernels in a trace (Chrome ``dur`` is in us).
+def kernel_seconds_per_step(trace, steps: int) -> list[float]:
+    """NCCL kernel seconds of each of `steps` profiled steps that launched the same kernels: the
+    kernels in start order, cut into `steps` equal runs (one run per step). With a count that does
+    not divide (a fingerprint mismatch, reported on its own) every step gets the mean.
 
     A kernel's duration includes the time it waits for its peers, so on the critical rank it is the
-    communication time a step pays, not the transfer time alone.
+    communication time a step pays, not the transfer time alone. Per step, so that a caller can take
+    the median: the first step's first kernel also waits out the ranks' skew at the start of the
+    window, which is not communication.
     """
-    total: Counter = Counter()
-    for e in _events(trace):
-        if str(e.get("cat", "")).lower() == "kernel":
-            family = classify(e.get("name", ""))
-            if family:
-                total[family] += float(e.get("dur", 0.0)) / 1e6
-    return {f: total[f] for f in FAMILIES if total[f]}
+    kernels = sorted((float(e.get("ts", 0.0)), float(e.get("dur", 0.0)) / 1e6) for e in _events(trace)
+                     if str(e.get("cat", "")).lower() == "kernel" and classify(e.get("name", "")))
+    if steps < 1:
+        raise ValueError(f"steps {steps} must be at least 1")
+    if len(kernels) % steps:
+        return [sum(d for _, d in kernels) / steps] * steps
+    per = len(kernels) // steps
+    return [sum(d for _, d in kernels[i * per:(i + 1) * per]) for i in range(steps)]
 
 
 def expected_kernels(events, batches=()) -> dict[str, int]:

@@ -16,7 +16,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from .kernels import comm_counts, comm_records, compare_fingerprints, expected_kernels, fingerprint, kernel_seconds, profiled
+from .kernels import (comm_counts, comm_records, compare_fingerprints, expected_kernels, fingerprint,
+                      kernel_seconds_per_step, profiled)
+from .stats import critical_path, percentile
 
 
 def _calls(calls) -> str:
@@ -60,7 +62,8 @@ def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None
     graph_s = None
     if fits and cuda_graph and ctx.device.type == "cuda" and exp.graph_blocker(cfg) is None:
         graph_s = _graph_kernel_seconds(ctx, step, steps, warmup, path.with_name(f"{label}.graph.rank{ctx.rank}.json"))
-    gathered = ctx.gather((fingerprint(trace), kernel_seconds(trace), comm_counts(comm_records(trace)), graph_s))
+    gathered = ctx.gather((fingerprint(trace), kernel_seconds_per_step(trace, steps), comm_counts(comm_records(trace)),
+                           graph_s))
     if ctx.rank != 0:
         return None
     predicted = exp.predict(cfg)
@@ -82,7 +85,7 @@ def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None
                          "comm_ops_per_step": logical, "comm_ops_by_group": {op: {str(list(g) if g else g): n / steps
                                                                                      for g, n in by_group.items()}
                                                                                 for op, by_group in ops.items()},
-                         "nccl_kernel_s_per_step": sum(seconds.values()) / steps})
+                         "nccl_kernel_s_per_step": percentile(seconds, 50)})
     section = {"profile_steps": steps, "per_rank": per_rank}
     if ctx.device.type == "cuda":
         detail = ("; ".join(problems[:3]) if problems else
@@ -97,20 +100,21 @@ def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None
         from .sweep import predict_time
 
         pred = predict_time(predicted, fits).critical_s
-        meas = max(p["nccl_kernel_s_per_step"] for p in per_rank)
+        meas = percentile(critical_path([seconds for _, seconds, _, _ in gathered]), 50)
         section["comm_time"] = {"predicted_critical_s": pred, "measured_critical_s": meas,
                                 "rel_err": (pred - meas) / meas if meas else None,
-                                "measured_as": "sum of NCCL kernel durations per step, max over ranks"}
+                                "measured_as": "sum of NCCL kernel durations per step, max over ranks, median over "
+                                               "the profiled steps"}
         if all(g is not None for *_, g in gathered):
-            graph = max(g for *_, g in gathered)
+            graph = percentile(critical_path([g for *_, g in gathered]), 50)
             section["comm_time"] |= {"measured_graph_critical_s": graph,
                                      "rel_err_graph": (pred - graph) / graph if graph else None,
                                      "measured_graph_as": f"the same over {steps} back-to-back CUDA-graph replays"}
     return section
 
 
-def _graph_kernel_seconds(ctx, step, steps: int, warmup: int, path) -> float:
-    """NCCL kernel seconds per step over `steps` back-to-back replays of a CUDA graph of `step`."""
+def _graph_kernel_seconds(ctx, step, steps: int, warmup: int, path) -> list[float]:
+    """NCCL kernel seconds of each of `steps` back-to-back replays of a CUDA graph of `step`."""
     from .capture import suspended
     from .cuda_graph import graphed
 
@@ -122,4 +126,4 @@ def _graph_kernel_seconds(ctx, step, steps: int, warmup: int, path) -> float:
             for _ in range(steps):
                 replay()
             ctx.synchronize()
-    return sum(kernel_seconds(json.loads(path.read_text())).values()) / steps
+    return kernel_seconds_per_step(json.loads(path.read_text()), steps)
