@@ -75,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     suite.add_argument("--steps-per-sample", type=int, default=1,
                        help="back-to-back steps per timed sample; 1 = per-step timing (default %(default)s)")
     suite.add_argument("--cuda-graph", action="store_true",
-                       help="time each step as a replay of a CUDA graph of it (device time, no launch jitter; nccl)")
+                       help="time each sample as one replay of a CUDA graph of its steps (no launch jitter; nccl)")
     suite.add_argument("--cv-threshold", type=float, default=0.05, help="PERF_UNSTABLE above this CV (default %(default)s)")
     suite.add_argument("--profile", action="store_true", help="torch.profiler trace per rank and config (NCCL kernel counts)")
     suite.add_argument("--profile-steps", type=int, default=5, help="steps per profiled trace (default %(default)s)")
@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
     sw.add_argument("--back-to-back", type=int, default=1,
                     help="collectives per timed sample, time / count, as nccl-tests' loop (default %(default)s)")
     sw.add_argument("--cuda-graph", action="store_true",
-                    help="time each collective as a replay of a CUDA graph of it (no launch overhead; nccl)")
+                    help="time each sample as one replay of a CUDA graph of its calls (nccl-tests -G; nccl)")
     _add_launch_options(sw, 120.0, "runs/sweep-<time>; gets sweep.json")
 
     pl = sub.add_parser("place", help="rank the placements of the axes on nodes by predicted communication time")

@@ -29,14 +29,18 @@ class NotCapturable(RuntimeError):
     """The step did something a CUDA graph cannot hold (the message says what CUDA refused)."""
 
 
-def graphed(fn, device, warmup: int = 3):
-    """Capture one call of `fn()` on `device` into a CUDA graph; return a callable that replays it.
+def graphed(fn, device, warmup: int = 3, repeat: int = 1):
+    """Capture `repeat` back-to-back calls of `fn()` on `device` into one CUDA graph; return a callable
+    that replays it (nccl-tests' ``-G`` captures its loop of iterations the same way, so that the
+    graph's own launch is paid once per sample, not once per call).
 
     `warmup` eager calls run first on a side stream (at least one: the capture needs every lazily
-    created resource to exist). Every rank must call this at the same point with the same `warmup`,
-    as the eager calls issue their collectives. The replay callable updates the step's tensors in
-    place, exactly as `fn()` would (parameters, gradients, optimiser state).
+    created resource to exist). Every rank must call this at the same point with the same arguments,
+    as the eager calls issue their collectives. A replay updates the step's tensors in place, exactly
+    as `repeat` calls of `fn()` would (parameters, gradients, optimiser state).
     """
+    if repeat < 1:
+        raise ValueError(f"repeat {repeat} must be at least 1")
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"CUDA-graph replay needs a CUDA device, not {device}")
@@ -50,7 +54,8 @@ def graphed(fn, device, warmup: int = 3):
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            fn()
+            for _ in range(repeat):
+                fn()
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise NotCapturable(f"the step cannot be captured in a CUDA graph: {first}") from exc

@@ -172,9 +172,9 @@ def time_steps(fn, samples: int, *, warmup: int = 3, device=None, group=None, st
     times back to back and its time is divided by that number: with 1 this is per-step timing; with K
     it is "the mean of K back-to-back steps per sample", which the design brief proposes where eager
     per-step CV on the H200 stayed at 17-20 % however many steps were taken. With `cuda_graph` the
-    step is captured once after `warmup` eager steps (`cuda_graph.graphed`) and each step is a
-    replay: the device-side step, without Python or launch overhead. The method string says which
-    was used. Host time always includes waiting for the device (synchronise before the clock stops);
+    sample's `steps_per_sample` steps are captured once, after `warmup` eager steps, into one CUDA
+    graph (`cuda_graph.graphed`) and each sample is one replay: the device-side steps, without Python
+    or launch overhead. The method string says which was used. Host time always includes waiting for the device (synchronise before the clock stops);
     GPU time is CUDA-event time between the first step's start and the last step's end.
 
     No collective is recorded while sampling (`capture.suspended`): the recording's own cost would be
@@ -193,8 +193,7 @@ def time_steps(fn, samples: int, *, warmup: int = 3, device=None, group=None, st
     gc.disable()
     try:
         with suspended():
-            if cuda_graph:
-                fn = graphed(fn, device, warmup)
+            sample = graphed(fn, device, warmup, steps_per_sample) if cuda_graph else None
             for i in range(warmup + samples):
                 if dist.is_available() and dist.is_initialized():
                     dist.barrier(group=group)
@@ -203,8 +202,11 @@ def time_steps(fn, samples: int, *, warmup: int = 3, device=None, group=None, st
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start.record()
                 t0 = time.perf_counter()
-                for _ in range(steps_per_sample):
-                    fn()
+                if sample is not None:
+                    sample()
+                else:
+                    for _ in range(steps_per_sample):
+                        fn()
                 if cuda:
                     end.record()
                     end.synchronize()
@@ -223,8 +225,8 @@ def method_text(samples: int, warmup: int, steps_per_sample: int, cuda: bool, cu
     """How `time_steps` took its samples, in words (the method is part of the figure)."""
     harness = ("a barrier before each sample" + (" and a device synchronise" if cuda else "")
                + ", garbage collector off and no collective recording while sampling")
-    step = (f"each step one replay of a CUDA graph captured after {warmup} eager steps (device time: no Python "
-            f"or launch overhead)" if cuda_graph else "eager steps")
+    step = (f"each sample one replay of a CUDA graph of its {steps_per_sample} step(s), captured after {warmup} "
+            f"eager steps (device time: no Python or launch overhead)" if cuda_graph else "eager steps")
     if steps_per_sample == 1:
         return f"per step: {samples} steps after {warmup} warmup, {step}, {harness}"
     return (f"per sample of {steps_per_sample} back-to-back steps, time / {steps_per_sample}: {samples} samples "

@@ -82,8 +82,8 @@ class SuiteOptions:
     sweep: str | None = None
     """A saved `meshscope sweep` (sweep.json): predict each config's communication time from its ledger."""
     cuda_graph: bool = False
-    """Time each step as a CUDA-graph replay (`cuda_graph`): the device's step without Python and launch
-    jitter. A configuration whose step cannot be captured is timed eagerly and its method says why."""
+    """Time each sample as one replay of a CUDA graph of its steps (`cuda_graph`): the device's steps
+    without Python and launch jitter. A configuration whose step cannot be captured is timed eagerly and its method says why."""
 
     def validate(self) -> None:
         known = {e.label for e in SUITE}

@@ -77,8 +77,9 @@ class SweepConfig:
     """Collectives issued back to back per timed sample (time / count), as nccl-tests times a loop of
     iterations: amortises the launch skew between ranks that a single synchronised call pays in full."""
     cuda_graph: bool = False
-    """Each collective a replay of a CUDA graph of it (`cuda_graph`): no Python or launch overhead, so
-    small messages show NCCL's own latency rather than the host's (nccl-tests' ``-G`` does the same)."""
+    """Each sample one replay of a CUDA graph of its `back_to_back` collectives (`cuda_graph`): no
+    Python or launch overhead, so small messages show NCCL's own latency rather than the host's
+    (nccl-tests' ``-G`` captures its loop the same way)."""
 
     def layout(self) -> Layout:
         return Layout(self.world, tp=self.tp, cp=self.cp, ep=self.ep, etp=self.etp, pp=self.pp)
