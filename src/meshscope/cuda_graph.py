@@ -6,9 +6,10 @@ equals host time within 0.3 %), so their CV is the host's jitter, 7.5-17.3 % per
 replays the same kernels and NCCL calls with a single launch; what is timed is then the device's
 step: GEMMs, collectives and the waits between ranks, which is what a communication study compares.
 Both figures are honest; they answer different questions, and the method string says which one a
-table holds.
+table holds. Measured on 2 x H200 with one graph of 20 steps per sample: every suite configuration's
+CV 0.5-3.0 % (docs/results/h200x2.md).
 
-How (torch's "whole-network capture" recipe, also what Megatron's CUDA-graph path relies on):
+How (torch's "whole-network capture" recipe):
 warm the step up eagerly on a side stream, so lazily created NCCL communicators, the caching
 allocator and autograd's buffers exist before the capture; then capture one call. Capture errors are
 thread-local: ProcessGroupNCCL's watchdog thread polls CUDA events while the main thread captures,

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 from .errors import UsageError
 from .events import DTYPE_BYTES
+from .experiments.sizes import check_int
 
 DTYPE_ALIASES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp64": "float64"}
 """Short dtype names accepted on the command line, besides the names of `events.DTYPE_BYTES`."""
@@ -60,9 +61,9 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         for name in ("layers", "hidden", "ffn", "seq_len", "micro_batch", "microbatches"):
-            _positive(name, getattr(self, name), minimum=1)
+            check_int(_FLAGS.get(name, name), getattr(self, name), minimum=1)
         for name in ("heads", "experts", "topk"):
-            _positive(name, getattr(self, name), minimum=0)
+            check_int(name, getattr(self, name), minimum=0)
         object.__setattr__(self, "stage_layers", tuple(self.stage_layers))
         if self.stage_layers and (any(not isinstance(n, int) or n < 1 for n in self.stage_layers)
                                   or sum(self.stage_layers) != self.layers):
@@ -132,7 +133,5 @@ def _csv(values) -> str:
     return ",".join(map(str, values))
 
 
-def _positive(name: str, value, minimum: int) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        flag = {"seq_len": "seq", "micro_batch": "micro-batch"}.get(name, name)
-        raise UsageError(f"--{flag} {value!r} must be an integer >= {minimum}")
+_FLAGS = {"seq_len": "seq", "micro_batch": "micro-batch"}
+"""Fields whose CLI option is spelled differently."""

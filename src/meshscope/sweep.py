@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 
 from .errors import UsageError
 from .events import DTYPE_BYTES, human_bytes
+from .experiments.sizes import check_int
 from .mesh import GROUP_NAMES, Layout
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "sendrecv")
@@ -101,10 +102,9 @@ class SweepConfig:
         for s in self.sizes:
             if s % (n * ELEM_BYTES):
                 raise UsageError(f"size {s} B does not split into {n} float32 chunks; use multiples of {n * ELEM_BYTES} B")
-        if self.back_to_back < 1:
-            raise UsageError(f"--back-to-back {self.back_to_back} must be at least 1")
-        if self.iters < 2 or self.warmup < 0:
-            raise UsageError(f"--iters {self.iters} must be >= 2 and --warmup {self.warmup} >= 0")
+        check_int("back-to-back", self.back_to_back)
+        check_int("iters", self.iters, minimum=2)
+        check_int("warmup", self.warmup, minimum=0)
 
     def to_json(self) -> dict:
         return asdict(self)

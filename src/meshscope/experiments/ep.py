@@ -38,6 +38,7 @@ from ..predict import Ledger
 from ..verify import digest
 from . import Check, Experiment, RankOutput, bound, ep_records, register
 from .numerics import TOLERANCE, Worst, finite
+from .sizes import check_positive
 from .ep_model import (capacity, fixed_counts, initial_weights, make_router, reference_training, route, source_tokens,
                        static_rows, step_loss)
 
@@ -115,11 +116,9 @@ class ExpertParallel(Experiment):
         self.layout(cfg)
         if cfg.routing not in ROUTINGS:
             raise UsageError(f"--routing {cfg.routing!r} is not one of {', '.join(ROUTINGS)}")
+        check_positive(cfg, ("batch", "hidden", "steps", "experts", "topk"))
         if cfg.experts < cfg.ep or cfg.experts % cfg.ep:
             raise UsageError(f"--experts {cfg.experts} must be a multiple of --ep {cfg.ep} (experts per EP rank)")
-        for name in ("batch", "hidden", "steps"):
-            if getattr(cfg, name) < 1:
-                raise UsageError(f"--{name} {getattr(cfg, name)} must be at least 1")
         if cfg.routing != "learned" and cfg.topk != 1:
             raise UsageError(f"--topk {cfg.topk} needs --routing learned; the deterministic routers are top-1")
         if not 1 <= cfg.topk <= cfg.experts:

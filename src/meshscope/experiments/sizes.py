@@ -1,4 +1,4 @@
-"""Validation of an experiment's sizes, shared by every parallel mode.
+"""Validation of sizes, shared by every parallel mode, the model spec of `place` and the sweep.
 
 World and data-parallel size determine each other through the model-parallel product (tp for the TP
 MLP, pp for the pipeline, tp x pp for the composed model): world = model x dp. Either may be given;
@@ -10,12 +10,18 @@ from __future__ import annotations
 from ..errors import UsageError
 
 
+def check_int(flag: str, value, minimum: int = 1) -> None:
+    """`value` (of the CLI option --`flag`) is an integer >= `minimum`; a bool is not an integer here."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        want = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise UsageError(f"--{flag} {value!r} must be {want}")
+
+
 def check_positive(cfg, names) -> None:
     """Each named field of `cfg` is None (derived later) or a positive integer."""
     for name in names:
-        value = getattr(cfg, name)
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise UsageError(f"--{name.replace('_', '-')} {value!r} must be a positive integer")
+        if getattr(cfg, name) is not None:
+            check_int(name.replace("_", "-"), getattr(cfg, name))
 
 
 def check_choice(flag: str, value: str, valid) -> None:
