@@ -68,6 +68,11 @@ def test_suspended_restores_torch_and_resumes_every_capture():
             assert dist.all_reduce is originals[0]
         assert active() and dist.all_reduce is patched and outer.events == []
     assert (dist.all_reduce, dist.send) == originals
+    # a capture that exits while suspended does not come back
+    cap = Capture().__enter__()
+    with suspended():
+        cap.__exit__(None, None, None)
+    assert not active() and (dist.all_reduce, dist.send) == originals
 
 
 def test_hung_collective_becomes_error_within_timeout(tmp_path):
@@ -104,3 +109,36 @@ def test_same_entry_point_runs_as_one_rank_of_a_users_torchrun(tmp_path):
     result = json.loads(proc.stdout)
     assert result["passed"] and result["world"] == 2
     assert sorted(p.name for p in (tmp_path / "flight").iterdir()) == ["rank0.jsonl", "rank1.jsonl"]
+
+
+_INTERLEAVED = """
+import os, torch, torch.distributed as dist
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}")
+dist.init_process_group("gloo", rank=0, world_size=1)
+from meshscope.capture import Capture, region, suspended
+x = torch.ones(3)
+log = []
+flight = Capture(on_issue=lambda e: log.append(("issued", e.seq, e.region)),
+                 on_complete=lambda e: log.append(("completed", e.seq)))
+with flight, Capture() as ledger:
+    with region("a"):
+        dist.all_reduce(x)
+        assert log == [("issued", 0, "a"), ("completed", 0)]  # written at the call, not when read
+    with suspended():
+        dist.all_reduce(x)  # neither capture sees it
+    with region("b"):
+        dist.all_reduce(x)
+print([(e.seq, e.region) for e in ledger.events], log)
+"""
+
+
+def test_lazy_and_immediate_captures_number_the_same_calls_alike():
+    import random
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", _INTERLEAVED.format(port=random.randint(20000, 40000))],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == ("[(0, 'a'), (1, 'b')] [('issued', 0, 'a'), ('completed', 0), "
+                                   "('issued', 1, 'b'), ('completed', 1)]")

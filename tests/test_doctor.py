@@ -56,6 +56,18 @@ def test_split_mismatch_names_both_ranks_and_the_rows(tmp_path):
     assert "rank 0 sends 2 rows to rank 1, which expects 3" in f.cause
 
 
+def test_a_hang_with_no_call_pending_is_placed_by_the_last_progress_marks(tmp_path):
+    # timing records no calls: a rank stuck there leaves only its marks
+    def mark(t, text):
+        return {"t": t, "kind": "mark", "text": text}
+
+    logs = {r: call(r, "all_reduce", (0, 1), 1, axis="tp") + [mark(2, "verify done"), mark(3, f"time tp_ar_b32 r{r}")]
+            for r in (0, 1)}
+    report = diagnose(write_run(tmp_path, logs, errors={1: "no rank made progress for 70 s"}))
+    assert not report["findings"] and report["last_marks"] == {0: "time tp_ar_b32 r0", 1: "time tp_ar_b32 r1"}
+    assert render(report)[-1] == "last progress: rank 0 'time tp_ar_b32 r0'; rank 1 'time tp_ar_b32 r1'"
+
+
 def test_p2p_size_mismatch(tmp_path):
     write_run(tmp_path, {0: call(0, "send", (0, 1), 1, peer=1, bytes_in=1024),
                          1: call(1, "recv", (0, 1), 1, peer=0, bytes_out=2048)})
@@ -228,4 +240,4 @@ def test_reused_run_directory_starts_clean(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
     # one run's worth of log lines per rank, not two: the second run did not append to the first's
     first = (tmp_path / "flight" / "rank0.jsonl").read_text().splitlines()
-    assert sum('"text": "experiment collectives"' in line for line in first) == 1
+    assert sum('"text": "collectives (1/1): running"' in line for line in first) == 1

@@ -202,3 +202,43 @@ def test_more_experts_and_wider_ep(results):
     assert [c for _, c in _per_rank(wide)] == [{"all_to_all": 4}] * 4  # edp is 1: nothing to sync
     assert wide["experts"]["ranks"][0]["dispatch"]["input_splits"] == [16, 16, 16, 16]
     assert [c for _, c in _per_rank(learned_nograd)] == [{"all_reduce": 3, "all_to_all": 4}] * 4
+
+
+_TIMING_STEP = """
+import os, torch
+os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}")
+from meshscope.experiments import get
+from meshscope.experiments.ep import _Model
+from meshscope.experiments.ep import tokens_need_grad
+from meshscope.experiments.ep_model import source_tokens
+from meshscope.models.data_parallel import sgd_step
+from meshscope.runtime import RankContext
+ctx = RankContext.start("gloo", 30, None)
+exp = get("{name}")
+cfg = exp.config(dict(world=1, ep=1))
+step = exp.step_fn(ctx, cfg)  # routes and packs once, no per-GEMM timing
+step(); step()
+ref = _Model(ctx, cfg, ctx.mesh(exp.layout(cfg)))  # the verified step: routes every time, times each GEMM
+x = source_tokens(cfg, 0, 0).requires_grad_(tokens_need_grad(cfg))
+for _ in range(2):
+    x.grad = None
+    _, _, record, _ = ref.train_step(0, x)
+    sgd_step([p for _, p in ref.named], cfg.lr)
+mine = step.__closure__  # the step's model: find its parameters through the closure
+model = next(c.cell_contents for c in mine if isinstance(c.cell_contents, _Model))
+assert not model.layer.record_durations and ref.layer.record_durations and record.gemm_s[0] > 0
+for (name, a), (_, b) in zip(model.named, ref.named):
+    assert torch.equal(a, b), name
+print("same weights after 2 steps")
+"""
+
+
+@pytest.mark.parametrize("name", ["ep_skewed", "ep_nograd"])
+def test_the_timing_step_trains_exactly_as_the_verified_step(name):
+    import random
+    import subprocess
+    import sys
+
+    code = _TIMING_STEP.format(port=random.randint(20000, 40000), name=name)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and "same weights after 2 steps" in proc.stdout, proc.stderr[-2000:]

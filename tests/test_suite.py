@@ -1,6 +1,8 @@
 """The suite on a reduced subset: one launch, every table's figures checked against the predictor."""
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -113,6 +115,33 @@ def test_graph_blockers_name_what_a_cuda_graph_cannot_replay():
     assert get("tp_sp_b128").graph_blocker(get("tp_sp_b128").config({})) is None
     assert get("pp_1f1b_mb8").graph_blocker(get("pp_1f1b_mb8").config({})) is None
     assert "host" in get("nd_mlp").graph_blocker(get("nd_mlp").config({"moe": True}))
+
+
+GPU_RUN = Path(__file__).parent.parent / "docs/results/h200x2/graph/suite_graph_20"
+"""A suite measured on 2 x H200 with --cuda-graph --profile --sweep (docs/results/h200x2.md)."""
+
+
+def test_a_gpu_run_is_judged_on_the_gpu_clock_and_rerenders(tmp_path):
+    from meshscope.suite import comparisons
+
+    doc = json.loads((GPU_RUN / "result.json").read_text())
+    timing = doc["timing"]
+    [pp] = [c for c in comparisons(doc["results"], timing) if c["a"] == "pp_mb1"]
+    assert pp["timing_source"] == "measured: critical-rank GPU time (CUDA events)"
+    assert pp["timing_ratio"] == pytest.approx(timing["pp_mb8"]["gpu"]["median"] / timing["pp_mb1"]["gpu"]["median"])
+    by_title = {title: (head, rows) for title, head, rows in tables(doc)}
+    [(head, rows)] = [v for t, v in by_title.items() if t.startswith("performance")]
+    verdicts = {row[0]: row[-1] for row in rows}
+    assert verdicts["tp_ar_b32"] == ("PERF_UNSTABLE" if timing["tp_ar_b32"]["gpu"]["unstable"] else "stable")
+    [(head, rows)] = [v for t, v in by_title.items() if t.startswith("communication time")]
+    assert head[-2:] == ["measured (graph replay)", "error"] and len(rows) == 12
+    assert "timing method per configuration" not in by_title  # one method for all
+    doc["timing"]["ep_skewed"]["method"] = "eager, not a CUDA graph: test"
+    assert "timing method per configuration" in {t for t, _, _ in tables(doc)}
+    shutil.copytree(GPU_RUN, tmp_path / "run")
+    proc = cli("report", tmp_path / "run")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "measured (graph replay)" in (tmp_path / "run" / "report.md").read_text()
 
 
 def test_world_of_rejects_mixed_worlds():

@@ -121,9 +121,14 @@ class Capture:
         return self
 
     def __exit__(self, *exc) -> None:
-        _ACTIVE.remove(self)
-        if not _ACTIVE:
-            _uninstall()
+        if self in _ACTIVE:
+            _ACTIVE.remove(self)
+            if not _ACTIVE:
+                _uninstall()
+        else:  # exited while `suspended`: it must not resume
+            for paused in _PAUSED:
+                if self in paused:
+                    paused.remove(self)
 
     @property
     def events(self) -> list[CommEvent]:
@@ -144,17 +149,20 @@ class Capture:
         return new
 
     def _build(self) -> list[CommEvent]:
-        new = []
+        # Into locals first: a group that cannot be described raises here, and a second read must not
+        # find half of the pending calls numbered.
+        new, seqs = [], dict(self._seq)
         for calls, phase_name, region_name, microbatch in self._pending:
             for c in calls:
                 axis, ranks = describe(c.group)
                 key = (axis, ranks)
-                seq = self._seq.get(key, 0)
-                self._seq[key] = seq + 1
+                seq = seqs.get(key, 0)
+                seqs[key] = seq + 1
                 new.append(CommEvent(
                     rank=self._rank, seq=seq, op=c.op, axis=axis, group=ranks, phase=phase_name, dtype=c.dtype,
                     bytes_in=c.bytes_in, bytes_out=c.bytes_out, region=region_name, microbatch=microbatch,
                     input_splits=c.input_splits, output_splits=c.output_splits, peer=c.peer))
+        self._seq = seqs
         self._pending.clear()
         self._events.extend(new)
         return new
@@ -166,6 +174,8 @@ class Capture:
 
 
 _ACTIVE: list[Capture] = []
+_PAUSED: list[list[Capture]] = []
+"""The captures each enclosing `suspended` block will resume, innermost last."""
 _SAVED: list[tuple[object, str, object]] = []
 
 
@@ -183,10 +193,12 @@ def suspended():
     if paused:
         _ACTIVE.clear()
         _uninstall()
+    _PAUSED.append(paused)
     try:
         yield
     finally:
-        if paused:
+        _PAUSED.pop()
+        if paused:  # those that exited inside have left `paused` (`Capture.__exit__`)
             if not _ACTIVE:
                 _install()
             _ACTIVE.extend(paused)

@@ -122,7 +122,7 @@ def first_failure_line(run_dir: Path) -> str:
 
 def _auto_doctor(run_dir: Path) -> None:
     """After a failed run, say what the flight logs show (stderr, so --json stays one document)."""
-    from .doctor import diagnose
+    from .doctor import diagnose, progress
 
     try:
         report = diagnose(run_dir)
@@ -132,6 +132,8 @@ def _auto_doctor(run_dir: Path) -> None:
         return
     for f in report["findings"]:
         print(f"meshscope doctor: {f['summary']}", file=sys.stderr)
+    if not report["findings"] and progress(report):  # nothing pending to point at: where each rank last was
+        print(f"meshscope doctor: no collective left pending; {progress(report)}", file=sys.stderr)
 
 
 def cmd_suite(args) -> int:

@@ -37,8 +37,9 @@ def graphed(fn, device, warmup: int = 3, repeat: int = 1):
 
     `warmup` eager calls run first on a side stream (at least one: the capture needs every lazily
     created resource to exist). Every rank must call this at the same point with the same arguments,
-    as the eager calls issue their collectives. A replay updates the step's tensors in place, exactly
-    as `repeat` calls of `fn()` would (parameters, gradients, optimiser state).
+    as the eager calls issue their collectives. A replay does the device work of `repeat` calls of
+    `fn()` on the same memory (parameters updated in place, as eagerly); Python-side objects the step
+    creates (a fresh ``.grad`` tensor, a record) are those of the capture and do not change.
     """
     if repeat < 1:
         raise ValueError(f"repeat {repeat} must be at least 1")

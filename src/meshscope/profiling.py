@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from .capture import suspended
 from .kernels import (comm_counts, comm_records, compare_fingerprints, expected_kernels, fingerprint,
                       kernel_seconds_per_step, profiled)
 from .stats import critical_path, percentile
@@ -48,16 +49,17 @@ def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None
     where the ranks run in lockstep: an eager kernel's duration mostly waits for the peer's launch.
     """
     step = exp.step_fn(ctx, cfg)
-    for _ in range(max(warmup, 1)):
-        step()
     path = ctx.run_dir / "traces" / f"{label}.rank{ctx.rank}.json"
-    with profiled(path, ctx.device):
-        for _ in range(steps):
-            # ranks start each profiled step together, as in timing, so that a kernel's duration is
-            # not the other rank's lag from the previous step
-            ctx.synchronize()
-            dist.barrier(group=ctx.control)
+    with suspended():  # as in timing: recording would delay the launches the kernels then wait for
+        for _ in range(max(warmup, 1)):
             step()
+        with profiled(path, ctx.device):
+            for _ in range(steps):
+                # ranks start each profiled step together, as in timing, so that a kernel's duration is
+                # not the other rank's lag from the previous step
+                ctx.synchronize()
+                dist.barrier(group=ctx.control)
+                step()
     trace = json.loads(path.read_text())
     graph_s = None
     if fits and cuda_graph and ctx.device.type == "cuda" and exp.graph_blocker(cfg) is None:
@@ -115,7 +117,6 @@ def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None
 
 def _graph_kernel_seconds(ctx, step, steps: int, warmup: int, path) -> list[float]:
     """NCCL kernel seconds of each of `steps` back-to-back replays of a CUDA graph of `step`."""
-    from .capture import suspended
     from .cuda_graph import graphed
 
     with suspended():

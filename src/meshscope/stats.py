@@ -225,7 +225,7 @@ def method_text(samples: int, warmup: int, steps_per_sample: int, cuda: bool, cu
     """How `time_steps` took its samples, in words (the method is part of the figure)."""
     harness = ("a barrier before each sample" + (" and a device synchronise" if cuda else "")
                + ", garbage collector off and no collective recording while sampling")
-    step = (f"each sample one replay of a CUDA graph of its {steps_per_sample} step(s), captured after {warmup} "
+    step = (f"each sample one replay of a CUDA graph of its {steps_per_sample} step(s), captured after {max(warmup, 1)} "
             f"eager steps (device time: no Python or launch overhead)" if cuda_graph else "eager steps")
     if steps_per_sample == 1:
         return f"per step: {samples} steps after {warmup} warmup, {step}, {harness}"

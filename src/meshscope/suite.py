@@ -83,7 +83,9 @@ class SuiteOptions:
     """A saved `meshscope sweep` (sweep.json): predict each config's communication time from its ledger."""
     cuda_graph: bool = False
     """Time each sample as one replay of a CUDA graph of its steps (`cuda_graph`): the device's steps
-    without Python and launch jitter. A configuration whose step cannot be captured is timed eagerly and its method says why."""
+    without Python and launch jitter. A configuration that `Experiment.graph_blocker` rules out is
+    timed eagerly and its method says why; a capture that fails otherwise ends the run with CUDA's
+    reason. With `profile` and `sweep`, the NCCL kernel time is also measured over graph replays."""
 
     def validate(self) -> None:
         known = {e.label for e in SUITE}
@@ -245,8 +247,9 @@ CLOCKS = {"gpu": "GPU time (CUDA events)", "host": "host time"}
 
 
 def verdict_clock(row: dict) -> str:
-    """The clock a configuration's verdicts use: CUDA events on a GPU (they span exactly the step's
-    device work; the host clock adds the wake-up of the final synchronise), the host clock on CPU."""
+    """The clock a configuration's verdicts use: CUDA events on a GPU (they span the sample on the
+    device, first kernel to last; the host clock adds the wake-up of the final synchronise, which
+    shows on 70 us graph-replayed steps), the host clock on CPU."""
     return "gpu" if "gpu" in row else "host"
 
 

@@ -50,9 +50,7 @@ def run_spec(ctx: RankContext, spec: dict) -> list[dict] | None:
     for i, item in enumerate(spec["experiments"]):
         exp = experiments.get(item["name"])
         cfg = exp.config(item.get("overrides", {}))
-        ctx.progress(f"{exp.name} ({i + 1}/{len(spec['experiments'])}): running")
-        if ctx.flight is not None:
-            ctx.flight.mark(f"experiment {exp.name}")
+        ctx.progress(f"{exp.name} ({i + 1}/{len(spec['experiments'])}): running")  # also a flight-log mark
         out = exp.run_rank(ctx, cfg)
         outs = ctx.gather(out)
         kernels = None

@@ -89,7 +89,7 @@ def diagnose(run_dir: Path) -> dict:
     return {"run_dir": str(run_dir), "ranks": sorted(ranks), "healthy": not findings and not errors,
             "findings": [{k: v for k, v in asdict(f).items() if k != "t"} | {"summary": f.line(), "root_cause": i == 0}
                          for i, f in enumerate(findings)],
-            "errors": errors}
+            "errors": errors, "last_marks": {r: ranks[r].last_mark for r in sorted(ranks)}}
 
 
 def render(report: dict) -> list[str]:
@@ -99,4 +99,12 @@ def render(report: dict) -> list[str]:
         lines.append(("likely root cause: " if f["root_cause"] else "  then: ") + f["summary"])
     if report["healthy"]:
         lines.append(f"no problem found in the flight logs of ranks {report['ranks']}")
+    elif progress(report):  # where each rank last reported progress: the only trace of a hang in timing
+        lines.append(progress(report))
     return lines
+
+
+def progress(report: dict) -> str | None:
+    """'last progress: rank R 'mark'; ...' from the report's last marks, None if no rank left one."""
+    marks = "; ".join(f"rank {r} {m!r}" for r, m in report.get("last_marks", {}).items() if m)
+    return f"last progress: {marks}" if marks else None

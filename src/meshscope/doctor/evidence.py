@@ -52,6 +52,9 @@ class RankLog:
     issued: list[CommEvent]
     completed: set[tuple]
     issued_at: dict[tuple, float]
+    last_mark: str | None = None
+    """The rank's last progress mark: where it was when no call is pending (timing and sweeps record
+    no calls, so a hang there shows only as the last mark)."""
 
 
 def key(e: CommEvent) -> tuple:
@@ -74,6 +77,7 @@ def load(run_dir: Path) -> dict[int, RankLog]:
             [CommEvent.from_json(ln) for ln in lines if ln["kind"] == "issued"],
             {(ln["axis"], tuple(ln["group"]), ln["seq"]) for ln in lines if ln["kind"] == "completed"},
             {key(CommEvent.from_json(ln)): ln["t"] for ln in lines if ln["kind"] == "issued"},
+            next((ln["text"] for ln in reversed(lines) if ln["kind"] == "mark"), None),
         )
     return ranks
 

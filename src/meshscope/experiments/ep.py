@@ -291,7 +291,7 @@ class _Model:
 
     def train_step(self, step: int, x_TD: torch.Tensor, fixed=None):
         """Route, dispatch, experts, combine, loss, backward, expert sync in edp and gate sync in dp.
-        `fixed`: a (routing, packing) from `plan` reused instead of routing again (fixed routing only)."""
+        `fixed`: a (routing, packing pack_plan of it) reused instead of routing again (fixed routing only)."""
         routing, packing = fixed if fixed is not None else (route(self.cfg, step, self.rank, x_TD, self.router), None)
         out_TD, record = self.layer(x_TD, routing, self.pad_to, self.counts_SL, packing)
         loss = step_loss(self.cfg, out_TD, routing)

@@ -186,7 +186,7 @@ class NDParallel(Experiment):
         if model.moe is not None:
             model.moe.record_durations = False
         boundary = stage_boundary(ctx, cfg, model, mesh)
-        batch = replica_batch(cfg, 0, model.replica)
+        batch = tuple(t.to(ctx.device) for t in replica_batch(cfg, 0, model.replica))  # once: no copy per step
 
         def step():
             train_step(ctx, cfg, model, boundary, 0, batch)
