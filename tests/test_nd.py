@@ -19,7 +19,7 @@ from meshscope.doctor import diagnose
 from meshscope.errors import UsageError
 from meshscope.events import counts
 from meshscope.mesh import Layout
-from meshscope.experiments.nd_predict import axis_aliases, axis_breakdown, nd_layout, predict_step
+from meshscope.experiments.nd_predict import axis_breakdown, nd_layout, predict_step
 
 from .helpers import cli, failed_checks, run_many
 
@@ -57,7 +57,8 @@ def test_dense_groups_are_the_default_orders_and_ep_is_carved_from_dp():
     # ep members share tp and pp and differ in dp: different tokens; edp = the tp copies of an expert.
     assert layout.groups("ep") == [[0, 2], [1, 3], [4, 6], [5, 7]]
     assert layout.groups("edp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
-    assert axis_aliases(layout) == {"dp": ["dp-cp", "ep"], "tp": ["edp"]}
+    assert layout.aliases() == {"dp": ["dp-cp", "ep"], "tp": ["edp"]}
+    assert (layout.label("dp"), layout.label("tp"), layout.label("pp")) == ("dp=ep", "tp=edp", "pp")
 
 
 # -- predictor, per axis -----------------------------------------------------------------------------

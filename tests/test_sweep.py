@@ -84,6 +84,27 @@ def test_sweep_on_two_gloo_ranks_through_the_cli(tmp_path):
         assert p["busbw_GBps"] == pytest.approx(p["algbw_GBps"] * factor[p["op"]])
     assert [(f["op"], f["group_size"], len(f["rel_err"])) for f in doc["fits"]] == [(op, 2, 3) for op in OPS]
     text = render(doc).splitlines()
-    assert len(text) == 2 + 15 + 5 and text[-1].startswith("fit sendrecv n=2: alpha")
+    assert len(text) == 2 + 15 + 5 and text[-1].startswith("fit of wall time, sendrecv n=2: alpha")
+    assert "kernel_fits" not in doc  # kernel time needs CUDA graphs on GPUs
+
+
+def test_kernel_time_fits_are_preferred_and_shown(tmp_path):
+    from meshscope.profiling import load_fits
+
+    wall = fit_alpha_beta("all_reduce", 2, [1024, 2048], [20e-6, 22e-6])
+    kernel = fit_alpha_beta("all_reduce", 2, [1024, 2048], [6e-6, 7e-6], basis="kernel")
+    doc = {"config": {"axis": "world"}, "groups": [[0, 1]], "backend": "nccl", "clock": "gpu", "timing": "t",
+           "points": [{"op": "all_reduce", "bytes": 1024, "time_s": 20e-6, "cv": 0.01, "unstable": False,
+                       "algbw_GBps": 0.05, "busbw_GBps": 0.05, "kernel_time_s": 6e-6}],
+           "fits": [wall.to_json()], "kernel_fits": [kernel.to_json()]}
+    (tmp_path / "sweep.json").write_text(json.dumps(doc))
+    [fit] = load_fits(str(tmp_path / "sweep.json"))
+    assert (fit.basis, fit.alpha_s) == ("kernel", pytest.approx(5e-6))
+    text = render(doc).splitlines()
+    assert text[1].endswith("kernel us") and text[2].split()[-1] == "6.0"
+    assert text[-1].startswith("fit of kernel time, all_reduce n=2: alpha 5.0 us")
+    del doc["kernel_fits"]
+    (tmp_path / "sweep.json").write_text(json.dumps(doc))
+    assert load_fits(str(tmp_path / "sweep.json"))[0].basis == "wall"
     bad = cli("sweep", "--world", 2, "--axis", "tp", "--json")
     assert bad.returncode == 2 and bad.stdout == "" and "groups of 1" in bad.stderr

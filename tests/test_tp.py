@@ -172,3 +172,11 @@ def test_dp_over_different_shards_is_caught(results):
     assert {"weight grads == unsharded slices", "weights after 3 SGD steps == unsharded",
             "replicas equal: tp shard weights"} <= failed
     assert "losses finite" not in failed and "comm ledger == prediction" in failed  # synced on tp, not dp
+
+
+def test_predict_names_the_options_that_differ_from_the_preset():
+    exp = experiments.get("tp_ar_b32")
+    assert exp.changed(exp.config({})) == []
+    assert exp.changed(exp.config({"batch": 64})) == ["--batch 64"]
+    proc = cli("predict", "tp_ar_b32", "--batch", 64)
+    assert proc.returncode == 0 and "changed: --batch 64" in " ".join(proc.stdout.split())

@@ -251,6 +251,25 @@ class Layout:
                 out[name] = first.setdefault(tuple(map(tuple, groups)), name)
         return out
 
+    def aliases(self) -> dict[str, list[str]]:
+        """{canonical group name: the other names with the same groups}: a captured event is recorded
+        under the name its communicator was created with (``ep`` all_to_alls show as ``dp`` when the
+        groups are the same ranks), and this says which other dimensions that communicator serves."""
+        out: dict[str, list[str]] = {}
+        for name in GROUP_NAMES:
+            canonical = self.canonical(name)
+            if canonical != name and len(self.groups(name)[0]) > 1:
+                out.setdefault(canonical, []).append(name)
+        return out
+
+    def label(self, name: str) -> str:
+        """`name` joined with the single axes that share its groups, for tables: ``dp=ep`` when the EP
+        groups are the DP groups. Composite names (``dp-cp``) are left out, and so are the expert axes
+        of a layout without expert parallelism (there ``edp`` always mirrors ``dp``)."""
+        expert = self.ep * self.etp > 1
+        shown = [n for n in self.aliases().get(name, []) if "-" not in n and (expert or n not in ("etp", "ep", "edp"))]
+        return "=".join([name, *shown])
+
     def creation_order(self) -> list[tuple[str, list[int]]]:
         """The global group-creation protocol: every rank creates these groups, in this order.
 

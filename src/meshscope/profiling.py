@@ -27,14 +27,19 @@ def _calls(calls) -> str:
 
 
 def load_fits(path: str | None):
-    """The alpha-beta fits of a saved `meshscope sweep` (its sweep.json), or None; UsageError if unusable."""
+    """The alpha-beta fits of a saved `meshscope sweep` (its sweep.json), or None; UsageError if unusable.
+
+    Its kernel-time fits when it has them (`sweep --cuda-graph` on GPUs): the measured side of the
+    comparison is NCCL kernel time, so those predict like for like; its wall-time fits otherwise.
+    """
     if path is None:
         return None
     from .errors import UsageError
     from .sweep import Fit
 
     try:
-        return [Fit(**{**f, "rel_err": tuple(f["rel_err"])}) for f in json.loads(Path(path).read_text())["fits"]]
+        doc = json.loads(Path(path).read_text())
+        return [Fit(**{**f, "rel_err": tuple(f["rel_err"])}) for f in doc.get("kernel_fits") or doc["fits"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise UsageError(f"--sweep {path}: not the sweep.json of `meshscope sweep --out DIR` ({type(exc).__name__})") from None
 
@@ -103,7 +108,9 @@ def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None
 
         pred = predict_time(predicted, fits).critical_s
         meas = percentile(critical_path([seconds for _, seconds, _, _ in gathered]), 50)
-        section["comm_time"] = {"predicted_critical_s": pred, "measured_critical_s": meas,
+        section["comm_time"] = {"predicted_critical_s": pred, "predicted_as": f"alpha-beta fits of {fits[0].basis} "
+                                "time per call (sweep), summed over the rank's events, max over ranks",
+                                "measured_critical_s": meas,
                                 "rel_err": (pred - meas) / meas if meas else None,
                                 "measured_as": "sum of NCCL kernel durations per step, max over ranks, median over "
                                                "the profiled steps"}

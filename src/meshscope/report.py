@@ -45,7 +45,8 @@ def print_layout(layout: Layout) -> None:
 
 
 def print_prediction(exp, cfg, events) -> None:
-    console.print(f"{exp.name}: {exp.description}")
+    changed = exp.changed(cfg)
+    console.print(f"{exp.name}: {exp.description}" + (f"; changed: {', '.join(changed)}" if changed else ""))
     world = exp.layout(cfg).world
     table = Table("seq", "op", "axis", "group", "phase", "region", "mb", "in", "out", "splits / peer",
                   title="predicted collectives per step, rank 0 (--json for every rank)")

@@ -217,7 +217,7 @@ def _structure(result: dict) -> dict:
     events = [CommEvent.from_json(e) for e in result["comm"]["events"]["captured"] if e["rank"] == 0]
     payload = {}
     for e in events:
-        key = f"{e.axis} {e.op}"
+        key = f"{result.get('axis_labels', {}).get(e.axis, e.axis)} {e.op}"
         payload[key] = max(payload.get(key, 0), e.bytes_in, e.bytes_out)
     return {"max_payload_rank0": payload,
             "counts_rank0": result["comm"]["per_rank"][0]["captured"],

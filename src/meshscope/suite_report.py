@@ -42,9 +42,9 @@ def tables(doc: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         layouts.setdefault(key, []).append(r["label"])
     rows = []
     for (world, sizes), labels in layouts.items():
-        groups = {}
+        groups, names = {}, results[labels[0]].get("axis_labels", {})
         for e in _events(results[labels[0]]):
-            groups.setdefault(e.axis, set()).add(e.group)
+            groups.setdefault(names.get(e.axis, e.axis), set()).add(e.group)
         rows.append([", ".join(labels), str(world),
                      "; ".join(f"{axis} {sorted(map(list, gs))}" for axis, gs in sorted(groups.items()))])
     out.append(("group layout (groups that carried traffic)", ["configs", "world", "groups"], rows))
@@ -56,7 +56,7 @@ def tables(doc: dict) -> list[tuple[str, list[str], list[list[str]]]]:
             if e.rank == 0:
                 seen[(e.axis, e.op, e.phase, e.bytes_in, e.bytes_out, e.input_splits)] += 1
         for (axis, op, ph, bi, bo, splits), n in seen.items():
-            rows.append([label, axis, op, ph, human_bytes(bi), human_bytes(bo), str(list(splits)) if splits else "", str(n)])
+            rows.append([label, r.get("axis_labels", {}).get(axis, axis), op, ph, human_bytes(bi), human_bytes(bo), str(list(splits)) if splits else "", str(n)])
     out.append(("payload per collective, rank 0 (logical bytes, not wire bytes)",
                 ["config", "axis", "op", "phase", "in", "out", "splits", "count"], rows))
 
@@ -86,8 +86,9 @@ def tables(doc: dict) -> list[tuple[str, list[str], list[list[str]]]]:
                    else ["n/a", "n/a"] if graph else [])]
                 for label, c in times.items()]
         if rows:
-            out.append(("communication time per step, critical rank: alpha-beta model from the sweep vs measured "
-                        "NCCL kernel time", ["config", "predicted", "measured (eager)", "error",
+            basis = next(iter(times.values())).get("predicted_as", "alpha-beta fits of wall time per call")
+            out.append((f"communication time per step, critical rank: predicted from the sweep ({basis.split(' (')[0]}) "
+                        "vs measured NCCL kernel time", ["config", "predicted", "measured (eager)", "error",
                                              *(["measured (graph replay)", "error"] if graph else [])], rows))
 
     rows = [[label, *(f"{r['numerics'].get(k, float('nan')):.3g}" for k in ("max_abs_err_output", "max_abs_err_grad")),

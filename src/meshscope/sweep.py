@@ -127,6 +127,8 @@ class Fit:
     """Inverse bandwidth (seconds per byte)."""
     rel_err: tuple[float, ...]
     """(model - measured) / measured at each fitted point, in size order."""
+    basis: str = "wall"
+    """What was fitted: ``wall`` time per call on the stream, or ``kernel`` time (`sweep_kernels`)."""
 
     def time(self, nbytes: int) -> float:
         return self.alpha_s + self.beta_s_per_byte * nbytes
@@ -135,7 +137,7 @@ class Fit:
         return {**asdict(self), "rel_err": list(self.rel_err)}
 
 
-def fit_alpha_beta(op: str, group_size: int, sizes, seconds) -> Fit:
+def fit_alpha_beta(op: str, group_size: int, sizes, seconds, basis: str = "wall") -> Fit:
     """Least squares of t = alpha + beta * S, weighted by 1 / t^2.
 
     The weights make it minimise the squared RELATIVE error: sizes span five orders of magnitude, and an
@@ -153,7 +155,7 @@ def fit_alpha_beta(op: str, group_size: int, sizes, seconds) -> Fit:
     beta = (sw * sxt - sx * st) / (sw * sxx - sx * sx)
     alpha = (st - beta * sx) / sw
     rel = tuple((alpha + beta * x - t) / t for x, t in zip(xs, ts))
-    return Fit(op, group_size, alpha, beta, rel)
+    return Fit(op, group_size, alpha, beta, rel, basis)
 
 
 @dataclass(frozen=True)
@@ -235,46 +237,61 @@ def run_sweep_rank(ctx, cfg: SweepConfig) -> dict | None:
         group = AxisGroup("world", tuple(range(ctx.world)), dist.group.WORLD)
     else:
         group = ctx.mesh(cfg.layout())[cfg.axis]
-    table = {}
+    table, kernel = {}, {}
+    kernels = cfg.cuda_graph and ctx.device.type == "cuda"  # kernel time: CUDA kernels in a graph
     for op in cfg.ops:
         for size in cfg.sizes:
             ctx.progress(f"sweep {op} {human_bytes(size)} on {cfg.axis} (group of {group.size})")
-            t = time_steps(_step(op, size, group, ctx.device), cfg.iters, warmup=cfg.warmup, device=ctx.device,
+            call = _step(op, size, group, ctx.device)
+            t = time_steps(call, cfg.iters, warmup=cfg.warmup, device=ctx.device,
                            steps_per_sample=cfg.back_to_back, cuda_graph=cfg.cuda_graph)
             table[(op, size)] = t.gpu_s if t.gpu_s is not None else t.host_s
-    everyone = ctx.gather({"ranks": list(group.ranks), "table": table, "method": t.method,
+            if kernels:
+                from .sweep_kernels import kernel_seconds_per_call
+
+                trace = ctx.run_dir / "traces" / f"sweep.{op}.{size}.rank{ctx.rank}.json"
+                kernel[(op, size)] = kernel_seconds_per_call(call, ctx.device, cfg.back_to_back, cfg.warmup, trace)
+    everyone = ctx.gather({"ranks": list(group.ranks), "table": table, "kernel": kernel, "method": t.method,
                            "clock": "gpu" if t.gpu_s is not None else "host"})
     if ctx.rank != 0:
         return None
-    n, rows, fits = group.size, [], []
+    n, rows, fits, kernel_fits = group.size, [], [], []
     for op in cfg.ops:
-        medians = []
+        medians, kernel_s = [], []
         for size in cfg.sizes:
             s = summarize(critical_path([r["table"][(op, size)] for r in everyone]))
             medians.append(s.median)
             algbw = size / s.median
             rows.append({"op": op, "bytes": size, "group_size": n, "time_s": s.median, "p95_s": s.p95, "cv": s.cv,
                          "unstable": s.unstable, "algbw_GBps": algbw / 1e9, "busbw_GBps": busbw(op, size, s.median, n) / 1e9})
+            if kernels:  # the critical rank's kernel time per call
+                kernel_s.append(max(r["kernel"][(op, size)] for r in everyone))
+                rows[-1]["kernel_time_s"] = kernel_s[-1]
         fits.append(fit_alpha_beta(op, n, cfg.sizes, medians))
+        if kernels:
+            kernel_fits.append(fit_alpha_beta(op, n, cfg.sizes, kernel_s, basis="kernel"))
     return {"kind": "sweep", "backend": ctx.backend, "world": ctx.world, "config": cfg.to_json(),
             "groups": sorted({tuple(r["ranks"]) for r in everyone}), "clock": everyone[0]["clock"],
             "timing": everyone[0]["method"] + "; critical rank = max over ranks per iteration; time = median",
-            "points": rows, "fits": [f.to_json() for f in fits]}
+            "points": rows, "fits": [f.to_json() for f in fits],
+            **({"kernel_fits": [f.to_json() for f in kernel_fits]} if kernels else {})}
 
 
 def render(doc: dict) -> str:
     """The sweep as text: one table of points, one line per fit."""
     lines = [f"sweep on {doc['config']['axis']} groups {doc['groups']} ({doc['backend']}, {doc['clock']} clock); "
              f"{doc['timing']}",
-             f"{'op':15s} {'size':>9s} {'time us':>10s} {'CV':>7s} {'algbw GB/s':>11s} {'busbw GB/s':>11s}"]
+             f"{'op':15s} {'size':>9s} {'time us':>10s} {'CV':>7s} {'algbw GB/s':>11s} {'busbw GB/s':>11s}"
+             + (f" {'kernel us':>10s}" if "kernel_fits" in doc else "")]
     for p in doc["points"]:
         flag = " PERF_UNSTABLE" if p["unstable"] else ""
+        kernel = f" {p['kernel_time_s'] * 1e6:10.1f}" if "kernel_time_s" in p else ""
         lines.append(f"{p['op']:15s} {human_bytes(p['bytes']):>9s} {p['time_s'] * 1e6:10.1f} {p['cv']:7.1%} "
-                     f"{p['algbw_GBps']:11.3f} {p['busbw_GBps']:11.3f}{flag}")
-    for f in doc["fits"]:
+                     f"{p['algbw_GBps']:11.3f} {p['busbw_GBps']:11.3f}{kernel}{flag}")
+    for f in doc["fits"] + doc.get("kernel_fits", []):
         worst = max(abs(r) for r in f["rel_err"])
         # beta <= 0 happens when noise swamps the size dependence (few, small sizes): say so, no "inf GB/s"
         bw = f"{1 / f['beta_s_per_byte'] / 1e9:.3f} GB/s" if f["beta_s_per_byte"] > 0 else "n/a (beta <= 0)"
-        lines.append(f"fit {f['op']} n={f['group_size']}: alpha {f['alpha_s'] * 1e6:.1f} us, 1/beta {bw}, "
+        lines.append(f"fit of {f.get('basis', 'wall')} time, {f['op']} n={f['group_size']}: alpha {f['alpha_s'] * 1e6:.1f} us, 1/beta {bw}, "
                      f"max |rel err| {worst:.1%}")
     return "\n".join(lines)

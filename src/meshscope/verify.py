@@ -81,7 +81,8 @@ def build_result(exp: Experiment, cfg, backend: str, outputs: list[RankOutput], 
     for out in outputs:
         for k, v in out.numerics.items():
             numerics[k] = worse(numerics.get(k, 0.0), float(v))  # a NaN on any rank stays NaN
-    world = exp.layout(cfg).world
+    layout = exp.layout(cfg)
+    world = layout.world
     per_rank = [{"rank": r,
                  "predicted": counts(e for e in predicted if e.rank == r),
                  "captured": counts(e for e in captured if e.rank == r)} for r in range(world)]
@@ -90,6 +91,7 @@ def build_result(exp: Experiment, cfg, backend: str, outputs: list[RankOutput], 
         "backend": backend,
         "world": world,
         "config": asdict(cfg),
+        "axis_labels": {axis: layout.label(axis) for axis in layout.aliases()},
         "passed": all(c.passed for c in checks),
         "checks": [c.to_json() for c in checks],
         "comm": {"match": not problems, "diff": problems, "per_rank": per_rank,

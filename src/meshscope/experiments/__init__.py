@@ -86,6 +86,13 @@ class Experiment:
         self.validate(cfg)
         return cfg
 
+    def changed(self, cfg) -> list[str]:
+        """The options in which `cfg` differs from this preset, as ``--name value`` (the description
+        speaks of the preset only)."""
+        preset = self.config({})  # validated, so sizes derived from others compare like for like
+        return [f"--{f.name.replace('_', '-')} {getattr(cfg, f.name)}" for f in fields(cfg)
+                if getattr(cfg, f.name) != getattr(preset, f.name)]
+
     def validate(self, cfg) -> None:
         """Raise `UsageError` for inconsistent parameters."""
 

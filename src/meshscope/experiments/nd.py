@@ -40,7 +40,7 @@ from ..models.tp_mlp import SEMANTICS, SUMMED
 from ..verify import digest
 from . import Check, Experiment, RankOutput, bound, register
 from .nd_model import StageModel, expert_grad_scale, init_weights, loss_scale, reference_step, replica_batch, route
-from .nd_predict import axis_aliases, axis_breakdown, nd_layout, predict_step
+from .nd_predict import axis_breakdown, nd_layout, predict_step
 from .numerics import TOLERANCE, Worst, finite
 from .sizes import check_choice, check_positive, world_and_dp
 
@@ -207,7 +207,7 @@ class NDParallel(Experiment):
         events = [e for o in outputs for e in o.events]
         groups = {e.axis: list(e.group) for e in events if e.rank == 0}
         return {"axes": {"rank": 0, "groups": dict(sorted(groups.items())), "ops": axis_breakdown(events, 0),
-                         "aliases": axis_aliases(self.layout(cfg))}}
+                         "aliases": self.layout(cfg).aliases()}}
 
 
 def stage_boundary(ctx, cfg: NDConfig, model: StageModel, mesh) -> StageBoundary:

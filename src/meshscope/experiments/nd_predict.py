@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
 from ..events import OPS, CommEvent
-from ..mesh import GROUP_NAMES, Layout
+from ..mesh import Layout
 from ..models.data_parallel import predict_grad_sync
 from ..models.moe.dispatch import destination_splits
 from ..models.nd_stage import scatter_gather_boundaries
@@ -173,13 +173,3 @@ def axis_breakdown(events, rank: int) -> dict[str, dict[str, dict[str, int]]]:
     return {axis: {op: dict(ops[op]) for op in OPS if op in ops} for axis, ops in sorted(out.items())}
 
 
-def axis_aliases(layout: Layout) -> dict[str, list[str]]:
-    """{canonical axis: the other group names with the same groups}: a captured event is recorded under
-    the name its communicator was created with (``ep`` all_to_alls show as ``dp`` when the groups are
-    the same ranks), and this says which other dimensions that communicator also serves."""
-    out: dict[str, list[str]] = {}
-    for name in GROUP_NAMES:
-        canonical = layout.canonical(name)
-        if canonical != name and len(layout.groups(name)[0]) > 1:
-            out.setdefault(canonical, []).append(name)
-    return out
