@@ -173,9 +173,8 @@ def time_steps(fn, samples: int, *, warmup: int = 3, device=None, group=None, st
     it is "the mean of K back-to-back steps per sample", which the design brief proposes where eager
     per-step CV on the H200 stayed at 17-20 % however many steps were taken. With `cuda_graph` the
     sample's `steps_per_sample` steps are captured once, after `warmup` eager steps, into one CUDA
-    graph (`cuda_graph.graphed`); each sample replays it twice, and the second replay, queued behind
-    the first, is the one the CUDA events time: the device-side steps, without Python, launch or the
-    ranks' skew. The method string says which was used. Host time always includes waiting for the device (synchronise before the clock stops);
+    graph (`cuda_graph.graphed`) and each sample is one replay: the device-side steps, without Python
+    or launch overhead. The method string says which was used. Host time always includes waiting for the device (synchronise before the clock stops);
     GPU time is CUDA-event time between the first step's start and the last step's end.
 
     No collective is recorded while sampling (`capture.suspended`): the recording's own cost would be
@@ -201,15 +200,8 @@ def time_steps(fn, samples: int, *, warmup: int = 3, device=None, group=None, st
                 if cuda:
                     torch.cuda.synchronize(device)
                     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                t0 = time.perf_counter()
-                if sample is not None:
-                    # An untimed primer replay absorbs what is not the steps: the graph's launch and the
-                    # ranks' skew after the barrier (a peer that leaves it late makes the others' first
-                    # collective wait: one such 1.5 ms wait once doubled a 20-step sample on the H200).
-                    # The timed replay is queued behind it and starts as it ends, the ranks in lockstep.
-                    sample()
-                if cuda:
                     start.record()
+                t0 = time.perf_counter()
                 if sample is not None:
                     sample()
                 else:
@@ -220,7 +212,7 @@ def time_steps(fn, samples: int, *, warmup: int = 3, device=None, group=None, st
                     end.synchronize()
                 t1 = time.perf_counter()
                 if i >= warmup:
-                    host.append((t1 - t0) / steps_per_sample / (2 if sample is not None else 1))
+                    host.append((t1 - t0) / steps_per_sample)
                     if cuda:
                         gpu.append(start.elapsed_time(end) / 1e3 / steps_per_sample)
     finally:
@@ -233,9 +225,8 @@ def method_text(samples: int, warmup: int, steps_per_sample: int, cuda: bool, cu
     """How `time_steps` took its samples, in words (the method is part of the figure)."""
     harness = ("a barrier before each sample" + (" and a device synchronise" if cuda else "")
                + ", garbage collector off and no collective recording while sampling")
-    step = (f"each sample one timed replay of a CUDA graph of its {steps_per_sample} step(s), captured after "
-            f"{max(warmup, 1)} eager steps, queued behind an untimed primer replay (device time: no Python, launch "
-            f"or rank skew; host time spans both replays)" if cuda_graph else "eager steps")
+    step = (f"each sample one replay of a CUDA graph of its {steps_per_sample} step(s), captured after {max(warmup, 1)} "
+            f"eager steps (device time: no Python or launch overhead)" if cuda_graph else "eager steps")
     if steps_per_sample == 1:
         return f"per step: {samples} steps after {warmup} warmup, {step}, {harness}"
     return (f"per sample of {steps_per_sample} back-to-back steps, time / {steps_per_sample}: {samples} samples "
