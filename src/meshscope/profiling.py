@@ -50,8 +50,9 @@ def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None
 
     The section's ``check`` exists only on GPUs (gloo launches no kernels to fingerprint). With `fits`
     the NCCL kernel time per step is compared with the alpha-beta prediction; with `cuda_graph` too
-    (and a step that can be captured) it is also measured over `steps` back-to-back graph replays,
-    where the ranks run in lockstep: an eager kernel's duration mostly waits for the peer's launch.
+    (and a step that can be captured) it is also measured over one replay of a CUDA graph of `steps`
+    steps (`graph_kernels`), where the ranks run in lockstep: an eager kernel's duration mostly waits
+    for the peer's launch.
     """
     step = exp.step_fn(ctx, cfg)
     path = ctx.run_dir / "traces" / f"{label}.rank{ctx.rank}.json"
@@ -68,7 +69,9 @@ def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None
     trace = json.loads(path.read_text())
     graph_s = None
     if fits and cuda_graph and ctx.device.type == "cuda" and exp.graph_blocker(cfg) is None:
-        graph_s = _graph_kernel_seconds(ctx, step, steps, warmup, path.with_name(f"{label}.graph.rank{ctx.rank}.json"))
+        from .graph_kernels import graph_kernel_seconds
+
+        graph_s = graph_kernel_seconds(step, ctx.device, steps, warmup, path.with_name(f"{label}.graph.rank{ctx.rank}.json"))
     gathered = ctx.gather((fingerprint(trace), kernel_seconds_per_step(trace, steps), comm_counts(comm_records(trace)),
                            graph_s))
     if ctx.rank != 0:
@@ -118,20 +121,6 @@ def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None
             graph = percentile(critical_path([g for *_, g in gathered]), 50)
             section["comm_time"] |= {"measured_graph_critical_s": graph,
                                      "rel_err_graph": (pred - graph) / graph if graph else None,
-                                     "measured_graph_as": f"the same over {steps} back-to-back CUDA-graph replays"}
+                                     "measured_graph_as": f"the same over one CUDA-graph replay of {steps} steps"}
     return section
 
-
-def _graph_kernel_seconds(ctx, step, steps: int, warmup: int, path) -> list[float]:
-    """NCCL kernel seconds of each of `steps` back-to-back replays of a CUDA graph of `step`."""
-    from .cuda_graph import graphed
-
-    with suspended():
-        replay = graphed(step, ctx.device, warmup)
-        ctx.synchronize()
-        dist.barrier(group=ctx.control)
-        with profiled(path, ctx.device):
-            for _ in range(steps):
-                replay()
-            ctx.synchronize()
-    return kernel_seconds_per_step(json.loads(path.read_text()), steps)

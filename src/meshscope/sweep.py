@@ -128,7 +128,7 @@ class Fit:
     rel_err: tuple[float, ...]
     """(model - measured) / measured at each fitted point, in size order."""
     basis: str = "wall"
-    """What was fitted: ``wall`` time per call on the stream, or ``kernel`` time (`sweep_kernels`)."""
+    """What was fitted: ``wall`` time per call on the stream, or ``kernel`` time (`graph_kernels`)."""
 
     def time(self, nbytes: int) -> float:
         return self.alpha_s + self.beta_s_per_byte * nbytes
@@ -229,7 +229,7 @@ def _step(op: str, size: int, group, device):
 def run_sweep_rank(ctx, cfg: SweepConfig) -> dict | None:
     """Every rank times every (op, size); rank 0 returns the sweep document (None elsewhere)."""
     from .groups import AxisGroup
-    from .stats import critical_path, summarize, time_steps
+    from .stats import critical_path, percentile, summarize, time_steps
 
     if cfg.axis == "world":
         import torch.distributed as dist
@@ -247,10 +247,11 @@ def run_sweep_rank(ctx, cfg: SweepConfig) -> dict | None:
                            steps_per_sample=cfg.back_to_back, cuda_graph=cfg.cuda_graph)
             table[(op, size)] = t.gpu_s if t.gpu_s is not None else t.host_s
             if kernels:
-                from .sweep_kernels import kernel_seconds_per_call
+                from .graph_kernels import graph_kernel_seconds
 
                 trace = ctx.run_dir / "traces" / f"sweep.{op}.{size}.rank{ctx.rank}.json"
-                kernel[(op, size)] = kernel_seconds_per_call(call, ctx.device, cfg.back_to_back, cfg.warmup, trace)
+                per_call = graph_kernel_seconds(call, ctx.device, cfg.back_to_back, cfg.warmup, trace)
+                kernel[(op, size)] = percentile(per_call, 50)
     everyone = ctx.gather({"ranks": list(group.ranks), "table": table, "kernel": kernel, "method": t.method,
                            "clock": "gpu" if t.gpu_s is not None else "host"})
     if ctx.rank != 0:

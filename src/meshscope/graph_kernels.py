@@ -1,0 +1,37 @@
+"""NCCL kernel time per call of a CUDA-graph-replayed function: the sweep's kernel-time fits and the
+profile's graph-replay measurement of a step's communication.
+
+Why: a call timed on the stream is the kernel plus the gap before the next one, and an eager kernel's
+duration is mostly its wait for the peer's launch; a profiled step's NCCL kernels, replayed in a
+graph, add up to communication time alone. Predicting a step with wall-time fits and comparing it
+with that over-predicted TP and EP by +33 to +73 % on 2 x H200; with kernel-time fits the error was
+-8 to +9 % (docs/results/h200x2.md).
+
+How: `calls` back-to-back calls captured in one CUDA graph, one replay under torch.profiler, the
+trace's NCCL kernels cut into the calls in start order (`kernels.kernel_seconds_per_step`). Callers
+take the median, so that the first call's wait for a late peer does not count.
+"""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from .capture import suspended
+from .cuda_graph import graphed
+from .kernels import kernel_seconds_per_step, profiled
+
+
+def graph_kernel_seconds(fn, device, calls: int, warmup: int, path) -> list[float]:
+    """NCCL kernel seconds of each of `calls` back-to-back calls of `fn()`, replayed as one CUDA graph.
+
+    Every rank of the collectives' groups must call this at the same point (the eager warmup and the
+    replay issue collectives). The trace is left at `path`.
+    """
+    with suspended():
+        replay = graphed(fn, device, warmup, calls)
+        with profiled(path, device):
+            replay()
+            torch.cuda.synchronize(device)
+    return kernel_seconds_per_step(json.loads(path.read_text()), calls)
