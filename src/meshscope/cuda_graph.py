@@ -7,11 +7,11 @@ replays the same kernels and NCCL calls with a single launch; what is timed is t
 step: GEMMs, collectives and the waits between ranks, which is what a communication study compares.
 Both figures are honest; they answer different questions, and the method string says which one a
 table holds. Measured on 2 x H200 with one graph of 20 steps per sample: every suite configuration's
-CV 0.5-3.0 % (docs/results/h200x2.md).
+CV 0.5-3.0 % in 5 of 6 runs; in the sixth one late rank spoiled one sample (docs/results/h200x2.md).
 
 How (torch's "whole-network capture" recipe):
 warm the step up eagerly on a side stream, so lazily created NCCL communicators, the caching
-allocator and autograd's buffers exist before the capture; then capture one call. Capture errors are
+allocator and autograd's buffers exist before the capture; then capture the calls. Capture errors are
 thread-local: ProcessGroupNCCL's watchdog thread polls CUDA events while the main thread captures,
 and under the default global mode such a call from another thread invalidates the capture.
 
