@@ -201,6 +201,8 @@ def test_more_experts_and_wider_ep(results):
     assert [c for _, c in _per_rank(four)] == [{"all_reduce": 2, "all_to_all": 4}] * 4  # one sync per local expert
     assert [c for _, c in _per_rank(wide)] == [{"all_to_all": 4}] * 4  # edp is 1: nothing to sync
     assert wide["experts"]["ranks"][0]["dispatch"]["input_splits"] == [16, 16, 16, 16]
+    # ep = world: the all_to_alls run on the communicator created for dp, and the tables say so
+    assert wide["axis_labels"]["dp"] == "dp=ep" and four["axis_labels"].get("dp", "dp") == "dp"
     assert [c for _, c in _per_rank(learned_nograd)] == [{"all_reduce": 3, "all_to_all": 4}] * 4
 
 

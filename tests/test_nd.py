@@ -59,6 +59,7 @@ def test_dense_groups_are_the_default_orders_and_ep_is_carved_from_dp():
     assert layout.groups("edp") == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert layout.aliases() == {"dp": ["dp-cp", "ep"], "tp": ["edp"]}
     assert (layout.label("dp"), layout.label("tp"), layout.label("pp")) == ("dp=ep", "tp=edp", "pp")
+    assert layout.label("tp", experts=False) == "tp"  # a dense model's unused expert axes are not named
 
 
 # -- predictor, per axis -----------------------------------------------------------------------------

@@ -97,7 +97,7 @@ def test_report_rerenders_a_saved_run(suite_run):
 
 @pytest.mark.parametrize("args, needle", [
     (("suite", "--configs", "tp_ar_b32,nope"), "unknown suite config 'nope'"),
-    (("suite", "--iters", 0), "--iters 0 must be at least 1"),
+    (("suite", "--iters", 0), "--iters 0 must be a positive integer"),
     (("suite", "--cuda-graph", "--configs", "tp_ar_b32"), "--cuda-graph replays CUDA graphs and needs --backend nccl"),
     (("sweep", "--cuda-graph"), "--cuda-graph replays CUDA graphs and needs --backend nccl"),
 ])

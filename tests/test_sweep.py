@@ -86,6 +86,8 @@ def test_sweep_on_two_gloo_ranks_through_the_cli(tmp_path):
     text = render(doc).splitlines()
     assert len(text) == 2 + 15 + 5 and text[-1].startswith("fit of wall time, sendrecv n=2: alpha")
     assert "kernel_fits" not in doc  # kernel time needs CUDA graphs on GPUs
+    bad = cli("sweep", "--world", 2, "--axis", "tp", "--json")
+    assert bad.returncode == 2 and bad.stdout == "" and "groups of 1" in bad.stderr
 
 
 def test_kernel_time_fits_are_preferred_and_shown(tmp_path):
@@ -106,5 +108,3 @@ def test_kernel_time_fits_are_preferred_and_shown(tmp_path):
     del doc["kernel_fits"]
     (tmp_path / "sweep.json").write_text(json.dumps(doc))
     assert load_fits(str(tmp_path / "sweep.json"))[0].basis == "wall"
-    bad = cli("sweep", "--world", 2, "--axis", "tp", "--json")
-    assert bad.returncode == 2 and bad.stdout == "" and "groups of 1" in bad.stderr

@@ -178,5 +178,6 @@ def test_predict_names_the_options_that_differ_from_the_preset():
     exp = experiments.get("tp_ar_b32")
     assert exp.changed(exp.config({})) == []
     assert exp.changed(exp.config({"batch": 64})) == ["--batch 64"]
+    assert exp.changed(exp.config({"input_grad": True})) == ["--input-grad"]  # a switch, as typed
     proc = cli("predict", "tp_ar_b32", "--batch", 64)
     assert proc.returncode == 0 and "changed: --batch 64" in " ".join(proc.stdout.split())

@@ -262,12 +262,12 @@ class Layout:
                 out.setdefault(canonical, []).append(name)
         return out
 
-    def label(self, name: str) -> str:
+    def label(self, name: str, experts: bool = True) -> str:
         """`name` joined with the single axes that share its groups, for tables: ``dp=ep`` when the EP
         groups are the DP groups. Composite names (``dp-cp``) are left out, and so are the expert axes
-        of a layout without expert parallelism (there ``edp`` always mirrors ``dp``)."""
-        expert = self.ep * self.etp > 1
-        shown = [n for n in self.aliases().get(name, []) if "-" not in n and (expert or n not in ("etp", "ep", "edp"))]
+        (etp, ep, edp) when the model has no experts: every layout defines them, and they would only
+        say that an unused axis happens to span the same ranks."""
+        shown = [n for n in self.aliases().get(name, []) if "-" not in n and (experts or n not in ("etp", "ep", "edp"))]
         return "=".join([name, *shown])
 
     def creation_order(self) -> list[tuple[str, list[int]]]:

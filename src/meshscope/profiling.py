@@ -40,7 +40,7 @@ def load_fits(path: str | None):
     try:
         doc = json.loads(Path(path).read_text())
         return [Fit(**{**f, "rel_err": tuple(f["rel_err"])}) for f in doc.get("kernel_fits") or doc["fits"]]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"--sweep {path}: not the sweep.json of `meshscope sweep --out DIR` ({type(exc).__name__})") from None
 
 
@@ -50,9 +50,9 @@ def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None
 
     The section's ``check`` exists only on GPUs (gloo launches no kernels to fingerprint). With `fits`
     the NCCL kernel time per step is compared with the alpha-beta prediction; with `cuda_graph` too
-    (and a step that can be captured) it is also measured over one replay of a CUDA graph of `steps`
-    steps (`graph_kernels`), where the ranks run in lockstep: an eager kernel's duration mostly waits
-    for the peer's launch.
+    (and a step that can be captured, and `steps` >= `graph_kernels.MIN_CALLS`) it is also measured
+    over one replay of a CUDA graph of `steps` steps (`graph_kernels`), where the ranks run in lockstep:
+    an eager kernel's duration mostly waits for the peer's launch.
     """
     step = exp.step_fn(ctx, cfg)
     path = ctx.run_dir / "traces" / f"{label}.rank{ctx.rank}.json"
@@ -68,10 +68,11 @@ def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None
                 step()
     trace = json.loads(path.read_text())
     graph_s = None
-    if fits and cuda_graph and ctx.device.type == "cuda" and exp.graph_blocker(cfg) is None:
-        from .graph_kernels import graph_kernel_seconds
+    from .graph_kernels import MIN_CALLS, graph_kernel_seconds
 
-        graph_s = graph_kernel_seconds(step, ctx.device, steps, warmup, path.with_name(f"{label}.graph.rank{ctx.rank}.json"))
+    if fits and cuda_graph and ctx.device.type == "cuda" and exp.graph_blocker(cfg) is None and steps >= MIN_CALLS:
+        graph_s = graph_kernel_seconds(step, ctx.device, steps, warmup, path.with_name(f"{label}.graph.rank{ctx.rank}.json"),
+                                       lambda: dist.barrier(group=ctx.control))
     gathered = ctx.gather((fingerprint(trace), kernel_seconds_per_step(trace, steps), comm_counts(comm_records(trace)),
                            graph_s))
     if ctx.rank != 0:

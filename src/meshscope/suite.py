@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from . import experiments
 from .errors import UsageError
 from .events import CommEvent
+from .experiments.sizes import check_int
 from .profiling import load_fits
 from .stats import DEFAULT_CV_THRESHOLD, compare, summarize_table, time_steps
 from .verify import build_result
@@ -94,17 +95,13 @@ class SuiteOptions:
                 raise UsageError(f"unknown suite config {label!r}; valid: {', '.join(e.label for e in SUITE)}")
         if not self.configs:
             raise UsageError("--configs selects no configuration")
-        for name in ("rounds", "iters", "steps_per_sample"):
-            if getattr(self, name) < 1:
-                raise UsageError(f"--{name.replace('_', '-')} {getattr(self, name)} must be at least 1")
-        if self.profile_steps < 1:
-            raise UsageError(f"--profile-steps {self.profile_steps} must be at least 1")
+        for name in ("rounds", "iters", "steps_per_sample", "profile_steps"):
+            check_int(name.replace("_", "-"), getattr(self, name))
         if self.sweep is not None:
             if not self.profile:
                 raise UsageError("--sweep needs --profile: the measured communication time comes from the profile")
             load_fits(self.sweep)  # a bad file fails here, before any rank starts
-        if self.warmup < 0:
-            raise UsageError(f"--warmup {self.warmup} must be at least 0")
+        check_int("warmup", self.warmup, minimum=0)
         if not 0 < self.cv_threshold < 10:
             raise UsageError(f"--cv-threshold {self.cv_threshold} must be a fraction such as 0.05")
 

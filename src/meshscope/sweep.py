@@ -80,7 +80,8 @@ class SweepConfig:
     cuda_graph: bool = False
     """Each sample one replay of a CUDA graph of its `back_to_back` collectives (`cuda_graph`): no
     Python or launch overhead, so small messages show NCCL's own latency rather than the host's
-    (nccl-tests' ``-G`` captures its loop the same way)."""
+    (nccl-tests' ``-G`` captures its loop the same way). On GPUs with `back_to_back` >= 3 the NCCL
+    kernel time per call is profiled and fitted too (`graph_kernels`)."""
 
     def layout(self) -> Layout:
         return Layout(self.world, tp=self.tp, cp=self.cp, ep=self.ep, etp=self.etp, pp=self.pp)
@@ -231,14 +232,17 @@ def run_sweep_rank(ctx, cfg: SweepConfig) -> dict | None:
     from .groups import AxisGroup
     from .stats import critical_path, percentile, summarize, time_steps
 
-    if cfg.axis == "world":
-        import torch.distributed as dist
+    import torch.distributed as dist
 
+    if cfg.axis == "world":
         group = AxisGroup("world", tuple(range(ctx.world)), dist.group.WORLD)
     else:
         group = ctx.mesh(cfg.layout())[cfg.axis]
+    from .graph_kernels import MIN_CALLS, graph_kernel_seconds
+
     table, kernel = {}, {}
-    kernels = cfg.cuda_graph and ctx.device.type == "cuda"  # kernel time: CUDA kernels in a graph
+    # kernel time: CUDA kernels in a graph, enough calls for a median that skips the first one's wait
+    kernels = cfg.cuda_graph and ctx.device.type == "cuda" and cfg.back_to_back >= MIN_CALLS
     for op in cfg.ops:
         for size in cfg.sizes:
             ctx.progress(f"sweep {op} {human_bytes(size)} on {cfg.axis} (group of {group.size})")
@@ -247,10 +251,9 @@ def run_sweep_rank(ctx, cfg: SweepConfig) -> dict | None:
                            steps_per_sample=cfg.back_to_back, cuda_graph=cfg.cuda_graph)
             table[(op, size)] = t.gpu_s if t.gpu_s is not None else t.host_s
             if kernels:
-                from .graph_kernels import graph_kernel_seconds
-
                 trace = ctx.run_dir / "traces" / f"sweep.{op}.{size}.rank{ctx.rank}.json"
-                per_call = graph_kernel_seconds(call, ctx.device, cfg.back_to_back, cfg.warmup, trace)
+                per_call = graph_kernel_seconds(call, ctx.device, cfg.back_to_back, cfg.warmup, trace,
+                                                lambda: dist.barrier(group=ctx.control))
                 kernel[(op, size)] = percentile(per_call, 50)
     everyone = ctx.gather({"ranks": list(group.ranks), "table": table, "kernel": kernel, "method": t.method,
                            "clock": "gpu" if t.gpu_s is not None else "host"})
@@ -269,13 +272,14 @@ def run_sweep_rank(ctx, cfg: SweepConfig) -> dict | None:
                 kernel_s.append(max(r["kernel"][(op, size)] for r in everyone))
                 rows[-1]["kernel_time_s"] = kernel_s[-1]
         fits.append(fit_alpha_beta(op, n, cfg.sizes, medians))
-        if kernels:
+        if kernels and min(kernel_s) > 0:  # a trace without NCCL kernels gives 0: no kernel fit, the rest stands
             kernel_fits.append(fit_alpha_beta(op, n, cfg.sizes, kernel_s, basis="kernel"))
     return {"kind": "sweep", "backend": ctx.backend, "world": ctx.world, "config": cfg.to_json(),
             "groups": sorted({tuple(r["ranks"]) for r in everyone}), "clock": everyone[0]["clock"],
             "timing": everyone[0]["method"] + "; critical rank = max over ranks per iteration; time = median",
             "points": rows, "fits": [f.to_json() for f in fits],
-            **({"kernel_fits": [f.to_json() for f in kernel_fits]} if kernels else {})}
+            # all or none: `suite --sweep` predicts every op with the same basis
+            **({"kernel_fits": [f.to_json() for f in kernel_fits]} if len(kernel_fits) == len(cfg.ops) else {})}
 
 
 def render(doc: dict) -> str:

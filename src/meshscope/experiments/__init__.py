@@ -90,8 +90,12 @@ class Experiment:
         """The options in which `cfg` differs from this preset, as ``--name value`` (the description
         speaks of the preset only)."""
         preset = self.config({})  # validated, so sizes derived from others compare like for like
-        return [f"--{f.name.replace('_', '-')} {getattr(cfg, f.name)}" for f in fields(cfg)
-                if getattr(cfg, f.name) != getattr(preset, f.name)]
+        out = []
+        for f in fields(cfg):
+            value, flag = getattr(cfg, f.name), f.name.replace("_", "-")
+            if value != getattr(preset, f.name):  # switches as typed: --moe / --no-moe
+                out.append((f"--{flag}" if value else f"--no-{flag}") if isinstance(value, bool) else f"--{flag} {value}")
+        return out
 
     def validate(self, cfg) -> None:
         """Raise `UsageError` for inconsistent parameters."""
@@ -112,6 +116,10 @@ class Experiment:
         """One training step on this rank as a zero-argument callable, for timing and profiling:
         forward, backward, gradient sync and SGD, exactly as `run_rank` trains, without its checks."""
         raise NotImplementedError(f"{self.name} cannot be timed")
+
+    def has_experts(self, cfg) -> bool:
+        """Whether the model has MoE experts, i.e. uses the expert axes (etp, ep, edp) at all."""
+        return False
 
     def graph_blocker(self, cfg) -> str | None:
         """Why `step_fn` cannot be replayed as a CUDA graph (`cuda_graph`), or None when it can: its

@@ -194,6 +194,9 @@ class ExpertParallel(Experiment):
 
         return step
 
+    def has_experts(self, cfg: EPConfig) -> bool:
+        return True
+
     def graph_blocker(self, cfg: EPConfig) -> str | None:
         if cfg.routing == "learned":
             return ("learned routing re-routes every step and reads the routed counts on the host (.tolist()), "

@@ -194,6 +194,9 @@ class NDParallel(Experiment):
 
         return step
 
+    def has_experts(self, cfg) -> bool:
+        return cfg.moe
+
     def graph_blocker(self, cfg) -> str | None:
         if cfg.moe:
             return "the MoE stage packs each microbatch's routing, reading per-expert counts on the host"
