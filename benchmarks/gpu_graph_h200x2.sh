@@ -5,15 +5,8 @@
 # Run from the repository root: OUT=/some/dir bash benchmarks/gpu_graph_h200x2.sh
 # Every command has a wall-clock limit (a capture that hangs must not eat the session).
 set -uo pipefail
-: "${OUT:?set OUT to an output directory}"
-RUNS=${RUNS:-/tmp/meshscope-runs}
-mkdir -p "$RUNS"
-export PYTHONPATH=src NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-ms="python3 -m meshscope"
-step() { echo "== $(date -u +%T) $*" | tee -a "$OUT/commands.log"; timeout "$LIMIT" "$@"; echo "   exit $?" | tee -a "$OUT/commands.log"; }
-keep() { mkdir -p "$OUT/$1"; for f in result.json report.md sweep.json; do [ -f "$RUNS/$1/$f" ] && cp "$RUNS/$1/$f" "$OUT/$1/$f"; done; }
+source benchmarks/gpu_common.sh
 
-python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version())" > "$OUT/versions.txt"
 # 1. the capture's and the flight log's overhead on the seed's TP step (per-phase breakdown), the
 #    per-call cost in isolation, and the variants that locate it
 for i in 1 2 3; do

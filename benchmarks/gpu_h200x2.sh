@@ -1,20 +1,11 @@
 #!/usr/bin/env bash
 # The measurements behind docs/results/h200x2.md, on one host with 2 NVIDIA GPUs (device kind
 # nvidia-h200-x2). Run from the repository root: OUT=/some/dir bash benchmarks/gpu_h200x2.sh
-# Runs write to $RUNS (default /tmp/meshscope-runs); $OUT receives the terminal output of every
-# command and the small documents: each run's result.json and report.md, the sweep's sweep.json.
 set -uo pipefail
-: "${OUT:?set OUT to an output directory}"
-RUNS=${RUNS:-/tmp/meshscope-runs}
-mkdir -p "$RUNS"
-export PYTHONPATH=src NCCL_NVLS_ENABLE=0 PYTHONUNBUFFERED=1
-ms="python3 -m meshscope"
-step() { echo "== $(date -u +%T) $*" | tee -a "$OUT/commands.log"; "$@"; echo "   exit $?" | tee -a "$OUT/commands.log"; }
-keep() { for f in result.json report.md sweep.json; do [ -f "$RUNS/$1/$f" ] && cp "$RUNS/$1/$f" "$OUT/$1.$f"; done; }
+source benchmarks/gpu_common.sh
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT/nvidia-smi.csv" 2>&1
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1
-python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', torch.cuda.nccl.version())" > "$OUT/versions.txt"
 
 # 1. collective sweep on the 2 GPUs, 20 back-to-back calls per timed sample, and its alpha-beta fits
 step $ms sweep --backend nccl --world 2 --iters 30 --warmup 5 --back-to-back 20 --out "$RUNS/sweep" > "$OUT/sweep.txt" 2>&1
