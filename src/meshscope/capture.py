@@ -112,6 +112,8 @@ class Capture:
         self._seq: dict[tuple, int] = {}
         self._rank = 0
         self._on_issue, self._on_complete = on_issue, on_complete
+        self._immediate = on_issue is not None or on_complete is not None
+        """Build and announce each call's events at the call (the flight log), not when read."""
 
     def __enter__(self) -> "Capture":
         self._rank = dist.get_rank() if dist.is_initialized() else 0
@@ -140,7 +142,7 @@ class Capture:
     def _note(self, entry: tuple) -> list[CommEvent] | None:
         """Record one entry point's calls (see `_issue`); with callbacks, build and announce them now."""
         self._pending.append(entry)
-        if self._on_issue is None and self._on_complete is None:
+        if not self._immediate:
             return None
         new = self._build()
         if self._on_issue:
@@ -277,7 +279,7 @@ def _issue(calls, original, args, kwargs):
     entry = (calls, "backward" if _graph_task_id() != -1 else _LABELS.phase, _LABELS.region, _LABELS.microbatch)
     announced = None
     for cap in _ACTIVE:
-        if cap._on_issue is None and cap._on_complete is None:
+        if not cap._immediate:
             cap._pending.append(entry)
         else:
             announced = announced or []

@@ -132,8 +132,8 @@ def _auto_doctor(run_dir: Path) -> None:
         return
     for f in report["findings"]:
         print(f"meshscope doctor: {f['summary']}", file=sys.stderr)
-    if not report["findings"] and progress(report):  # nothing pending to point at: where each rank last was
-        print(f"meshscope doctor: no collective left pending; {progress(report)}", file=sys.stderr)
+    if not report["findings"] and (line := progress(report)):  # nothing pending: where each rank last was
+        print(f"meshscope doctor: no collective left pending; {line}", file=sys.stderr)
 
 
 def cmd_suite(args) -> int:

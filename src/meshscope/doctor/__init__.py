@@ -99,8 +99,8 @@ def render(report: dict) -> list[str]:
         lines.append(("likely root cause: " if f["root_cause"] else "  then: ") + f["summary"])
     if report["healthy"]:
         lines.append(f"no problem found in the flight logs of ranks {report['ranks']}")
-    elif progress(report):  # where each rank last reported progress: the only trace of a hang in timing
-        lines.append(progress(report))
+    elif line := progress(report):  # where each rank last reported progress: the only trace of a hang in timing
+        lines.append(line)
     return lines
 
 
