@@ -25,11 +25,11 @@ import torch.nn.functional as F
 def worker(iters: int, backend: str, block: int) -> None:
     import torch.distributed as dist
 
-    from meshscope.capture import Capture
-    from meshscope.flightlog import FlightLog
-    from meshscope.collectives import AllReduceSum
-    from meshscope.mesh import Layout
-    from meshscope.runtime import RankContext
+    from meshscope.capture.flightlog import FlightLog
+    from meshscope.capture.recorder import Capture
+    from meshscope.core.mesh import Layout
+    from meshscope.models.collectives import AllReduceSum
+    from meshscope.run.runtime import RankContext
 
     ctx = RankContext.start(backend, 60, None)
     tp = ctx.mesh(Layout(ctx.world, tp=ctx.world))["tp"]

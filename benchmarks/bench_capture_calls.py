@@ -6,15 +6,27 @@ point, and the top of a cProfile of the captured calls.
 
 Run: PYTHONPATH=src python3 benchmarks/bench_capture_calls.py [--cpu]
 """
-import contextlib, cProfile, pstats, statistics, sys, tempfile, time, os, torch, torch.distributed as dist
+import contextlib
+import cProfile
+import os
+import pstats
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+
 os.environ.setdefault("MASTER_ADDR", "127.0.0.1"); os.environ.setdefault("MASTER_PORT", "29555")
 CPU = "--cpu" in sys.argv
 if CPU:
     dist.init_process_group("gloo", rank=0, world_size=1)
 else:
     dist.init_process_group("nccl", rank=0, world_size=1, device_id=torch.device("cuda", 0))
-from meshscope.capture import Capture
-from meshscope.flightlog import FlightLog
+from meshscope.capture.flightlog import FlightLog
+from meshscope.capture.recorder import Capture
+
 x = torch.ones(4, device="cpu" if CPU else "cuda")
 sync = (lambda: None) if CPU else torch.cuda.synchronize
 N = 3000
@@ -32,8 +44,10 @@ print(f"us per all_reduce (median of 7 interleaved rounds of {N}): bare {med['ba
       f"capture {med['capture'] - med['bare']:+.1f}, flight log {med['flight log'] - med['bare']:+.1f}")
 # The recorder alone: a no-op entry point wrapped as the capture wraps all_reduce (no NCCL, no gloo),
 # so the figure is the recording's own hot-path cost, free of the collective's noise.
-from meshscope.capture import _wrap_c10d
-from meshscope.collective_calls import C10D
+from meshscope.capture.collective_calls import C10D
+from meshscope.capture.recorder import _wrap_c10d
+
+
 def noop(tensor, op=None, group=None, async_op=False): return None
 recorded = _wrap_c10d(noop, C10D["all_reduce"])
 def best_us(f, n=20000):

@@ -6,7 +6,7 @@ Run: python benchmarks/bench_mesh.py [--world 100000]
 import argparse
 import time
 
-from meshscope.mesh import GROUP_NAMES, Layout
+from meshscope.core.mesh import GROUP_NAMES, Layout
 
 
 def main() -> None:

@@ -10,8 +10,8 @@ Run: python benchmarks/bench_place.py [--world 16384] [--gpus-per-node 8] [--sta
 import argparse
 import time
 
-from meshscope.model_spec import ModelSpec, parse_stage_layers
-from meshscope.place import rank_placements
+from meshscope.place.advisor import rank_placements
+from meshscope.predict.model_spec import ModelSpec, parse_stage_layers
 
 
 def main() -> None:

@@ -5,13 +5,20 @@ garbage collector off. Prints rank 0's median step, forward and backward host ti
 
 Run: PYTHONPATH=src torchrun --standalone --nproc-per-node 2 benchmarks/diag_capture_variants.py
 """
-import contextlib, gc, statistics, time
-import torch, torch.nn.functional as F, torch.distributed as dist
-from meshscope.capture import Capture
-from meshscope.collectives import AllReduceSum
-from meshscope.mesh import Layout
-from meshscope.runtime import RankContext
-from meshscope.collective_calls import C10D
+import contextlib
+import gc
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from meshscope.capture.collective_calls import C10D
+from meshscope.capture.recorder import Capture
+from meshscope.core.mesh import Layout
+from meshscope.models.collectives import AllReduceSum
+from meshscope.run.runtime import RankContext
 
 ctx = RankContext.start("nccl", 60, None)
 tp = ctx.mesh(Layout(ctx.world, tp=ctx.world))["tp"]

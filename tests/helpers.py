@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from meshscope.launch import launch
+from meshscope.run.launch import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 

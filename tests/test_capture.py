@@ -2,10 +2,10 @@
 
 import torch.distributed as dist
 
-from meshscope.capture import Capture, active, suspended
-from meshscope.events import CommEvent
+from meshscope.capture.recorder import Capture, active, suspended
+from meshscope.core.events import CommEvent
 from meshscope.experiments import get
-from meshscope.launch import launch
+from meshscope.run.launch import launch
 
 from .helpers import failed_checks, run_many
 
@@ -115,7 +115,7 @@ _INTERLEAVED = """
 import os, torch, torch.distributed as dist
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}")
 dist.init_process_group("gloo", rank=0, world_size=1)
-from meshscope.capture import Capture, region, suspended
+from meshscope.capture.recorder import Capture, region, suspended
 x = torch.ones(3)
 log = []
 flight = Capture(on_issue=lambda e: log.append(("issued", e.seq, e.region)),

@@ -10,13 +10,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from meshscope.core.events import CommEvent
+from meshscope.core.mesh import Layout
 from meshscope.doctor import diagnose, render
 from meshscope.doctor.collective import collectives, group_order
 from meshscope.doctor.evidence import load
 from meshscope.doctor.p2p import p2p
 from meshscope.doctor.prediction import dp_wrong_group
-from meshscope.events import CommEvent
-from meshscope.mesh import Layout
 
 from .helpers import cli
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from meshscope import experiments
-from meshscope.errors import UsageError
-from meshscope.events import counts
-from meshscope.experiments.ep import backward_note
-from meshscope.groups import AxisGroup
+from meshscope.core.errors import UsageError
+from meshscope.core.events import counts
+from meshscope.core.groups import AxisGroup
+from meshscope.experiments.ep.experiment import backward_note
 from meshscope.models.moe import dispatch as dsp
 from meshscope.models.moe.router import Routing, apply_capacity, apportion, fixed_routing, parse_skew
 
@@ -210,17 +210,17 @@ _TIMING_STEP = """
 import os, torch
 os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}")
 from meshscope.experiments import get
-from meshscope.experiments.ep import _Model
-from meshscope.experiments.ep import tokens_need_grad
-from meshscope.experiments.ep_model import source_tokens
+from meshscope.experiments.ep.config import tokens_need_grad
+from meshscope.experiments.ep.experiment import _Model
+from meshscope.experiments.ep.model import source_tokens
 from meshscope.models.data_parallel import sgd_step
-from meshscope.runtime import RankContext
+from meshscope.run.runtime import RankContext
 ctx = RankContext.start("gloo", 30, None)
 exp = get("{name}")
 cfg = exp.config(dict(world=1, ep=1))
 step = exp.step_fn(ctx, cfg)  # routes and packs once, no per-GEMM timing
 step(); step()
-ref = _Model(ctx, cfg, ctx.mesh(exp.layout(cfg)))  # the verified step: routes every time, times each GEMM
+ref = _Model(ctx, cfg, ctx.mesh(cfg.layout))  # the verified step: routes every time, times each GEMM
 x = source_tokens(cfg, 0, 0).requires_grad_(tokens_need_grad(cfg))
 for _ in range(2):
     x.grad = None

@@ -5,9 +5,17 @@ import json
 import pytest
 import torch
 
-from meshscope.events import CommEvent
-from meshscope.kernels import (classify, comm_counts, comm_records, compare_fingerprints, expected_kernels,
-                               fingerprint, kernel_seconds_per_step, profile_call)
+from meshscope.core.events import CommEvent
+from meshscope.timing.kernels import (
+    classify,
+    comm_counts,
+    comm_records,
+    compare_fingerprints,
+    expected_kernels,
+    fingerprint,
+    kernel_seconds_per_step,
+    profile_call,
+)
 
 NAMES = {
     "ncclDevKernel_AllReduce_Sum_f32_RING_LL": "AllReduce",

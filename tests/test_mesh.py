@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from meshscope.errors import UsageError
-from meshscope.mesh import GROUP_NAMES, Layout, parse_order
+from meshscope.core.errors import UsageError
+from meshscope.core.mesh import GROUP_NAMES, Layout, parse_order
 
 from .helpers import cli
 

@@ -15,11 +15,11 @@ import re
 import pytest
 
 from meshscope import experiments
+from meshscope.core.errors import UsageError
+from meshscope.core.events import counts
+from meshscope.core.mesh import Layout
 from meshscope.doctor import diagnose
-from meshscope.errors import UsageError
-from meshscope.events import counts
-from meshscope.mesh import Layout
-from meshscope.experiments.nd_predict import axis_breakdown, nd_layout, predict_step
+from meshscope.experiments.nd.predict import axis_breakdown, predict_step
 
 from .helpers import cli, failed_checks, run_many
 
@@ -50,7 +50,7 @@ def breakdown(rank, **overrides):
 # -- layout ------------------------------------------------------------------------------------------
 def test_dense_groups_are_the_default_orders_and_ep_is_carved_from_dp():
     cfg = cfg_of(moe=True)
-    layout, default = nd_layout(cfg), Layout(8, tp=2, pp=2)
+    layout, default = cfg.layout, Layout(8, tp=2, pp=2)
     for axis in ("tp", "dp", "pp"):
         assert layout.groups(axis) == default.groups(axis)
     assert layout.groups("pp") == [[0, 4], [1, 5], [2, 6], [3, 7]]

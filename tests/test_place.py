@@ -14,15 +14,20 @@ from collections import defaultdict
 import pytest
 
 from meshscope import experiments
-from meshscope.cli import main
-from meshscope.errors import UsageError
-from meshscope.mesh import ORDER_AXES, Layout
-from meshscope.model_spec import ModelSpec
-from meshscope.node_crossing import (AXIS_MEMBERS, axis_spans, crossing_boundaries, crossing_groups,
-                                     crossing_per_stage)
-from meshscope.place import LinkClass, link_from_sweep, rank_placements
-from meshscope.sweep import fit_alpha_beta, model_bytes
-from meshscope.volume import link_bytes, stage_traffic, step_traffic, table
+from meshscope.cli.parser import main
+from meshscope.core.errors import UsageError
+from meshscope.core.mesh import ORDER_AXES, Layout
+from meshscope.place.advisor import LinkClass, link_from_sweep, rank_placements
+from meshscope.place.node_crossing import (
+    AXIS_MEMBERS,
+    axis_spans,
+    crossing_boundaries,
+    crossing_groups,
+    crossing_per_stage,
+)
+from meshscope.predict.alpha_beta import fit_alpha_beta, model_bytes
+from meshscope.predict.model_spec import ModelSpec
+from meshscope.predict.volume import link_bytes, stage_traffic, step_traffic, table
 
 INTRA = LinkClass("intra-node", 1e-5, 100e9)
 INTER = LinkClass("inter-node", 1e-4, 10e9)
@@ -120,7 +125,7 @@ def test_volume_equals_the_tp_mlp_ledger(name, overrides):
     # the tokens of one microbatch (one sequence of B tokens: sequence parallelism shards those rows).
     spec = ModelSpec(layers=1, hidden=cfg.hidden, ffn=cfg.ffn, seq_len=cfg.batch, micro_batch=1, heads=0,
                      experts=0, dtype="float32", microbatches=1, sequence_parallel=cfg.sequence_parallel)
-    want = table(step_traffic(spec, exp.layout(cfg)))
+    want = table(step_traffic(spec, cfg.layout))
     events = exp.predict(cfg)
     for rank in range(cfg.world):
         assert _ledger_table(events, rank) == want
@@ -137,7 +142,7 @@ def test_volume_equals_the_pipeline_ledger(name, overrides):
     spec = ModelSpec(layers=cfg.pp, hidden=cfg.ffn, ffn=cfg.hidden // 2, seq_len=cfg.batch // cfg.microbatches,
                      micro_batch=1, heads=0, dtype="float32",
                      microbatches=cfg.microbatches)
-    want = table(step_traffic(spec, exp.layout(cfg)))
+    want = table(step_traffic(spec, cfg.layout))
     events = exp.predict(cfg)
     for rank in range(cfg.world):
         got = _ledger_table(events, rank)
@@ -147,9 +152,9 @@ def test_volume_equals_the_pipeline_ledger(name, overrides):
                {a: sum(b for _, b in ops.values()) for a, ops in want.items()}
         assert (got["dp"]["all_reduce"][0], want["dp"]["all_reduce"][0]) == (1, 2)
         # per stage, which way each message goes: stage 0 sends activations forward, stage 1 receives them
-        stage = exp.layout(cfg).coords(rank)["pp"]
+        stage = cfg.layout.coords(rank)["pp"]
         assert {(e.op, e.phase) for e in events if e.rank == rank and e.axis == "pp"} == \
-               {(t.op, t.phase) for t in stage_traffic(spec, exp.layout(cfg), stage) if t.axis == "pp"}
+               {(t.op, t.phase) for t in stage_traffic(spec, cfg.layout, stage) if t.axis == "pp"}
 
 
 # -- group math ---------------------------------------------------------------------------------------

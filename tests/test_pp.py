@@ -7,15 +7,17 @@ from collections import Counter
 
 import pytest
 import torch
-import torch.nn.functional as F
 import torch.distributed.pipelining.schedules as torch_schedules
+import torch.nn.functional as F
 
-from meshscope import experiments, timeline
-from meshscope.errors import UsageError
-from meshscope.events import counts
-from meshscope.experiments.pp import ORDER, fault_knobs
-from meshscope.mesh import Layout
-from meshscope.models.pipeline import Exchange, actions, check_matched, peak_stash, program, stage_forward, stash_bound
+from meshscope import experiments
+from meshscope.core.errors import UsageError
+from meshscope.core.events import counts
+from meshscope.core.mesh import Layout
+from meshscope.experiments.pp.config import ORDER, fault_knobs
+from meshscope.models.pipeline import timeline
+from meshscope.models.pipeline.schedules import Exchange, actions, check_matched, peak_stash, program, stash_bound
+from meshscope.models.pipeline.stage import stage_forward
 
 from .helpers import cli, failed_checks, run_many
 
@@ -168,7 +170,7 @@ def test_seed_message_figures(name, m, msg_bytes):
 
 
 def test_seed_rank_mapping():
-    layout = experiments.get("pp_mb8").layout(experiments.get("pp_mb8").config({}))
+    layout = experiments.get("pp_mb8").config({}).layout
     assert layout.groups("pp") == [[0, 1], [2, 3]] and layout.groups("dp") == [[0, 2], [1, 3]]
     assert layout == Layout(4, pp=2, order="pp-tp-cp-ep-dp")
 

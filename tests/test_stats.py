@@ -4,9 +4,9 @@ import math
 
 import pytest
 
-from meshscope.capture import Capture, active
-from meshscope.stats import (compare, critical_path, method_text, percentile, summarize, summarize_table,
-                             time_steps)
+from meshscope.capture.recorder import Capture, active
+from meshscope.timing.sampler import method_text, time_steps
+from meshscope.timing.statistics import compare, critical_path, percentile, summarize, summarize_table
 
 
 def test_percentile_is_linear_interpolation_between_order_statistics():

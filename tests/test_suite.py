@@ -7,10 +7,12 @@ from pathlib import Path
 import pytest
 
 from meshscope import experiments
-from meshscope.events import counts
-from meshscope.suite import SUITE, SuiteOptions, world_of
-from meshscope.suite_report import summary, tables
-from meshscope.errors import UsageError
+from meshscope.core.errors import UsageError
+from meshscope.core.events import counts
+from meshscope.core.result import SuiteResult
+from meshscope.report.suite import tables
+from meshscope.suite.plan import SUITE, SuiteOptions, world_of
+from meshscope.suite.verdicts import summary
 
 from .helpers import cli
 
@@ -52,7 +54,7 @@ def test_suite_summary_and_counts_match_the_predictor(suite_run):
 
 def test_suite_tables_show_the_seed_payloads(suite_run):
     _, doc = suite_run
-    payload = next(rows for title, _, rows in tables(doc) if title.startswith("payload"))
+    payload = next(rows for title, _, rows in tables(SuiteResult.from_json(doc)) if title.startswith("payload"))
     cells = {(r[0], r[1], r[2], r[3]): (r[4], r[5]) for r in payload}
     assert cells[("tp_ar_b32", "tp", "all_reduce", "forward")] == ("64 KiB", "64 KiB")
     assert cells[("tp_sp_b128", "tp", "reduce_scatter", "forward")] == ("256 KiB", "128 KiB")
@@ -61,7 +63,7 @@ def test_suite_tables_show_the_seed_payloads(suite_run):
     assert cells[("pp_mb8", "pp", "send", "forward")] == ("32 KiB", "0 B")
     assert cells[("pp_mb8", "dp", "all_reduce", "optimizer")] == ("2 MiB", "2 MiB")
     assert doc["results"]["ep_skewed"]["experts"]["tokens_per_expert"][0] == [112, 16]
-    perf = next(rows for title, _, rows in tables(doc) if title.startswith("performance"))
+    perf = next(rows for title, _, rows in tables(SuiteResult.from_json(doc)) if title.startswith("performance"))
     assert {r[0] for r in perf} == set(SUBSET)
     for label, t in doc["timing"].items():
         assert t["host"]["n"] == 2 * 4 and len(t["host_steps"]) == 4  # rounds x iters, per rank
@@ -92,7 +94,7 @@ def test_report_rerenders_a_saved_run(suite_run):
     invariants = (out / "records/invariants.jsonl").read_text().splitlines()
     assert len(invariants) == doc["summary"]["checked_invariants"]
     assert "| tp_ar_b32 | tp | all_reduce | forward | 64 KiB | 64 KiB |" in (out / "report.md").read_text()
-    assert summary(doc) == doc["summary"]
+    assert summary(SuiteResult.from_json(doc)) == doc["summary"]
 
 
 @pytest.mark.parametrize("args, needle", [
@@ -122,14 +124,14 @@ GPU_RUN = Path(__file__).parent.parent / "docs/results/h200x2/graph/suite_graph_
 
 
 def test_a_gpu_run_is_judged_on_the_gpu_clock_and_rerenders(tmp_path):
-    from meshscope.suite import comparisons
+    from meshscope.suite.rank import comparisons
 
     doc = json.loads((GPU_RUN / "result.json").read_text())
     timing = doc["timing"]
-    [pp] = [c for c in comparisons(doc["results"], timing) if c["a"] == "pp_mb1"]
+    [pp] = [c for c in comparisons(SuiteResult.from_json(doc).results, timing) if c["a"] == "pp_mb1"]
     assert pp["timing_source"] == "measured: critical-rank GPU time (CUDA events)"
     assert pp["timing_ratio"] == pytest.approx(timing["pp_mb8"]["gpu"]["median"] / timing["pp_mb1"]["gpu"]["median"])
-    by_title = {title: (head, rows) for title, head, rows in tables(doc)}
+    by_title = {title: (head, rows) for title, head, rows in tables(SuiteResult.from_json(doc))}
     [(head, rows)] = [v for t, v in by_title.items() if t.startswith("performance")]
     verdicts = {row[0]: row[-1] for row in rows}
     assert verdicts["tp_ar_b32"] == ("PERF_UNSTABLE" if timing["tp_ar_b32"]["gpu"]["unstable"] else "stable")
@@ -137,7 +139,7 @@ def test_a_gpu_run_is_judged_on_the_gpu_clock_and_rerenders(tmp_path):
     assert head[-2:] == ["measured (graph replay)", "error"] and len(rows) == 12
     assert "timing method per configuration" not in by_title  # one method for all
     doc["timing"]["ep_skewed"]["method"] = "eager, not a CUDA graph: test"
-    assert "timing method per configuration" in {t for t, _, _ in tables(doc)}
+    assert "timing method per configuration" in {t for t, _, _ in tables(SuiteResult.from_json(doc))}
     shutil.copytree(GPU_RUN, tmp_path / "run")
     proc = cli("report", tmp_path / "run")
     assert proc.returncode == 0, proc.stderr[-2000:]

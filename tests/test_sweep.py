@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from meshscope.errors import UsageError
-from meshscope.events import CommEvent
-from meshscope.sweep import OPS, SweepConfig, busbw, fit_alpha_beta, parse_sizes, predict_time, render
+from meshscope.core.errors import UsageError
+from meshscope.core.events import CommEvent
+from meshscope.predict.alpha_beta import OPS, busbw, fit_alpha_beta, predict_time
+from meshscope.timing.sweep import SweepConfig, parse_sizes, render
 
 from .helpers import cli
 
@@ -91,7 +92,7 @@ def test_sweep_on_two_gloo_ranks_through_the_cli(tmp_path):
 
 
 def test_kernel_time_fits_are_preferred_and_shown(tmp_path):
-    from meshscope.profiling import load_fits
+    from meshscope.timing.profiling import load_fits
 
     wall = fit_alpha_beta("all_reduce", 2, [1024, 2048], [20e-6, 22e-6])
     kernel = fit_alpha_beta("all_reduce", 2, [1024, 2048], [6e-6, 7e-6], basis="kernel")

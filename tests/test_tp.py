@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from meshscope import experiments
-from meshscope.errors import UsageError
-from meshscope.events import counts
-from meshscope.experiments.tp import Worst
+from meshscope.core.errors import UsageError
+from meshscope.core.events import counts
+from meshscope.experiments.numerics import Worst
 from tests.helpers import cli, failed_checks, run_many
 
 KiB, MiB = 1 << 10, 1 << 20

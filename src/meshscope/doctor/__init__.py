@@ -30,6 +30,8 @@ from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
 
+from ..core.mesh import Layout
+from ..core.result import RunResult, SuiteResult
 from .collective import collectives, group_order
 from .evidence import P2P, Finding, load
 from .p2p import p2p, pp_no_grad
@@ -38,26 +40,43 @@ from .prediction import dp_wrong_group, pruned_a2a
 __all__ = ["Finding", "diagnose", "load", "render"]
 
 
+def _results(run_dir: Path) -> list[RunResult]:
+    """The verified runs in the directory's result.json: one for ``run``, one per configuration for a
+    suite; none when the run never got that far."""
+    path = run_dir / "result.json"
+    if not path.exists():
+        return []
+    doc = json.loads(path.read_text())
+    if doc.get("kind") == "suite":
+        return list(SuiteResult.from_json(doc).results.values())
+    return [RunResult.from_json(d) for d in doc.get("results", [doc])]
+
+
 def _first_experiment(run_dir: Path):
-    """(experiment, config) of the run's first experiment, from spec.json; None if unreadable."""
+    """(experiment, config, layout) of a ``run`` directory's first experiment, from spec.json; None
+    for a suite or sweep directory (many layouts) or an unreadable spec."""
     try:
         spec = json.loads((run_dir / "spec.json").read_text())
         from .. import experiments
 
         item = spec["experiments"][0]
         exp = experiments.get(item["name"])
-        return exp, exp.config(item.get("overrides", {}))
+        cfg = exp.config(item.get("overrides", {}))
     except (OSError, KeyError, IndexError, ValueError):
         return None
+    layout = Layout.from_json(item["layout"]) if "layout" in item else cfg.layout
+    return exp, cfg, layout
 
 
-def _plan(first) -> dict | None:
-    """Predicted collective ops of one step, per group and rank (P2P excluded)."""
+def _plan(first, results: list[RunResult]) -> dict | None:
+    """Predicted collective ops of one step, per group and rank (P2P excluded): the result's own
+    prediction when the run got that far, else the experiment's."""
     if first is None:
         return None
-    exp, cfg = first
+    exp, cfg, _ = first
+    predicted = results[0].predicted if results else exp.predict(cfg)
     out: dict = defaultdict(lambda: defaultdict(list))
-    for e in sorted(exp.predict(cfg), key=lambda e: (e.rank, e.axis, e.group, e.seq)):
+    for e in sorted(predicted, key=lambda e: (e.rank, e.axis, e.group, e.seq)):
         if e.op not in P2P:
             out[(e.axis, e.group)][e.rank].append(e.op)
     return out
@@ -68,12 +87,9 @@ def diagnose(run_dir: Path) -> dict:
     (``root_cause`` marks the first); ``healthy`` when there is neither an error nor a finding."""
     run_dir = Path(run_dir)
     ranks = load(run_dir)
-    result = None
-    if (run_dir / "result.json").exists():
-        result = json.loads((run_dir / "result.json").read_text())
-        result = result["results"][0] if "results" in result else result
+    results = _results(run_dir)
     first = _first_experiment(run_dir)
-    layout = first[0].layout(first[1]) if first else None
+    layout = first[2] if first else None
     errors = []
     for path in sorted((run_dir / "errors").glob("rank*.json")):
         err = json.loads(path.read_text())
@@ -82,9 +98,9 @@ def diagnose(run_dir: Path) -> dict:
     if not findings:
         no_grad = pp_no_grad(ranks)
         explained = {tuple(f.group) for f in no_grad}  # its upstream's unanswered recv is the same fault
-        findings = (collectives(ranks, _plan(first)) + no_grad
+        findings = (collectives(ranks, _plan(first, results)) + no_grad
                     + [f for f in p2p(ranks, {e["rank"]: e["error"] for e in errors}) if tuple(f.group) not in explained])
-    findings += dp_wrong_group(ranks, layout) + pruned_a2a(result)
+    findings += dp_wrong_group(ranks, layout) + [f for r in results for f in pruned_a2a(r)]
     findings.sort(key=lambda f: (f.t, f.derived))  # stable: equal keys keep the order they were looked for in
     return {"run_dir": str(run_dir), "ranks": sorted(ranks), "healthy": not findings and not errors,
             "findings": [{k: v for k, v in asdict(f).items() if k != "t"} | {"summary": f.line(), "root_cause": i == 0}

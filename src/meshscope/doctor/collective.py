@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..events import CommEvent
+from ..core.events import CommEvent
 from .evidence import P2P, Finding, RankLog, blocked_in, brief, issued_at, key, last_call
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import UsageError
-from ..events import CommEvent, human_bytes
-from ..flightlog import read
+from ..capture.flightlog import read
+from ..core.errors import UsageError
+from ..core.events import CommEvent, human_bytes
 
 P2P = ("send", "recv")
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..events import CommEvent
+from ..core.events import CommEvent
+from ..core.result import RunResult
 from .evidence import Finding, RankLog, brief
 
 
@@ -42,12 +43,10 @@ def _sharded_axes(layout, group) -> list[str]:
     return [a for a in ("tp", "cp", "pp", "ep", "etp") if len({c[a] for c in coords}) > 1]
 
 
-def pruned_a2a(result: dict | None) -> list[Finding]:
+def pruned_a2a(result: RunResult) -> list[Finding]:
     """Fewer backward all_to_all captured than predicted, per EP group (from result.json's ledgers)."""
-    if not result or "comm" not in result or "events" not in result["comm"]:
-        return []
-    ledgers = {k: [e for e in map(CommEvent.from_json, result["comm"]["events"][k]) if e.op == "all_to_all"]
-               for k in ("predicted", "captured")}
+    ledgers = {"predicted": [e for e in result.predicted if e.op == "all_to_all"],
+               "captured": [e for e in result.captured if e.op == "all_to_all"]}
     short: dict[tuple, list[int]] = defaultdict(list)
     first: dict[tuple, tuple[CommEvent, int, int]] = {}
     for r in sorted({e.rank for e in ledgers["predicted"]}):

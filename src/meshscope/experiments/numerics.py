@@ -10,11 +10,12 @@ reference element (`Worst.check`).
 
 from __future__ import annotations
 
+import hashlib
 import math
 
 import torch
 
-from . import Check
+from ..core.result import Check
 
 TOLERANCE = 2e-5
 """The seed's acceptance threshold for every numeric comparison."""
@@ -62,3 +63,18 @@ class Worst:
         out = {f"max_abs_err_{k}": v for k, v in self.abs.items()}
         out.update({f"max_rel_err_{k}": self.rel[k] for k in self.rel if "grad" in k})
         return out
+
+def digest(tensors) -> str:
+    """Bit-exact fingerprint of a sequence of tensors (replicas must match to the last bit)."""
+    h = hashlib.sha256()
+    for t in tensors:
+        t = t.detach().to("cpu").contiguous()
+        h.update(str((t.dtype, tuple(t.shape))).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()[:16]
+
+
+def bound(name: str, value: float, limit: float, what: str = "max abs err") -> Check:
+    """A check that `value` is finite and at most `limit`."""
+    ok = value == value and value <= limit  # NaN fails
+    return Check(name, ok, f"{what} {value:.3g} (limit {limit:.0e})")

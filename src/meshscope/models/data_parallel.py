@@ -14,9 +14,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ..capture import phase, region
-from ..groups import AxisGroup
-from ..predict import Ledger
+from ..capture.recorder import phase, region
+from ..core.groups import AxisGroup
+from ..predict.ledger import Ledger
 
 
 def sync_grads(named_params, group: AxisGroup, label: str = "dp.grad_sync") -> None:

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import torch
 
-from ..capture import region
-from ..collectives import AllGatherCat, GatherSplitBackward, SplitGatherBackward
-from ..groups import AxisGroup
-from ..predict import Replicate, Shard
+from ..capture.recorder import region
+from ..core.groups import AxisGroup
+from ..predict.placement import Replicate, Shard
+from .collectives import AllGatherCat, GatherSplitBackward, SplitGatherBackward
 from .tp_mlp import SUMMED, Boundary
 
 PP_SCATTER, PP_GATHER = "pp.scatter", "pp.gather"

@@ -38,11 +38,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..capture import region
-from ..collectives import (AllGatherCat, AllReduceSum, CopyToGroup, GatherSplitBackward, ReduceFromGroup,
-                           ReduceScatterSum)
-from ..groups import AxisGroup
-from ..predict import Partial, Replicate, Shard
+from ..capture.recorder import region
+from ..core.groups import AxisGroup
+from ..predict.placement import Partial, Replicate, Shard
+from .collectives import AllGatherCat, AllReduceSum, CopyToGroup, GatherSplitBackward, ReduceFromGroup, ReduceScatterSum
 
 SUMMED, REPLICATED = "summed-loss", "replicated-loss"
 SEMANTICS = (SUMMED, REPLICATED)

@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ...collectives import AllToAllV
-from ...groups import AxisGroup
+from ...core.groups import AxisGroup
+from ..collectives import AllToAllV
 from .router import Routing
 
 

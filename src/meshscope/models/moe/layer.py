@@ -20,8 +20,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ...capture import region
-from ...groups import AxisGroup
+from ...capture.recorder import region
+from ...core.groups import AxisGroup
 from . import dispatch as dsp
 from .router import Routing
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from ...errors import UsageError
+from ...core.errors import UsageError
 
 
 @dataclass

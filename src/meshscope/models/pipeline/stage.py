@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from ...capture import phase, region
-from ...groups import AxisGroup
+from ...capture.recorder import phase, region
+from ...core.groups import AxisGroup
 from .schedules import Exchange, Message
 
 

@@ -1,0 +1,155 @@
+"""The ``meshscope`` command line.
+
+Stable interface (design brief): with ``--json`` stdout carries exactly one JSON document; progress,
+logs and worker output go to stderr. Bad input is one line on stderr, exit code 2, nothing written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ..core.errors import UsageError
+from ..core.faults import KINDS
+from ..core.mesh import DEFAULT_ORDER
+from ..core.overrides import OVERRIDES, SWITCHES
+from ..place.advisor import INTER_DEFAULT, INTRA_DEFAULT
+from ..predict.model_spec import ModelSpec
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit 2, as every other bad input
+        raise UsageError(message)
+
+
+def _add_overrides(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("overrides (where they apply to the experiment)")
+    for flag, (dest, typ, help_) in OVERRIDES.items():
+        g.add_argument(flag, dest=dest, type=typ, default=None, help=help_)
+    for flag, (dest, help_) in SWITCHES.items():
+        g.add_argument(flag, dest=dest, action=argparse.BooleanOptionalAction, default=None, help=help_)
+
+
+def _add_launch_options(p: argparse.ArgumentParser, timeout: float, default_out: str) -> None:
+    """--backend, --timeout, --out and --json, for every command that launches ranks."""
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                   help="gloo on CPU (default) or nccl, one rank per GPU")
+    p.add_argument("--timeout", type=float, default=timeout, help="seconds a collective may take (default %(default)s)")
+    p.add_argument("--out", type=Path, default=None, help=f"run directory (default {default_out})")
+    p.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="meshscope", description="Predict, run, verify and explain the communication of N-D parallel training.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    lay = sub.add_parser("layout", help="rank coordinates and process groups of a layout")
+    lay.add_argument("--world", type=int, required=True)
+    for axis in ("tp", "cp", "pp", "ep", "etp"):
+        lay.add_argument(f"--{axis}", type=int, default=1)
+    lay.add_argument("--order", default=DEFAULT_ORDER, help="axis order, leftmost fastest (default %(default)s)")
+    lay.add_argument("--json", action="store_true")
+
+    pred = sub.add_parser("predict", help="the collectives every rank must issue per step")
+    pred.add_argument("experiment")
+    _add_overrides(pred)
+    pred.add_argument("--json", action="store_true")
+
+    run = sub.add_parser("run", help="run an experiment on torch.distributed, capture and verify it")
+    run.add_argument("experiment")
+    _add_overrides(run)
+    _add_launch_options(run, 60.0, "runs/<experiment>-<time>")
+    run.add_argument("--profile", type=int, nargs="?", const=5, default=0, metavar="STEPS",
+                     help="after verifying, profile STEPS training steps (default 5): NCCL kernel counts vs prediction")
+    run.add_argument("--inject", default=None, metavar="KIND",
+                     help="plant a fault on purpose: " + ", ".join(KINDS))
+
+    suite = sub.add_parser("suite", help="every seed configuration in one launch: verified, timed, compared")
+    suite.add_argument("--configs", default=None, help="comma-separated subset (default: all; see `meshscope suite --list`)")
+    suite.add_argument("--list", action="store_true", help="list the suite's configurations and exit")
+    suite.add_argument("--rounds", type=int, default=2, help="timing rounds, order reversed every other round (default %(default)s)")
+    suite.add_argument("--iters", type=int, default=20, help="timed steps per config and round (default %(default)s)")
+    suite.add_argument("--warmup", type=int, default=3, help="untimed steps before each timed series (default %(default)s)")
+    suite.add_argument("--steps-per-sample", type=int, default=1,
+                       help="back-to-back steps per timed sample; 1 = per-step timing (default %(default)s)")
+    suite.add_argument("--cuda-graph", action="store_true",
+                       help="time each sample as one replay of a CUDA graph of its steps (no launch jitter; nccl)")
+    suite.add_argument("--cv-threshold", type=float, default=0.05, help="PERF_UNSTABLE above this CV (default %(default)s)")
+    suite.add_argument("--profile", action="store_true", help="torch.profiler trace per rank and config (NCCL kernel counts)")
+    suite.add_argument("--profile-steps", type=int, default=5, help="steps per profiled trace (default %(default)s)")
+    suite.add_argument("--world", type=int, default=None, help="run every config on this many ranks (default: its own, 4)")
+    suite.add_argument("--sweep", default=None, metavar="SWEEP_JSON",
+                       help="a saved `meshscope sweep` result: predicted vs measured communication time (with --profile)")
+    _add_launch_options(suite, 120.0, "runs/suite-<time>")
+
+    rep = sub.add_parser("report", help="re-render a suite run directory's tables, report.md and figures")
+    rep.add_argument("run_dir", type=Path)
+
+    doc = sub.add_parser("doctor", help="diagnose a run directory's flight logs")
+    doc.add_argument("run_dir", type=Path)
+    doc.add_argument("--json", action="store_true")
+
+    sub.add_parser("list", help="the named experiments")
+
+    sw = sub.add_parser("sweep", help="collective time and bus bandwidth over message sizes; alpha-beta fit")
+    sw.add_argument("--world", type=int, default=2)
+    for axis in ("tp", "cp", "pp", "ep", "etp"):
+        sw.add_argument(f"--{axis}", type=int, default=1)
+    sw.add_argument("--axis", default="world", help="group to sweep on: world or a mesh group name (default world)")
+    sw.add_argument("--ops", default=None, help="comma list (default all_reduce,all_gather,reduce_scatter,all_to_all,sendrecv)")
+    sw.add_argument("--sizes", default=None, help="comma list of bytes, e.g. 1K,64K,1M (default 1K..64M doubling)")
+    sw.add_argument("--iters", type=int, default=20, help="timed iterations per size (default %(default)s)")
+    sw.add_argument("--warmup", type=int, default=5, help="discarded iterations per size (default %(default)s)")
+    sw.add_argument("--back-to-back", type=int, default=1,
+                    help="collectives per timed sample, time / count, as nccl-tests' loop (default %(default)s)")
+    sw.add_argument("--cuda-graph", action="store_true",
+                    help="time each sample as one replay of a CUDA graph of its calls (nccl-tests -G; nccl)")
+    _add_launch_options(sw, 120.0, "runs/sweep-<time>; gets sweep.json")
+
+    pl = sub.add_parser("place", help="rank the placements of the axes on nodes by predicted communication time")
+    pl.add_argument("--world", type=int, required=True)
+    pl.add_argument("--gpus-per-node", type=int, default=8, help="NVLink domain size (default %(default)s)")
+    for axis in ("tp", "cp", "pp", "ep", "etp"):
+        pl.add_argument(f"--{axis}", type=int, default=1)
+    spec = ModelSpec()
+    for flag, dest in (("--layers", "layers"), ("--hidden", "hidden"), ("--ffn", "ffn"), ("--seq", "seq_len"),
+                       ("--micro-batch", "micro_batch"), ("--heads", "heads"), ("--experts", "experts"),
+                       ("--topk", "topk"), ("--microbatches", "microbatches")):
+        pl.add_argument(flag, dest=dest, type=int, default=getattr(spec, dest), help="(default %(default)s)")
+    pl.add_argument("--dtype", default=spec.dtype, help="activation/gradient dtype (default %(default)s)")
+    pl.add_argument("--sp", dest="sequence_parallel", action="store_true", help="sequence parallel TP (AG + RS)")
+    pl.add_argument("--stage-layers", default="",
+                    help="layers of each pipeline stage, e.g. 6,2 (default: an even split)")
+    pl.add_argument("--layer-ms", type=float, default=0.0,
+                    help="compute ms of one layer forward+backward per microbatch (default 0: communication only)")
+    pl.add_argument("--intra-latency", type=float, default=INTRA_DEFAULT.latency_s * 1e6, help="us per call (default %(default)s)")
+    pl.add_argument("--intra-bw", type=float, default=INTRA_DEFAULT.bandwidth / 1e9, help="GB/s bus bandwidth (default %(default)s)")
+    pl.add_argument("--inter-latency", type=float, default=INTER_DEFAULT.latency_s * 1e6, help="us per call (default %(default)s)")
+    pl.add_argument("--inter-bw", type=float, default=INTER_DEFAULT.bandwidth / 1e9, help="GB/s per GPU (default %(default)s)")
+    pl.add_argument("--sweep", type=Path, default=None, help="take the intra-node link from a `meshscope sweep` sweep.json")
+    pl.add_argument("--limit", type=int, default=20, help="placements shown in the text output (default %(default)s)")
+    pl.add_argument("--plot", type=Path, default=None, help="write a PNG of the ranking here")
+    pl.add_argument("--json", action="store_true")
+    return p
+
+
+def main(argv=None) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+        from .commands import COMMANDS
+
+        return COMMANDS[args.command](args)
+    except UsageError as exc:
+        print(f"meshscope: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("meshscope: interrupted", file=sys.stderr)
+        return 130
+
+
+# -- commands ------------------------------------------------------------------------------------
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""The process torchrun starts for every rank: ``python -m meshscope.cli.worker RUN_DIR``.
+
+It sits at the top of the package because it picks the rank program of the spec's kind, and those
+programs live in the layers that own them (`run.worker` for experiments, `suite.rank` for the suite,
+`timing.sweep` for the collective sweep); `run.worker.execute` runs whichever it is given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from ..run.worker import Program, execute, run_experiments
+from ..suite.rank import suite_program
+from ..timing.sweep import sweep_program
+
+PROGRAMS: dict[str, Program] = {"run": run_experiments, "suite": suite_program, "sweep": sweep_program}
+"""Spec kind -> rank program; a spec without a kind is a ``run``."""
+
+
+def program_of(spec: dict) -> Program:
+    return PROGRAMS[spec.get("kind", "run")]
+
+
+if __name__ == "__main__":
+    directory = Path(sys.argv[1])
+    spec = json.loads((directory / "spec.json").read_text())
+    code = execute(directory, spec, program_of(spec))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: gloo's C++ threads have been seen to abort ("terminate called
+    # without an active exception") in static destructors after a clean run; the work is done.
+    os._exit(code)

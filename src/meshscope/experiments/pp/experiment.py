@@ -1,0 +1,153 @@
+"""``pp_mb1``, ``pp_mb8``, ``pp_1f1b_mb8``: the seed's two-stage pipeline, its P2P boundary and schedules.
+
+The seed ("Pipeline Parallel 的通信边界", "Microbatch 参数实验"): world 4 = two pipeline replicas of two
+stages, rank 0 -> rank 1 and rank 2 -> rank 3, stage DP groups [0, 2] and [1, 3]. That is the mesh with
+pp varying fastest (order ``pp-tp-cp-ep-dp``); P2P peers come from the mesh's pp group. Each replica
+trains a chain of pp Linear layers (GELU after every one but the last, MSE loss) on its own batch of
+`batch` rows, split into M microbatches, under a GPipe or 1F1B schedule; then each stage's weight
+gradient is all-reduced in its stage DP group (2 MiB at the defaults) and SGD steps.
+
+Layer widths alternate D, H, D, H, ... (--hidden, --ffn): the seed's 512 -> 1024 -> 512 for two stages,
+so every boundary of an even stage carries [b, H] and of an odd stage [b, D].
+
+Prediction per rank and step: M activation messages forward and M gradient messages backward across
+each boundary the stage touches (b x width x 4 bytes: 32 KiB at mb8, 256 KiB at mb1 -- the total
+unchanged), in the order of the stage's P2P program, plus one DP all-reduce of the stage weight.
+Verification is against the unsharded chain trained on the same batches: every stage's outputs and
+weight gradient each step, the weights after `steps`, DP replica equality and finite losses. The last
+step's per-microbatch F/B spans form the ``timeline`` section (bubble, peak stash) and its files.
+
+Legend: b microbatch rows, D --hidden, H --ffn, I/O a stage's input/output width, N = batch rows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import torch.distributed as dist
+
+from ...capture.recorder import Capture
+from ...core.events import CommEvent
+from ...core.result import Check
+from ...models.data_parallel import sgd_step, sync_grads
+from ...models.pipeline import timeline
+from ...models.pipeline.schedules import check_matched, program, stash_bound
+from ...models.pipeline.stage import StageBoundary, chain_stage, run_program
+from .. import register
+from ..numerics import TOLERANCE, Worst, bound, digest, finite
+from ..template import Experiment, RankOutput
+from .config import PPConfig, fault_knobs, resolve, widths
+from .predict import predict_step
+from .reference import init_weights, reference_step, replica_batch
+
+
+class Pipeline(Experiment):
+    Config = PPConfig
+    faults = {"p2p-shape": {"fault_p2p_shape": True}, "p2p-order": {"fault_p2p_order": True},
+              "pp-no-grad": {"fault_pp_no_grad": True}}
+
+    def config(self, overrides: dict) -> PPConfig:
+        return resolve(super().config(overrides))
+
+
+    def predict(self, cfg) -> list[CommEvent]:
+        return predict_step(cfg)
+
+    def run_rank(self, ctx, cfg) -> RankOutput:
+        mesh = ctx.mesh(cfg.layout)
+        pp_g, dp_g = mesh["pp"], mesh["dp"]
+        stage, replica, m = pp_g.local_rank(ctx.rank), dp_g.local_rank(ctx.rank), cfg.microbatches
+        check_matched(cfg.schedule, cfg.pp, m)  # fail fast on a schedule that could deadlock
+        prog = program(cfg.schedule, cfg.pp, stage, m)
+        ws = init_weights(cfg)
+        w_OI = ws[stage].clone().to(ctx.device).requires_grad_()
+        boundary = StageBoundary(pp_g, stage, widths(cfg), cfg.batch // m, ctx.device,
+                                 **fault_knobs(cfg, cfg.layout, ctx.rank))
+        boundary.check_shapes(m)
+        recorder = timeline.Recorder(ctx.device)
+        worst = Worst()
+        losses, events, spans, peak = [], [], [], 0
+        for step in range(cfg.steps):
+            batches = [replica_batch(cfg, step, r) for r in range(cfg.dp)]
+            x_ND, t_NO = (t.to(ctx.device) for t in batches[replica])
+            timed = step == cfg.steps - 1
+            if timed:  # common time zero on every rank: right after a barrier
+                dist.barrier(group=ctx.control)
+            recorder.start()
+            capture = Capture() if step == 0 else contextlib.nullcontext()
+            with capture:  # one full step: every microbatch's F and B with their P2P, then DP sync
+                forward = chain_stage(w_OI, t_NO.chunk(m), stage == cfg.pp - 1, m)
+                outs, mb_losses, peak = run_program(prog, boundary, forward, x_ND.chunk(m), recorder)
+                sync_grads([(f"stage{stage}.weight", w_OI)], dp_g)
+            if step == 0:
+                events = capture.events
+            if timed:
+                spans, step_bytes = recorder.spans(), recorder.peak_step_bytes()
+            ref_outs, ref_grads = reference_step(ws, batches)
+            worst.add("output", torch.cat(outs), ref_outs[replica][stage])
+            worst.add("grad", w_OI.grad, ref_grads[stage])
+            if stage == cfg.pp - 1:
+                losses.append(sum(mb_losses).item())
+            sgd_step([w_OI], cfg.lr)
+            ws = [w - cfg.lr * g for w, g in zip(ws, ref_grads)]
+        worst.add("weights", w_OI, ws[stage])
+        want = stash_bound(cfg.schedule, cfg.pp, stage, m)
+        checks = [
+            bound("stage output == unsharded chain", worst.abs["output"], TOLERANCE),
+            worst.check("stage weight grad == unsharded chain", "grad"),
+            bound(f"weights after {cfg.steps} SGD steps == unsharded", worst.abs["weights"], TOLERANCE),
+            Check("peak stashed activations == schedule bound", peak == want,
+                  f"stage {stage}: {peak} stashed, bound {want} ({cfg.schedule}, M={m})"),
+        ]
+        if losses:
+            checks.append(Check("losses finite", all(map(finite, losses)),
+                                f"{len(losses)} losses, last {losses[-1]:.6g}"))
+        replicas = {"stage weights": (dp_g.ranks, digest([w_OI]))} if dp_g.size > 1 else {}
+        extra = {"stage": stage, "spans": spans, "peak_stash": peak, "stash_bound": want, "losses": losses,
+                 "weights_digest": digest([w_OI]), "clock": recorder.clock, "run_dir": str(ctx.run_dir)}
+        if step_bytes is not None:
+            extra["peak_step_bytes"] = step_bytes
+        return RankOutput(ctx.rank, events, checks=checks, replicas=replicas, extra=extra,
+                          numerics=worst.numerics())
+
+    def step_fn(self, ctx, cfg):
+        mesh = ctx.mesh(cfg.layout)
+        pp_g, dp_g = mesh["pp"], mesh["dp"]
+        stage, m = pp_g.local_rank(ctx.rank), cfg.microbatches
+        prog = program(cfg.schedule, cfg.pp, stage, m)
+        w_OI = init_weights(cfg)[stage].clone().to(ctx.device).requires_grad_()
+        boundary = StageBoundary(pp_g, stage, widths(cfg), cfg.batch // m, ctx.device)
+        x_ND, t_NO = (t.to(ctx.device) for t in replica_batch(cfg, 0, dp_g.local_rank(ctx.rank)))
+
+        def step():  # no timeline recorder: its CUDA events and memory statistics are not the step's work
+            run_program(prog, boundary, chain_stage(w_OI, t_NO.chunk(m), stage == cfg.pp - 1, m), x_ND.chunk(m))
+            sync_grads([(f"stage{stage}.weight", w_OI)], dp_g)
+            sgd_step([w_OI], cfg.lr)
+
+        return step
+
+    def summarize(self, cfg, outputs: list[RankOutput]) -> dict:
+        """The ``timeline`` section (one step's spans per rank, bubble vs theory, peak stash, and each
+        stage's weight digest so runs under different schedules can be compared), and its files
+        (Chrome trace, Gantt PNG) written into rank 0's run directory."""
+        keys = ("stage", "peak_stash", "stash_bound", "peak_step_bytes", "spans")
+        ranks = [{"rank": o.rank, **{k: o.extra[k] for k in keys if k in o.extra}}
+                 for o in sorted(outputs, key=lambda o: o.rank)]
+        section = {
+            "schedule": cfg.schedule, "pp": cfg.pp, "microbatches": cfg.microbatches,
+            "clock": outputs[0].extra["clock"],
+            "ranks": ranks,
+            "bubble_fraction": timeline.bubble_fraction([r["spans"] for r in ranks]),
+            "bubble_theory": timeline.bubble_theory(cfg.pp, cfg.microbatches),
+            "weights_digest": [next(o.extra["weights_digest"] for o in outputs if o.extra["stage"] == s)
+                               for s in range(cfg.pp)],
+        }
+        stem = self.name if cfg == self.config({}) else f"{self.name}-pp{cfg.pp}-dp{cfg.dp}-{cfg.schedule}-mb{cfg.microbatches}"
+        section["files"] = timeline.write_files(outputs[0].extra["run_dir"], stem, section)
+        return {"timeline": section}
+
+
+register(Pipeline, "pp_mb1", "2-stage pipeline x 2 replicas, batch 64 as 1 microbatch, GPipe", microbatches=1)
+register(Pipeline, "pp_mb8", "2-stage pipeline x 2 replicas, batch 64 as 8 microbatches, GPipe", microbatches=8)
+register(Pipeline, "pp_1f1b_mb8", "pp_mb8 under the 1F1B schedule", microbatches=8, schedule="1f1b")

@@ -1,0 +1,164 @@
+"""Per-step, per-axis communication volume of a transformer-style model under a parallel layout.
+
+The seed's method ("从模型 Shape 预测 Trace 的方法") applied to a whole model instead of a toy: each
+layout change of an activation is a collective on one axis, its backward is the dual, and the
+orthogonal DP sync comes last. The result is a list of `Traffic` records for a rank of one pipeline
+stage for one training step (M microbatches), each a count of calls of one size on one axis; every
+rank of a stage moves the same bytes. `step_traffic` is the BUSIEST stage's. Order does not enter
+here: volumes depend on the axis sizes only; where the groups sit is `place`'s business.
+
+Stages may hold different numbers of layers (`ModelSpec.stage_layers`, the seed's unbalanced stages):
+what is per layer (TP, CP, EP, ETP) and what is per weight (DP, expert DP) scales with the stage's
+own layers; the PP messages do not (one activation per boundary and microbatch, whatever the stage).
+
+Per layer and microbatch, with T = b * s / cp tokens on a rank and A = T * h * bytes:
+  TP   (Narayanan et al. 2021, Megatron-LM): each TP block (attention, dense MLP) all-reduces its
+       row-parallel output [b, s, h] forward and the column-parallel input gradient backward:
+       2 all-reduces of A forward and 2 backward per transformer layer.
+       With sequence parallelism (Korthikanti et al. 2022) each all-reduce becomes an all-gather
+       (output A) and a reduce-scatter (input A); a ring moves (n-1)/n of each, the same link bytes
+       as the ring all-reduce's 2(n-1)/n.
+  CP   modelled as Megatron's ring attention: K and V blocks [b, s/cp, 2h/tp] travel cp-1 hops
+       forward; backward sends K/V again and their gradients (2(cp-1) hops). Sends only: each hop's
+       receive overlaps its send (batched isend/irecv), unlike the blocking pipeline P2P below.
+  PP   per microbatch and stage boundary, the activation forward and its gradient backward
+       (Narayanan et al. 2021: b*s*h per message); with sequence parallelism only the rank's
+       sequence shard A / tp is sent. A middle stage talks to two boundaries, an end stage to one;
+       each record names the stage at the other end (`peer_stage`), so `place` can tell which
+       boundary crosses nodes.
+  EP   per MoE layer: dispatch and combine all-to-alls forward, their reverses backward (the seed's
+       "完整step是..."); each carries the rank's T/tp tokens x k copies x h (balanced routing).
+  ETP  around each expert: all-gather of the received tokens over etp and reduce-scatter of the
+       outputs forward, the duals backward (the SP pattern inside the expert group).
+  DP   one all-reduce per weight tensor of the rank's layers (no bucketing, as `sync_grads`) over
+       dp x cp (dense weights) and over edp (expert weights), phase optimizer.
+
+Sizes follow nccl-tests (as `sweep.model_bytes`): all_gather output, reduce_scatter input, all_reduce
+the buffer, all_to_all what the rank sends, send/recv the message. Logical bytes, never wire bytes:
+`link_bytes` applies the ring factor of `sweep.BUS_FACTOR`.
+
+Legend: b micro_batch, s seq_len, h hidden, f ffn, E experts, k topk, M microbatches, L layers of the stage.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from ..core.mesh import Layout
+from .alpha_beta import BUS_FACTOR, MODEL_OF_OP
+from .model_spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """`count` calls of one collective of `size` bytes each, on one axis, per step, on the busiest rank."""
+
+    axis: str
+    """Group name as in `mesh.Layout`: tp, cp, dp (dp-cp when cp > 1), pp, ep, etp, edp."""
+    op: str
+    """all_reduce, all_gather, reduce_scatter, all_to_all, send or recv."""
+    phase: str
+    """forward, backward or optimizer."""
+    region: str
+    """What moves: attention, mlp, kv, activation, dispatch, combine, expert, <weight name>."""
+    count: int
+    """Calls per training step."""
+    size: int
+    """Bytes per call in the nccl-tests convention (all_gather: output, reduce_scatter: input)."""
+    peer_stage: int | None = None
+    """pp only: the stage at the other end of each message (the boundary it crosses)."""
+
+    @property
+    def bytes(self) -> int:
+        return self.count * self.size
+
+
+def dp_axis(layout: Layout) -> str:
+    """Name of the dense gradient-sync group: dp, or dp-cp when context parallelism shares it."""
+    return "dp-cp" if layout.cp > 1 else "dp"
+
+
+def step_traffic(spec: ModelSpec, layout: Layout) -> list[Traffic]:
+    """Every collective of one training step on the busiest rank (the stage moving the most bytes)."""
+    stages = [stage_traffic(spec, layout, s) for s in range(layout.pp)]
+    return max(stages, key=lambda ts: sum(t.bytes for t in ts))
+
+
+def stage_traffic(spec: ModelSpec, layout: Layout, stage: int) -> list[Traffic]:
+    """Every collective of one training step on a rank of pipeline `stage`, derived from the spec's shapes."""
+    spec.check(layout.tp, layout.cp, layout.pp, layout.ep, layout.etp)
+    tp, cp, pp, ep, etp = layout.tp, layout.cp, layout.pp, layout.ep, layout.etp
+    h, f, e, m = spec.hidden, spec.ffn, spec.elem, spec.microbatches
+    layers = spec.layers_per_stage(pp)[stage]
+    per_mb = layers * m  # layer passes per step on one rank
+    tokens = spec.tokens // cp
+    act = tokens * h * e  # A: one [b, s/cp, h] activation
+    out: list[Traffic] = []
+
+    def add(axis, op, phase, region, count, size, peer_stage=None):
+        if count and layout.size(axis) > 1:
+            out.append(Traffic(axis, op, phase, region, count, size, peer_stage))
+
+    tp_blocks = (["attention"] if spec.heads else []) + ([] if spec.experts else ["mlp"])
+    for block in tp_blocks:
+        for phase in ("forward", "backward"):
+            if spec.sequence_parallel:
+                add("tp", "all_gather", phase, block, per_mb, act)
+                add("tp", "reduce_scatter", phase, block, per_mb, act)
+            else:
+                add("tp", "all_reduce", phase, block, per_mb, act)
+    if spec.heads:
+        kv = 2 * tokens * h // tp * e
+        for phase, hops in (("forward", cp - 1), ("backward", 2 * (cp - 1))):
+            add("cp", "send", phase, "kv", per_mb * hops, kv)  # each hop's recv overlaps it (isend/irecv)
+    p2p = act // tp if spec.sequence_parallel else act
+    # Towards the previous stage: receive activations forward, send their gradients backward; towards
+    # the next stage the mirror image. End stages have one neighbour, middle stages two.
+    if stage > 0:
+        add("pp", "recv", "forward", "activation", m, p2p, stage - 1)
+        add("pp", "send", "backward", "activation grad", m, p2p, stage - 1)
+    if stage < pp - 1:
+        add("pp", "send", "forward", "activation", m, p2p, stage + 1)
+        add("pp", "recv", "backward", "activation grad", m, p2p, stage + 1)
+    if spec.experts:
+        routed = tokens // tp * spec.topk * h * e  # the rank's sequence shard, k copies per token
+        for phase, regions in (("forward", ("dispatch", "combine")), ("backward", ("combine", "dispatch"))):
+            for region in regions:
+                add("ep", "all_to_all", phase, region, per_mb, routed)
+            add("etp", "all_gather", phase, "expert", per_mb, routed * etp)
+            add("etp", "reduce_scatter", phase, "expert", per_mb, routed * etp)
+    for name, numel in dense_weights(spec, tp):
+        add(dp_axis(layout), "all_reduce", "optimizer", name, layers, numel * e)
+    if spec.experts:
+        add("edp", "all_reduce", "optimizer", "expert W1/W2", layers * 2 * spec.experts // ep, f * h // etp * e)
+    return out
+
+
+def dense_weights(spec: ModelSpec, tp: int) -> list[tuple[str, int]]:
+    """(name, elements on one rank) of each dense weight tensor of one layer."""
+    h, f = spec.hidden, spec.ffn
+    out = []
+    if spec.heads:
+        out += [("attention QKV", 3 * h * h // tp), ("attention O", h * h // tp)]
+    if spec.experts:
+        out.append(("router", spec.experts * h))  # replicated over tp
+    else:
+        out += [("mlp W1", f * h // tp), ("mlp W2", h * f // tp)]
+    return out
+
+
+def table(traffic) -> dict[str, dict[str, tuple[int, int]]]:
+    """{axis: {op: (calls, bytes)}} per step on the busiest rank."""
+    out: dict = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    for t in traffic:
+        cell = out[t.axis][t.op]
+        cell[0] += t.count
+        cell[1] += t.bytes
+    return {axis: {op: tuple(v) for op, v in ops.items()} for axis, ops in out.items()}
+
+
+def link_bytes(t: Traffic, n: int) -> float:
+    """Bytes one rank's link carries for `t` on a group of `n`: ring all-reduce 2(n-1)/n of the
+    buffer, all-gather / reduce-scatter / all-to-all (n-1)/n, point-to-point 1x."""
+    return t.bytes * BUS_FACTOR[MODEL_OF_OP[t.op]](n)
