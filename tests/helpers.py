@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -24,10 +25,11 @@ def run_many(tmp_path: Path, items, world: int, timeout: float = 60.0, backend: 
     return doc["results"] if "results" in doc else [doc]
 
 
-def cli(*args, timeout: float = 120.0) -> subprocess.CompletedProcess:
-    """Run `python -m meshscope ARGS` and return the completed process (text stdout/stderr)."""
+def cli(*args, timeout: float = 120.0, env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run `python -m meshscope ARGS` and return the completed process (text stdout/stderr); `env`
+    adds to this process's environment."""
     return subprocess.run([sys.executable, "-m", "meshscope", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+                          timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
 
 
 def failed_checks(result: dict) -> list[dict]:

@@ -207,6 +207,9 @@ def test_injected_fault_is_named_first(injected, kind):
     assert not report["healthy"]
     first = report["findings"][0]
     assert first["root_cause"] and first["kind"] == expect_kind and expect_text in first["summary"], report["findings"]
+    # --json: stdout is one document, and it carries the doctor's findings (not only stderr)
+    doc = json.loads(proc.stdout)
+    assert doc["passed"] is False and doc["doctor"]["findings"][0]["kind"] == expect_kind
 
 
 def test_doctor_cli_marks_the_root_cause(injected):

@@ -1,12 +1,23 @@
-"""TODO docstring (meshscope.experiments.template)."""
+"""The experiment template every parallel mode fills in.
+
+`Experiment` is the contract (config, predict, run_rank, summarize, step_fn) that the registry,
+the worker, the suite and the doctor rely on. `TrainedExperiment` is the one run loop of every
+trained mode: it drives a per-rank `RankTrainer` through ``cfg.steps`` SGD steps, captures step 0
+(forward, backward and every gradient sync, nothing else), compares every step with the unsharded
+reference, requires finite losses and gathers the worst errors into the numerics, so that TP, PP,
+EP and the N-D composition differ only in their model, their reference and their own checks.
+"""
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field, fields, replace
 
+from ..capture.recorder import Capture
 from ..core.errors import UsageError
 from ..core.events import CommEvent
 from ..core.result import Check
+from .numerics import Worst, finite
 
 
 @dataclass
@@ -90,3 +101,59 @@ class Experiment:
         """Why `step_fn` cannot be replayed as a CUDA graph (`cuda_graph`), or None when it can: its
         step reads no device value on the host and keeps its shapes and splits from step to step."""
         return None
+
+
+class RankTrainer:
+    """One rank's side of a trained experiment: its shard of the model, its slice of the unsharded
+    reference, and the checks only its mode knows. `TrainedExperiment.run_rank` calls, per step,
+    `prepare`, `train` (captured at step 0) and `compare`; then `finish`."""
+
+    def prepare(self, step: int) -> None:
+        """Before the step, outside the capture (e.g. a barrier that gives every rank time zero)."""
+
+    def train(self, step: int) -> float | None:
+        """One training step, exactly what step 0 captures: forward, backward and the gradient syncs.
+        Returns this rank's loss, None on a rank that holds none (an inner pipeline stage)."""
+        raise NotImplementedError
+
+    def compare(self, step: int, worst: Worst) -> None:
+        """The step's outputs and gradients against the unsharded reference, then SGD on both."""
+        raise NotImplementedError
+
+    def finish(self, worst: Worst) -> list[Check]:
+        """After the last step: the final weights against the reference, and the mode's checks."""
+        raise NotImplementedError
+
+    def replicas(self) -> dict[str, tuple[tuple[int, ...], str]]:
+        """State that must be bit-identical across a group: name -> (group ranks, digest)."""
+        return {}
+
+    def extra(self) -> dict:
+        """Mode-specific per-rank data for `Experiment.summarize`."""
+        return {}
+
+
+class TrainedExperiment(Experiment):
+    """An experiment that trains a sharded model against its unsharded reference (`RankTrainer`)."""
+
+    def trainer(self, ctx, cfg) -> RankTrainer:
+        raise NotImplementedError
+
+    def run_rank(self, ctx, cfg) -> RankOutput:
+        trainer = self.trainer(ctx, cfg)
+        worst, losses, events = Worst(), [], []
+        for step in range(cfg.steps):
+            trainer.prepare(step)
+            with Capture() if step == 0 else contextlib.nullcontext() as capture:
+                loss = trainer.train(step)
+            if step == 0:
+                events = capture.events
+            if loss is not None:
+                losses.append(loss)
+            trainer.compare(step, worst)
+        checks = trainer.finish(worst)
+        if losses:
+            checks.append(Check("losses finite", all(map(finite, losses)), f"{len(losses)} losses, last {losses[-1]:.6g}"))
+        return RankOutput(ctx.rank, events, checks=checks, numerics=worst.numerics(), replicas=trainer.replicas(),
+                          extra=trainer.extra() | {"losses": losses})
+

@@ -28,9 +28,9 @@ import torch
 
 from ..capture.recorder import region
 from ..core.groups import AxisGroup
-from ..predict.placement import Replicate, Shard
+from ..predict.edges import PlacementEdge
+from ..predict.placement import SUMMED, Replicate, Shard
 from .collectives import AllGatherCat, GatherSplitBackward, SplitGatherBackward
-from .tp_mlp import SUMMED, Boundary
 
 PP_SCATTER, PP_GATHER = "pp.scatter", "pp.gather"
 """Region labels of the boundary tensor's split (sender) and gather (receiver) over the TP group."""
@@ -57,6 +57,6 @@ def scatter_gather_boundaries(rows: int, hidden: int, receive: bool, send: bool)
     gather's backward edge always exists; so does the scatter's, whose input is the layer's output.
     """
     shape = (rows, hidden)
-    before = [Boundary(PP_GATHER, shape, Shard(0), Replicate(), needs_grad=True)] if receive else []
-    after = [Boundary(PP_SCATTER, shape, Replicate(), Shard(0), needs_grad=True)] if send else []
+    before = [PlacementEdge(PP_GATHER, shape, Shard(0), Replicate(), needs_grad=True)] if receive else []
+    after = [PlacementEdge(PP_SCATTER, shape, Replicate(), Shard(0), needs_grad=True)] if send else []
     return before, after

@@ -32,19 +32,15 @@ Hs = H / T hidden features of one shard, Bs = B / T rows of one sequence shard.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..capture.recorder import region
 from ..core.groups import AxisGroup
-from ..predict.placement import Partial, Replicate, Shard
+from ..predict.edges import PlacementEdge
+from ..predict.placement import REPLICATED, SUMMED, Partial, Replicate, Shard
 from .collectives import AllGatherCat, AllReduceSum, CopyToGroup, GatherSplitBackward, ReduceFromGroup, ReduceScatterSum
-
-SUMMED, REPLICATED = "summed-loss", "replicated-loss"
-SEMANTICS = (SUMMED, REPLICATED)
 
 FC1_IN, FC2_OUT, SP_SCATTER, SP_GATHER = "fc1.in", "fc2.out", "sp.scatter", "sp.gather"
 """Region labels of the four layout boundaries (captured and predicted events carry them)."""
@@ -131,32 +127,15 @@ def shard_shapes(hidden: int, ffn: int, tp: int) -> list[tuple[str, tuple[int, i
     return [("fc1.weight", (ffn // tp, hidden)), ("fc2.weight", (hidden, ffn // tp))]
 
 
-@dataclass(frozen=True)
-class Boundary:
-    """A point where an activation of the MLP changes placement over the TP group (seed step 1).
-
-    The forward collective turns `src` into `dst`; the backward one turns the gradient of `dst` into
-    the gradient `src` needs. `grad_in` overrides the incoming gradient's placement where the consuming
-    layer fixes it (a column-parallel layer hands back a partial sum of its input's gradient).
-    """
-
-    region: str
-    shape: tuple[int, int]
-    """Global shape of the tensor [rows, cols]."""
-    src: object
-    dst: object
-    needs_grad: bool
-    """False where autograd prunes the backward edge (the input needs no gradient)."""
-    grad_in: object | None = None
 
 
-def boundaries(batch: int, hidden: int, sequence_parallel: bool, input_grad: bool) -> list[Boundary]:
+def boundaries(batch: int, hidden: int, sequence_parallel: bool, input_grad: bool) -> list[PlacementEdge]:
     """The MLP's placement changes in forward order (same for both semantics)."""
     shape = (batch, hidden)
-    out = [Boundary(FC1_IN, shape, Replicate(), Replicate(), needs_grad=input_grad, grad_in=Partial())]
+    out = [PlacementEdge(FC1_IN, shape, Replicate(), Replicate(), needs_grad=input_grad, grad_in=Partial())]
     if sequence_parallel:
-        out += [Boundary(SP_SCATTER, shape, Partial(), Shard(0), needs_grad=True),
-                Boundary(SP_GATHER, shape, Shard(0), Replicate(), needs_grad=True)]
+        out += [PlacementEdge(SP_SCATTER, shape, Partial(), Shard(0), needs_grad=True),
+                PlacementEdge(SP_GATHER, shape, Shard(0), Replicate(), needs_grad=True)]
     else:
-        out.append(Boundary(FC2_OUT, shape, Partial(), Replicate(), needs_grad=True))
+        out.append(PlacementEdge(FC2_OUT, shape, Partial(), Replicate(), needs_grad=True))
     return out

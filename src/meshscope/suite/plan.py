@@ -107,8 +107,9 @@ def resolve(options: SuiteOptions) -> list[tuple[Entry, object, object]]:
     return out
 
 
-def world_of(options: SuiteOptions) -> int:
-    worlds = {cfg.layout.world for _, exp, cfg in resolve(options)}
+def world_of(options: SuiteOptions, plan: list | None = None) -> int:
+    """The one world size of the chosen configurations (`plan`: their `resolve`d entries)."""
+    worlds = {cfg.layout.world for _, _, cfg in (plan if plan is not None else resolve(options))}
     if len(worlds) != 1:
         raise UsageError(f"the chosen configurations need different world sizes {sorted(worlds)}; pick one world")
     return worlds.pop()

@@ -19,25 +19,22 @@ Step 0 is the captured step. Legend: T tokens per source, D model dim, E experts
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 
 import torch
 
-from ...capture.recorder import Capture
 from ...core.errors import UsageError
 from ...core.events import CommEvent
 from ...core.faults import FAULT_RANK
 from ...core.result import Check
 from ...core.sizes import check_positive
-from ...models.data_parallel import predict_grad_sync, sgd_step, sync_grads
-from ...models.moe.dispatch import destination_splits, pack_plan
+from ...models.data_parallel import sgd_step, sync_grads
+from ...models.moe.dispatch import pack_plan
 from ...models.moe.layer import MoELayer
-from ...predict.ledger import Ledger
 from .. import register
-from ..numerics import TOLERANCE, Worst, bound, digest, finite
-from ..template import Experiment, RankOutput
+from ..numerics import TOLERANCE, Worst, bound, digest
+from ..template import RankOutput, RankTrainer, TrainedExperiment
 from . import records as ep_records
 from .config import ROUTINGS, EPConfig, tokens_need_grad
 from .model import (
@@ -51,6 +48,7 @@ from .model import (
     static_rows,
     step_loss,
 )
+from .predict import predict_step
 
 
 def backward_note(cfg: EPConfig) -> str:
@@ -68,7 +66,7 @@ def backward_note(cfg: EPConfig) -> str:
                        "its gradient): one all_to_all fewer")
 
 
-class ExpertParallel(Experiment):
+class ExpertParallel(TrainedExperiment):
     Config = EPConfig
     faults = {"split-mismatch": {"fault_split_mismatch": True}, "no-input-grad": {"fault_no_input_grad": True}}
 
@@ -96,43 +94,7 @@ class ExpertParallel(Experiment):
 
 
     def predict(self, cfg: EPConfig) -> list[CommEvent]:
-        layout, ledger = cfg.layout, Ledger(cfg.layout)
-        experts, gate = initial_weights(cfg)
-        router = make_router(cfg, gate)
-        pad_to = capacity(cfg) if cfg.pad else None
-        with torch.no_grad():
-            rows = {r: pack_plan(route(cfg, 0, r, source_tokens(cfg, 0, r), router).expert_A, cfg.experts, pad_to).rows_E
-                    for r in range(cfg.world)}
-        exchange = static_rows(cfg) is None
-        row = cfg.hidden
-        for r in range(cfg.world):
-            members = layout.group_of("ep", r)
-            ep, me = len(members), members.index(r)
-            local = cfg.experts // ep
-            send = destination_splits(rows[r], ep)
-            recv = [destination_splits(rows[s], ep)[me] for s in members]
-            if exchange:
-                ledger.emit(r, "all_to_all", "ep", "forward", region="moe.counts", input_splits=[1] * ep,
-                            output_splits=[1] * ep, row_numel=local, dtype="int64")
-            # Forward: token order -> expert order (dispatch), expert order -> token order (combine).
-            ledger.emit(r, "all_to_all", "ep", "forward", region="moe.dispatch", input_splits=send,
-                        output_splits=recv, row_numel=row)
-            ledger.emit(r, "all_to_all", "ep", "forward", region="moe.combine", input_splits=recv,
-                        output_splits=send, row_numel=row)
-            # Backward (step 5): each A2A's dual with the splits swapped, newest first; the dispatch's
-            # input is x, so its edge exists only if x requires grad.
-            ledger.emit(r, "all_to_all", "ep", "backward", region="moe.combine", input_splits=send,
-                        output_splits=recv, row_numel=row)
-            if cfg.input_grad:
-                ledger.emit(r, "all_to_all", "ep", "backward", region="moe.dispatch", input_splits=recv,
-                            output_splits=send, row_numel=row)
-            # Step 6: expert replicas in edp, the replicated gate in the dense dp group.
-            first = me * local
-            predict_grad_sync(ledger, r, "edp", [(f"expert{first + l}.weight", row * row) for l in range(local)],
-                              label="edp.grad_sync")
-            if gate is not None:
-                predict_grad_sync(ledger, r, "dp", [("gate.weight", gate.numel())], label="dp.grad_sync")
-        return ledger.events
+        return predict_step(cfg)
 
     def step_fn(self, ctx, cfg: EPConfig):
         m = _Model(ctx, cfg, ctx.mesh(cfg.layout))
@@ -161,46 +123,8 @@ class ExpertParallel(Experiment):
                     "which a CUDA graph cannot replay")
         return None
 
-    def run_rank(self, ctx, cfg: EPConfig) -> RankOutput:
-        layout = cfg.layout
-        m = _Model(ctx, cfg, ctx.mesh(layout))
-        layer, router, named = m.layer, m.router, m.named
-        edp_group, dp_group = m.edp_group, m.dp_group
-        ref = reference_training(cfg, layout, ctx.rank)
-        losses, step_s, records, worst = [], [], [], Worst()
-        for step in range(cfg.steps):
-            x_TD = source_tokens(cfg, step, ctx.rank).to(ctx.device).requires_grad_(tokens_need_grad(cfg))
-            start = time.perf_counter()
-            with Capture() if step == 0 else contextlib.nullcontext() as cap:
-                routing, out_TD, record, loss = m.train_step(step, x_TD)
-            ctx.synchronize()
-            step_s.append(time.perf_counter() - start)
-            losses.append(loss.item())
-            records.append(record)
-            if step == 0:
-                events, first_routing, x_grad = cap.events, routing, x_TD.grad
-                worst.add("output", out_TD, ref["output"])
-                for n, p in named:
-                    worst.add("grad", p.grad, ref["grads"][n])
-                if cfg.input_grad:
-                    worst.add("input_grad", x_grad, ref["x_grad"])
-            sgd_step([p for _, p in named], cfg.lr)
-        for n, p in named:
-            worst.add("weights", p, ref["weights"][n])
-        checks = [
-            bound("outputs match the dense reference (step 0)", worst.abs["output"], TOLERANCE),
-            worst.check("expert and gate gradients match the reference", "grad"),
-            *([worst.check("x gradient matches the reference", "input_grad")] if cfg.input_grad else []),
-            bound(f"weights match the reference after {cfg.steps} SGD steps", worst.abs["weights"], TOLERANCE),
-            Check("losses finite", all(map(finite, losses)), f"losses {losses}"),
-            _x_grad_check(cfg, x_grad),
-        ]
-        replicas = {"experts": (edp_group.ranks, digest([w for _, w in layer.named_expert_weights()]))}
-        if router is not None:
-            replicas["gate"] = (dp_group.ranks, digest([router.gate.weight]))
-        numerics = worst.numerics()
-        return RankOutput(ctx.rank, events, checks, numerics, replicas,
-                          {**ep_records.rank_extra(layer, first_routing, records, step_s), "losses": losses})
+    def trainer(self, ctx, cfg: EPConfig) -> EPTrainer:
+        return EPTrainer(ctx, cfg)
 
     def summarize(self, cfg: EPConfig, outputs: list[RankOutput]) -> dict:
         """The seed's production records per EP group and rank (`ep_records`), and why the step has
@@ -226,6 +150,59 @@ register(ExpertParallel, "ep_nograd", "MoE top-1 with tokens that need no grad: 
          routing="balanced", input_grad=False)
 register(ExpertParallel, "ep_learned", "MoE with a learned gate, top-k, capacity, Switch aux loss, counts exchange",
          routing="learned", capacity_factor=1.25)
+
+
+class EPTrainer(RankTrainer):
+    """This rank's MoE layer (`_Model`) and the dense reference of every step, computed up front. Step
+    0 is compared in full (outputs, expert, gate and token gradients); the weights after the last."""
+
+    def __init__(self, ctx, cfg: EPConfig):
+        self.ctx, self.cfg = ctx, cfg
+        self.m = _Model(ctx, cfg, ctx.mesh(cfg.layout))
+        self.ref = reference_training(cfg, cfg.layout, ctx.rank)
+        self.step_s, self.records = [], []
+
+    def train(self, step: int) -> float:
+        self.x_TD = source_tokens(self.cfg, step, self.ctx.rank).to(self.ctx.device).requires_grad_(
+            tokens_need_grad(self.cfg))
+        start = time.perf_counter()
+        self.routing, self.out_TD, record, loss = self.m.train_step(step, self.x_TD)
+        self.ctx.synchronize()
+        self.step_s.append(time.perf_counter() - start)
+        self.records.append(record)
+        return loss.item()
+
+    def compare(self, step: int, worst: Worst) -> None:
+        if step == 0:
+            self.first_routing, self.x_grad = self.routing, self.x_TD.grad
+            worst.add("output", self.out_TD, self.ref["output"])
+            for n, p in self.m.named:
+                worst.add("grad", p.grad, self.ref["grads"][n])
+            if self.cfg.input_grad:
+                worst.add("input_grad", self.x_grad, self.ref["x_grad"])
+        sgd_step([p for _, p in self.m.named], self.cfg.lr)
+
+    def finish(self, worst: Worst) -> list[Check]:
+        cfg = self.cfg
+        for n, p in self.m.named:
+            worst.add("weights", p, self.ref["weights"][n])
+        return [
+            bound("outputs match the dense reference (step 0)", worst.abs["output"], TOLERANCE),
+            worst.check("expert and gate gradients match the reference", "grad"),
+            *([worst.check("x gradient matches the reference", "input_grad")] if cfg.input_grad else []),
+            bound(f"weights match the reference after {cfg.steps} SGD steps", worst.abs["weights"], TOLERANCE),
+            _x_grad_check(cfg, self.x_grad),
+        ]
+
+    def replicas(self) -> dict:
+        m = self.m
+        replicas = {"experts": (m.edp_group.ranks, digest([w for _, w in m.layer.named_expert_weights()]))}
+        if m.router is not None:
+            replicas["gate"] = (m.dp_group.ranks, digest([m.router.gate.weight]))
+        return replicas
+
+    def extra(self) -> dict:
+        return ep_records.rank_extra(self.m.layer, self.first_routing, self.records, self.step_s)
 
 
 class _Model:

@@ -9,7 +9,7 @@ from ...core.errors import UsageError
 from ...core.mesh import Layout
 from ...core.sizes import check_choice, check_positive, world_and_dp
 from ...models.pipeline.schedules import SCHEDULES
-from ...models.tp_mlp import SEMANTICS, SUMMED
+from ...predict.placement import SEMANTICS, SUMMED
 
 ROUTINGS = ("balanced", "skewed")
 

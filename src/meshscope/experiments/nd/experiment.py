@@ -23,12 +23,9 @@ Legend: b microbatch rows, D --hidden, H --ffn, T tp size.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 
-from ...capture.recorder import Capture
 from ...core.events import CommEvent
 from ...core.faults import FAULT_RANK
 from ...core.result import Check
@@ -36,15 +33,15 @@ from ...models.data_parallel import sgd_step, sync_grads
 from ...models.pipeline.schedules import check_matched, program
 from ...models.pipeline.stage import StageBoundary, run_program
 from .. import register
-from ..numerics import TOLERANCE, Worst, bound, digest, finite
-from ..template import Experiment, RankOutput
+from ..numerics import TOLERANCE, Worst, bound, digest
+from ..template import RankOutput, RankTrainer, TrainedExperiment
 from .config import NDConfig, resolve
 from .model import StageModel, expert_grad_scale, init_weights, loss_scale, reference_step, replica_batch, route
 from .predict import axis_breakdown, predict_step
 
 
 # -- runtime -------------------------------------------------------------------------------------------
-class NDParallel(Experiment):
+class NDParallel(TrainedExperiment):
     Config = NDConfig
     faults = {"pp-no-grad": {"fault_pp_no_grad": True}, "dp-wrong-group": {"dp_group_fault": True}}
 
@@ -55,46 +52,8 @@ class NDParallel(Experiment):
     def predict(self, cfg) -> list[CommEvent]:
         return predict_step(cfg)
 
-    def run_rank(self, ctx, cfg) -> RankOutput:
-        layout = cfg.layout
-        mesh, weights = ctx.mesh(layout), init_weights(cfg)
-        model = StageModel(cfg, weights, mesh, ctx.rank).to(ctx.device)
-        stage, replica = model.stage, model.replica
-        boundary = stage_boundary(ctx, cfg, model, mesh)
-        boundary.check_shapes(cfg.microbatches)  # P2P shapes agreed once, before any blocking recv
-        worst, losses, events = Worst(), [], []
-        for step in range(cfg.steps):
-            batches = [replica_batch(cfg, step, r) for r in range(cfg.dp)]
-            with Capture() if step == 0 else contextlib.nullcontext() as cap:  # forward, backward, syncs
-                outs, mb_losses = train_step(ctx, cfg, model, boundary, step, batches[replica])
-            if step == 0:
-                events = cap.events
-            ref_outs, ref_grads = reference_step(cfg, weights, batches, step)
-            worst.add("output", torch.cat(outs), ref_outs[replica][stage])
-            for name, p in model.named_dense() + model.named_experts():
-                worst.add("grad", p.grad, model.shard_of(name, ref_grads[name]))
-            if model.last:
-                losses.append(sum(mb_losses).item())
-            sgd_step(model.parameters(), cfg.lr)
-            weights = weights.sgd(cfg, ref_grads, cfg.lr)
-        full = weights.named(cfg)
-        for name, p in model.named_dense() + model.named_experts():
-            worst.add("weights", p, model.shard_of(name, full[name]))
-        checks = [
-            bound("stage outputs == unsharded chain", worst.abs["output"], TOLERANCE),
-            worst.check("shard and expert grads == unsharded slices", "grad"),
-            bound(f"weights after {cfg.steps} SGD steps == unsharded", worst.abs["weights"], TOLERANCE),
-        ]
-        if losses:
-            checks.append(Check("losses finite", all(map(finite, losses)),
-                                f"{len(losses)} losses, last {losses[-1]:.6g}"))
-        replicas = {name: (group.ranks, digest([p for _, p in params]))
-                    for name, group, params in (("dense shards", model.dp, model.named_dense()),
-                                                ("experts", model.edp, model.named_experts()))
-                    if params and group.size > 1}
-        numerics = worst.numerics()
-        return RankOutput(ctx.rank, events, checks=checks, numerics=numerics, replicas=replicas,
-                          extra={"losses": losses})
+    def trainer(self, ctx, cfg) -> NDTrainer:
+        return NDTrainer(ctx, cfg)
 
     def step_fn(self, ctx, cfg):
         mesh = ctx.mesh(cfg.layout)
@@ -127,6 +86,50 @@ class NDParallel(Experiment):
         groups = {e.axis: list(e.group) for e in events if e.rank == 0}
         return {"axes": {"rank": 0, "groups": dict(sorted(groups.items())), "ops": axis_breakdown(events, 0),
                          "aliases": cfg.layout.aliases()}}
+
+
+class NDTrainer(RankTrainer):
+    """This rank's stage (TP shards or its experts) of its pipeline replica, and the unsharded chain of
+    every replica with the same routing."""
+
+    def __init__(self, ctx, cfg: NDConfig):
+        self.ctx, self.cfg = ctx, cfg
+        mesh, self.weights = ctx.mesh(cfg.layout), init_weights(cfg)
+        self.model = StageModel(cfg, self.weights, mesh, ctx.rank).to(ctx.device)
+        self.boundary = stage_boundary(ctx, cfg, self.model, mesh)
+        self.boundary.check_shapes(cfg.microbatches)  # P2P shapes agreed once, before any blocking recv
+
+    def train(self, step: int) -> float | None:
+        self.batches = [replica_batch(self.cfg, step, r) for r in range(self.cfg.dp)]
+        self.outs, mb_losses = train_step(self.ctx, self.cfg, self.model, self.boundary, step,
+                                          self.batches[self.model.replica])
+        return sum(mb_losses).item() if self.model.last else None
+
+    def compare(self, step: int, worst: Worst) -> None:
+        model, cfg = self.model, self.cfg
+        ref_outs, ref_grads = reference_step(cfg, self.weights, self.batches, step)
+        worst.add("output", torch.cat(self.outs), ref_outs[model.replica][model.stage])
+        for name, p in model.named_dense() + model.named_experts():
+            worst.add("grad", p.grad, model.shard_of(name, ref_grads[name]))
+        sgd_step(model.parameters(), cfg.lr)
+        self.weights = self.weights.sgd(cfg, ref_grads, cfg.lr)
+
+    def finish(self, worst: Worst) -> list[Check]:
+        model, full = self.model, self.weights.named(self.cfg)
+        for name, p in model.named_dense() + model.named_experts():
+            worst.add("weights", p, model.shard_of(name, full[name]))
+        return [
+            bound("stage outputs == unsharded chain", worst.abs["output"], TOLERANCE),
+            worst.check("shard and expert grads == unsharded slices", "grad"),
+            bound(f"weights after {self.cfg.steps} SGD steps == unsharded", worst.abs["weights"], TOLERANCE),
+        ]
+
+    def replicas(self) -> dict:
+        model = self.model
+        return {name: (group.ranks, digest([p for _, p in params]))
+                for name, group, params in (("dense shards", model.dp, model.named_dense()),
+                                            ("experts", model.edp, model.named_experts()))
+                if params and group.size > 1}
 
 
 def stage_boundary(ctx, cfg: NDConfig, model: StageModel, mesh) -> StageBoundary:

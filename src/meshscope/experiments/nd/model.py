@@ -24,7 +24,8 @@ from ...models.moe.dispatch import pack_plan
 from ...models.moe.layer import MoELayer, dense_reference
 from ...models.moe.router import Routing, apportion, fixed_routing, parse_skew
 from ...models.nd_stage import gather, scatter
-from ...models.tp_mlp import SUMMED, TensorParallelMLP
+from ...models.tp_mlp import TensorParallelMLP
+from ...predict.placement import SUMMED
 from .config import NDConfig
 
 _DATA, _DENSE, _EXPERT, _ROUTE = range(4)  # seed streams

@@ -1,17 +1,11 @@
 """The predictor of ``nd_mlp``: the per-mode rules composed over a stage's edges and schedule program.
 
-Nothing here knows ``nd_mlp``'s model beyond its shapes: a stage is a list of edges in forward order,
-each a place where a tensor changes layout --
-
-  PlacementEdge  a placement change over the tp group: the TP rules of `experiments.tp` (seed steps
-                 1-5: transition, dual, pruning), plus Shard -> Partial being free (a slab's
-                 gradient zero-filled is a summand), which the pipeline scatter needs;
-  AllToAllEdge   token order <-> expert order over the ep group: the EP rule (splits from the router,
-                 backward with the splits swapped, pruned without input grad) --
-
-walked forward for every F and backward for every B of the stage's schedule program, the same program
-(`models.pipeline.program`) that gives the boundary P2P and that the ranks execute; then the grad sync
-of every parameter in its group (step 6). `axis_breakdown` sums one rank's ledger per mesh axis.
+Nothing here knows ``nd_mlp``'s model beyond its shapes: a stage is a list of `predict.edges` in
+forward order (the TP layer's placement edges between the pipeline's gather and scatter edges, or the
+MoE layer's dispatch and combine), walked by `predict.edges.walk` forward for every F and backward
+for every B of the stage's schedule program, the same program (`models.pipeline.program`) that gives
+the boundary P2P and that the ranks execute; then the grad sync of every parameter in its group
+(step 6). `axis_breakdown` sums one rank's ledger per mesh axis.
 
 Mesh order ``tp-cp-dp-ep-pp``: the dense family skips ep, so tp, dp and pp groups are exactly those of
 the default ``tp-cp-ep-dp-pp`` (golden: tp [[0,1],...], dp [[0,2],[1,3],...], pp [[0,4],...]). With
@@ -23,75 +17,19 @@ would hold the TP ranks of one replica, which carry the same replicated tokens.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Callable
 
 from ...core.events import OPS, CommEvent
 from ...core.mesh import Layout
 from ...models.data_parallel import predict_grad_sync
 from ...models.moe.dispatch import destination_splits
 from ...models.nd_stage import scatter_gather_boundaries
-from ...models.pipeline.schedules import Exchange, program
-from ...models.tp_mlp import Boundary, boundaries, shard_shapes
+from ...models.pipeline.schedules import program
+from ...models.tp_mlp import boundaries, shard_shapes
+from ...predict.edges import AllToAllEdge, walk
 from ...predict.ledger import Ledger
-from ...predict.placement import Partial, Replicate, Shard
-from ..tp.predict import _local_numel, grad_placement
-from ..tp.predict import collective as tp_collective
+from ...predict.placement import Replicate, Shard, local_numel
 from .config import NDConfig
 from .model import rows_per_expert
-
-
-def collective(src, dst) -> str | None:
-    """The TP rule plus Shard -> Partial, which is free: a slab's gradient zero-filled is a summand."""
-    if isinstance(src, Shard) and isinstance(dst, Partial):
-        return None
-    return tp_collective(src, dst)
-
-
-@dataclass(frozen=True)
-class PlacementEdge:
-    """A placement change over the stage's tp group (seed steps 1-5 as `experiments.tp` applies them)."""
-
-    boundary: Boundary
-
-    def forward(self, ledger: Ledger, cfg: NDConfig, rank: int, mb: int) -> None:
-        b = self.boundary
-        op = collective(b.src, b.dst)
-        if op:
-            ledger.emit(rank, op, "tp", "forward", numel=_local_numel(b.shape, b.src, cfg.tp), region=b.region,
-                        microbatch=mb)
-
-    def backward(self, ledger: Ledger, cfg: NDConfig, rank: int, mb: int) -> None:
-        b = self.boundary
-        if not b.needs_grad:
-            return
-        g_in = b.grad_in or grad_placement(b.dst, cfg.semantics)
-        op = collective(g_in, grad_placement(b.src, cfg.semantics))
-        if op:
-            ledger.emit(rank, op, "tp", "backward", numel=_local_numel(b.shape, g_in, cfg.tp), region=b.region,
-                        microbatch=mb)
-
-
-@dataclass(frozen=True)
-class AllToAllEdge:
-    """Token order <-> expert order over the ep group; backward swaps the splits (the EP rule)."""
-
-    region: str
-    splits: Callable[[int, int], tuple[list[int], list[int]]]
-    """(rank, microbatch) -> (input_splits, output_splits) of the forward all_to_all, in rows."""
-    row_numel: int
-    needs_grad: bool
-
-    def forward(self, ledger: Ledger, cfg: NDConfig, rank: int, mb: int) -> None:
-        send, recv = self.splits(rank, mb)
-        ledger.emit(rank, "all_to_all", "ep", "forward", region=self.region, microbatch=mb, input_splits=send,
-                    output_splits=recv, row_numel=self.row_numel)
-
-    def backward(self, ledger: Ledger, cfg: NDConfig, rank: int, mb: int) -> None:
-        if self.needs_grad:
-            send, recv = self.splits(rank, mb)
-            ledger.emit(rank, "all_to_all", "ep", "backward", region=self.region, microbatch=mb,
-                        input_splits=recv, output_splits=send, row_numel=self.row_numel)
 
 
 def dispatch_splits(cfg: NDConfig, layout: Layout):
@@ -117,32 +55,22 @@ def stage_edges(cfg: NDConfig, layout: Layout, stage: int) -> list:
         layer = [AllToAllEdge("moe.dispatch", dispatch, cfg.hidden, needs_grad=input_grad),
                  AllToAllEdge("moe.combine", combine, cfg.hidden, needs_grad=True)]
     else:
-        layer = [PlacementEdge(b) for b in boundaries(rows, cfg.hidden, False, input_grad)]
-    return [PlacementEdge(b) for b in before] + layer + [PlacementEdge(b) for b in after]
+        layer = boundaries(rows, cfg.hidden, False, input_grad)
+    return before + layer + after
 
 
 def predict_step(cfg: NDConfig) -> list[CommEvent]:
-    """Every rank's collectives of one step: its stage's program with the edges' collectives per
-    microbatch and the boundary P2P, then the grad sync of each parameter in its group (step 6)."""
+    """Every rank's collectives of one step: its stage's program walked over its edges, per microbatch,
+    with the boundary P2P, then the grad sync of each parameter in its group (step 6)."""
     layout = cfg.layout
     ledger = Ledger(layout)
     rows = cfg.batch // cfg.microbatches
     message = Shard(0) if cfg.pp_scatter_gather else Replicate()
     for rank in range(cfg.world):
-        stage, pp_ranks = layout.coords(rank)["pp"], layout.group_of("pp", rank)
-        edges = stage_edges(cfg, layout, stage)
-        for item in program(cfg.schedule, cfg.pp, stage, cfg.microbatches):
-            if isinstance(item, Exchange):
-                for msg in item.messages:
-                    ledger.emit(rank, "send" if msg.sender == stage else "recv", "pp", msg.phase,
-                                numel=_local_numel((rows, cfg.hidden), message, cfg.tp), region=msg.region,
-                                microbatch=msg.microbatch, peer=pp_ranks[item.peer_stage])
-            elif item.kind == "F":
-                for edge in edges:
-                    edge.forward(ledger, cfg, rank, item.microbatch)
-            else:
-                for edge in reversed(edges):
-                    edge.backward(ledger, cfg, rank, item.microbatch)
+        stage = layout.coords(rank)["pp"]
+        walk(ledger, rank, stage_edges(cfg, layout, stage), program(cfg.schedule, cfg.pp, stage, cfg.microbatches),
+             semantics=cfg.semantics, message_numel=lambda msg: local_numel((rows, cfg.hidden), message, cfg.tp),
+             stage_ranks=tuple(layout.group_of("pp", rank)))
         if cfg.moe and stage == cfg.pp - 1:
             local = cfg.experts // cfg.ep
             first = layout.coords(rank)["ep"] * local

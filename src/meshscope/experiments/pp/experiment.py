@@ -22,12 +22,9 @@ Legend: b microbatch rows, D --hidden, H --ffn, I/O a stage's input/output width
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.distributed as dist
 
-from ...capture.recorder import Capture
 from ...core.events import CommEvent
 from ...core.result import Check
 from ...models.data_parallel import sgd_step, sync_grads
@@ -35,14 +32,14 @@ from ...models.pipeline import timeline
 from ...models.pipeline.schedules import check_matched, program, stash_bound
 from ...models.pipeline.stage import StageBoundary, chain_stage, run_program
 from .. import register
-from ..numerics import TOLERANCE, Worst, bound, digest, finite
-from ..template import Experiment, RankOutput
+from ..numerics import TOLERANCE, Worst, bound, digest
+from ..template import RankOutput, RankTrainer, TrainedExperiment
 from .config import PPConfig, fault_knobs, resolve, widths
 from .predict import predict_step
 from .reference import init_weights, reference_step, replica_batch
 
 
-class Pipeline(Experiment):
+class Pipeline(TrainedExperiment):
     Config = PPConfig
     faults = {"p2p-shape": {"fault_p2p_shape": True}, "p2p-order": {"fault_p2p_order": True},
               "pp-no-grad": {"fault_pp_no_grad": True}}
@@ -54,62 +51,8 @@ class Pipeline(Experiment):
     def predict(self, cfg) -> list[CommEvent]:
         return predict_step(cfg)
 
-    def run_rank(self, ctx, cfg) -> RankOutput:
-        mesh = ctx.mesh(cfg.layout)
-        pp_g, dp_g = mesh["pp"], mesh["dp"]
-        stage, replica, m = pp_g.local_rank(ctx.rank), dp_g.local_rank(ctx.rank), cfg.microbatches
-        check_matched(cfg.schedule, cfg.pp, m)  # fail fast on a schedule that could deadlock
-        prog = program(cfg.schedule, cfg.pp, stage, m)
-        ws = init_weights(cfg)
-        w_OI = ws[stage].clone().to(ctx.device).requires_grad_()
-        boundary = StageBoundary(pp_g, stage, widths(cfg), cfg.batch // m, ctx.device,
-                                 **fault_knobs(cfg, cfg.layout, ctx.rank))
-        boundary.check_shapes(m)
-        recorder = timeline.Recorder(ctx.device)
-        worst = Worst()
-        losses, events, spans, peak = [], [], [], 0
-        for step in range(cfg.steps):
-            batches = [replica_batch(cfg, step, r) for r in range(cfg.dp)]
-            x_ND, t_NO = (t.to(ctx.device) for t in batches[replica])
-            timed = step == cfg.steps - 1
-            if timed:  # common time zero on every rank: right after a barrier
-                dist.barrier(group=ctx.control)
-            recorder.start()
-            capture = Capture() if step == 0 else contextlib.nullcontext()
-            with capture:  # one full step: every microbatch's F and B with their P2P, then DP sync
-                forward = chain_stage(w_OI, t_NO.chunk(m), stage == cfg.pp - 1, m)
-                outs, mb_losses, peak = run_program(prog, boundary, forward, x_ND.chunk(m), recorder)
-                sync_grads([(f"stage{stage}.weight", w_OI)], dp_g)
-            if step == 0:
-                events = capture.events
-            if timed:
-                spans, step_bytes = recorder.spans(), recorder.peak_step_bytes()
-            ref_outs, ref_grads = reference_step(ws, batches)
-            worst.add("output", torch.cat(outs), ref_outs[replica][stage])
-            worst.add("grad", w_OI.grad, ref_grads[stage])
-            if stage == cfg.pp - 1:
-                losses.append(sum(mb_losses).item())
-            sgd_step([w_OI], cfg.lr)
-            ws = [w - cfg.lr * g for w, g in zip(ws, ref_grads)]
-        worst.add("weights", w_OI, ws[stage])
-        want = stash_bound(cfg.schedule, cfg.pp, stage, m)
-        checks = [
-            bound("stage output == unsharded chain", worst.abs["output"], TOLERANCE),
-            worst.check("stage weight grad == unsharded chain", "grad"),
-            bound(f"weights after {cfg.steps} SGD steps == unsharded", worst.abs["weights"], TOLERANCE),
-            Check("peak stashed activations == schedule bound", peak == want,
-                  f"stage {stage}: {peak} stashed, bound {want} ({cfg.schedule}, M={m})"),
-        ]
-        if losses:
-            checks.append(Check("losses finite", all(map(finite, losses)),
-                                f"{len(losses)} losses, last {losses[-1]:.6g}"))
-        replicas = {"stage weights": (dp_g.ranks, digest([w_OI]))} if dp_g.size > 1 else {}
-        extra = {"stage": stage, "spans": spans, "peak_stash": peak, "stash_bound": want, "losses": losses,
-                 "weights_digest": digest([w_OI]), "clock": recorder.clock, "run_dir": str(ctx.run_dir)}
-        if step_bytes is not None:
-            extra["peak_step_bytes"] = step_bytes
-        return RankOutput(ctx.rank, events, checks=checks, replicas=replicas, extra=extra,
-                          numerics=worst.numerics())
+    def trainer(self, ctx, cfg) -> PPTrainer:
+        return PPTrainer(ctx, cfg)
 
     def step_fn(self, ctx, cfg):
         mesh = ctx.mesh(cfg.layout)
@@ -146,6 +89,73 @@ class Pipeline(Experiment):
         stem = self.name if cfg == self.config({}) else f"{self.name}-pp{cfg.pp}-dp{cfg.dp}-{cfg.schedule}-mb{cfg.microbatches}"
         section["files"] = timeline.write_files(outputs[0].extra["run_dir"], stem, section)
         return {"timeline": section}
+
+
+
+class PPTrainer(RankTrainer):
+    """This rank's stage of its pipeline replica, run by the schedule's program, and the unsharded
+    chain of every stage on every replica's batch. The last step is recorded as the timeline."""
+
+    def __init__(self, ctx, cfg: PPConfig):
+        self.ctx, self.cfg = ctx, cfg
+        mesh = ctx.mesh(cfg.layout)
+        pp_g, self.dp_g = mesh["pp"], mesh["dp"]
+        self.stage, self.replica, m = pp_g.local_rank(ctx.rank), self.dp_g.local_rank(ctx.rank), cfg.microbatches
+        check_matched(cfg.schedule, cfg.pp, m)  # fail fast on a schedule that could deadlock
+        self.prog = program(cfg.schedule, cfg.pp, self.stage, m)
+        self.ws = init_weights(cfg)
+        self.w_OI = self.ws[self.stage].clone().to(ctx.device).requires_grad_()
+        self.boundary = StageBoundary(pp_g, self.stage, widths(cfg), cfg.batch // m, ctx.device,
+                                      **fault_knobs(cfg, cfg.layout, ctx.rank))
+        self.boundary.check_shapes(m)
+        self.recorder = timeline.Recorder(ctx.device)
+        self.spans, self.step_bytes, self.peak = [], None, 0
+
+    def prepare(self, step: int) -> None:
+        if step == self.cfg.steps - 1:  # the timed step: common time zero on every rank, right after a barrier
+            dist.barrier(group=self.ctx.control)
+        self.recorder.start()
+
+    def train(self, step: int) -> float | None:
+        cfg, m, last = self.cfg, self.cfg.microbatches, self.stage == self.cfg.pp - 1
+        self.batches = [replica_batch(cfg, step, r) for r in range(cfg.dp)]
+        x_ND, t_NO = (t.to(self.ctx.device) for t in self.batches[self.replica])
+        # every microbatch's F and B with their P2P, then the DP sync
+        forward = chain_stage(self.w_OI, t_NO.chunk(m), last, m)
+        self.outs, mb_losses, self.peak = run_program(self.prog, self.boundary, forward, x_ND.chunk(m), self.recorder)
+        sync_grads([(f"stage{self.stage}.weight", self.w_OI)], self.dp_g)
+        return sum(mb_losses).item() if last else None
+
+    def compare(self, step: int, worst: Worst) -> None:
+        if step == self.cfg.steps - 1:
+            self.spans, self.step_bytes = self.recorder.spans(), self.recorder.peak_step_bytes()
+        ref_outs, ref_grads = reference_step(self.ws, self.batches)
+        worst.add("output", torch.cat(self.outs), ref_outs[self.replica][self.stage])
+        worst.add("grad", self.w_OI.grad, ref_grads[self.stage])
+        sgd_step([self.w_OI], self.cfg.lr)
+        self.ws = [w - self.cfg.lr * g for w, g in zip(self.ws, ref_grads)]
+
+    def finish(self, worst: Worst) -> list[Check]:
+        cfg = self.cfg
+        worst.add("weights", self.w_OI, self.ws[self.stage])
+        self.want = stash_bound(cfg.schedule, cfg.pp, self.stage, cfg.microbatches)
+        return [
+            bound("stage output == unsharded chain", worst.abs["output"], TOLERANCE),
+            worst.check("stage weight grad == unsharded chain", "grad"),
+            bound(f"weights after {cfg.steps} SGD steps == unsharded", worst.abs["weights"], TOLERANCE),
+            Check("peak stashed activations == schedule bound", self.peak == self.want,
+                  f"stage {self.stage}: {self.peak} stashed, bound {self.want} ({cfg.schedule}, M={cfg.microbatches})"),
+        ]
+
+    def replicas(self) -> dict:
+        return {"stage weights": (self.dp_g.ranks, digest([self.w_OI]))} if self.dp_g.size > 1 else {}
+
+    def extra(self) -> dict:
+        extra = {"stage": self.stage, "spans": self.spans, "peak_stash": self.peak, "stash_bound": self.want,
+                 "weights_digest": digest([self.w_OI]), "clock": self.recorder.clock, "run_dir": str(self.ctx.run_dir)}
+        if self.step_bytes is not None:
+            extra["peak_step_bytes"] = self.step_bytes
+        return extra
 
 
 register(Pipeline, "pp_mb1", "2-stage pipeline x 2 replicas, batch 64 as 1 microbatch, GPipe", microbatches=1)

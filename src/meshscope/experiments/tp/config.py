@@ -9,7 +9,7 @@ from functools import cached_property
 from ...core.errors import UsageError
 from ...core.mesh import Layout
 from ...core.sizes import check_choice, check_positive, world_and_dp
-from ...models.tp_mlp import SEMANTICS, SUMMED
+from ...predict.placement import SEMANTICS, SUMMED
 
 SEED_WORLD = 4
 """The seed's world when neither --world nor --dp is given."""

@@ -16,79 +16,33 @@ Legend: B batch rows of one replica, D --hidden, H --ffn, T tp size, R dp size; 
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 
-from ...capture.recorder import Capture
 from ...core.events import CommEvent
 from ...core.result import Check
 from ...models.data_parallel import sgd_step, sync_grads
 from ...models.tp_mlp import TensorParallelMLP
-from ...predict.placement import Partial, Replicate
+from ...predict.placement import Partial, Replicate, grad_placement
 from .. import register
-from ..numerics import TOLERANCE, Worst, bound, digest, finite
-from ..template import Experiment, RankOutput
+from ..numerics import TOLERANCE, Worst, bound, digest
+from ..template import RankTrainer, TrainedExperiment
 from .config import TPConfig, resolve
-from .predict import grad_placement, predict_step
+from .predict import predict_step
 from .reference import init_weights, reference_step, replica_batch
 
 
-class TensorParallel(Experiment):
+class TensorParallel(TrainedExperiment):
     Config = TPConfig
     faults = {"dp-wrong-group": {"dp_group_fault": True}}
 
     def config(self, overrides: dict) -> TPConfig:
         return resolve(super().config(overrides))
 
-
     def predict(self, cfg) -> list[CommEvent]:
         return predict_step(cfg)
 
-    def run_rank(self, ctx, cfg) -> RankOutput:
-        mesh = ctx.mesh(cfg.layout)
-        tp_g, dp_g = mesh["tp"], mesh["dp"]
-        sync_group = tp_g if cfg.dp_group_fault else dp_g
-        replica, shard = dp_g.local_rank(ctx.rank), tp_g.local_rank(ctx.rank)
-        hs = slice(shard * cfg.ffn // cfg.tp, (shard + 1) * cfg.ffn // cfg.tp)  # this rank's hidden features
-        w1_HD, w2_DH = init_weights(cfg)
-        model = TensorParallelMLP(w1_HD, w2_DH, tp_g, ctx.rank, cfg.semantics, cfg.sequence_parallel).to(ctx.device)
-        # Summed-loss issues no collective for X.grad: each rank holds its hidden shard's contribution.
-        x_grad_partial = isinstance(grad_placement(Replicate(), cfg.semantics), Partial)
-        worst, losses, events = Worst(), [], []
-        for step in range(cfg.steps):
-            xs_BD = [replica_batch(cfg, step, r) for r in range(cfg.dp)]
-            x_BD = xs_BD[replica].to(ctx.device).requires_grad_(cfg.input_grad)
-            capture = Capture() if step == 0 else contextlib.nullcontext()
-            with capture:  # one full step: forward, backward, DP grad sync
-                y_BD, loss = train_step(model, x_BD, sync_group)
-            if step == 0:
-                events = capture.events
-            losses.append(loss.item())
-            ref, (g1_HD, g2_DH) = reference_step(w1_HD, w2_DH, xs_BD)
-            y_ref, dx_ref, da_ref = ref[replica]
-            worst.add("output", y_BD, y_ref)
-            worst.add("grad", model.fc1.weight.grad, g1_HD[hs])
-            worst.add("grad", model.fc2.weight.grad, g2_DH[:, hs])
-            if cfg.input_grad:
-                worst.add("input_grad", x_BD.grad, da_ref[:, hs] @ w1_HD[hs] if x_grad_partial else dx_ref)
-            sgd_step(model.parameters(), cfg.lr)
-            w1_HD, w2_DH = w1_HD - cfg.lr * g1_HD, w2_DH - cfg.lr * g2_DH
-        worst.add("weights", model.fc1.weight, w1_HD[hs])
-        worst.add("weights", model.fc2.weight, w2_DH[:, hs])
-        checks = [
-            bound("output == unsharded MLP", worst.abs["output"], TOLERANCE),
-            worst.check("weight grads == unsharded slices", "grad"),
-            bound(f"weights after {cfg.steps} SGD steps == unsharded", worst.abs["weights"], TOLERANCE),
-            Check("losses finite", all(map(finite, losses)), f"{len(losses)} losses, last {losses[-1]:.6g}"),
-        ]
-        if cfg.input_grad:
-            checks.append(worst.check("input grad == unsharded", "input_grad"))
-        numerics = worst.numerics()
-        replicas = {"tp shard weights": (dp_g.ranks, digest([p.detach() for p in model.parameters()]))}
-        return RankOutput(ctx.rank, events, checks=checks, numerics=numerics, replicas=replicas,
-                          extra={"losses": losses})
-
+    def trainer(self, ctx, cfg) -> TPTrainer:
+        return TPTrainer(ctx, cfg)
 
     def step_fn(self, ctx, cfg):
         mesh = ctx.mesh(cfg.layout)
@@ -111,6 +65,58 @@ def train_step(model: TensorParallelMLP, x_BD: torch.Tensor, sync_group):
     loss.backward()
     sync_grads(model.named_parameters(), sync_group)
     return y_BD, loss
+
+
+
+class TPTrainer(RankTrainer):
+    """This rank's column/row shard of the MLP in its DP replica, and the unsharded MLP on every
+    replica's batch with the DP-averaged gradient."""
+
+    def __init__(self, ctx, cfg: TPConfig):
+        self.ctx, self.cfg = ctx, cfg
+        mesh = ctx.mesh(cfg.layout)
+        tp_g, self.dp_g = mesh["tp"], mesh["dp"]
+        self.sync_group = tp_g if cfg.dp_group_fault else self.dp_g
+        self.replica, shard = self.dp_g.local_rank(ctx.rank), tp_g.local_rank(ctx.rank)
+        self.hs = slice(shard * cfg.ffn // cfg.tp, (shard + 1) * cfg.ffn // cfg.tp)  # this rank's hidden features
+        self.w1_HD, self.w2_DH = init_weights(cfg)
+        self.model = TensorParallelMLP(self.w1_HD, self.w2_DH, tp_g, ctx.rank, cfg.semantics,
+                                       cfg.sequence_parallel).to(ctx.device)
+        # Summed-loss issues no collective for X.grad: each rank holds its hidden shard's contribution.
+        self.x_grad_partial = isinstance(grad_placement(Replicate(), cfg.semantics), Partial)
+
+    def train(self, step: int) -> float:
+        self.xs_BD = [replica_batch(self.cfg, step, r) for r in range(self.cfg.dp)]
+        self.x_BD = self.xs_BD[self.replica].to(self.ctx.device).requires_grad_(self.cfg.input_grad)
+        self.y_BD, loss = train_step(self.model, self.x_BD, self.sync_group)
+        return loss.item()
+
+    def compare(self, step: int, worst: Worst) -> None:
+        cfg, hs, model = self.cfg, self.hs, self.model
+        ref, (g1_HD, g2_DH) = reference_step(self.w1_HD, self.w2_DH, self.xs_BD)
+        y_ref, dx_ref, da_ref = ref[self.replica]
+        worst.add("output", self.y_BD, y_ref)
+        worst.add("grad", model.fc1.weight.grad, g1_HD[hs])
+        worst.add("grad", model.fc2.weight.grad, g2_DH[:, hs])
+        if cfg.input_grad:
+            worst.add("input_grad", self.x_BD.grad, da_ref[:, hs] @ self.w1_HD[hs] if self.x_grad_partial else dx_ref)
+        sgd_step(model.parameters(), cfg.lr)
+        self.w1_HD, self.w2_DH = self.w1_HD - cfg.lr * g1_HD, self.w2_DH - cfg.lr * g2_DH
+
+    def finish(self, worst: Worst) -> list[Check]:
+        worst.add("weights", self.model.fc1.weight, self.w1_HD[self.hs])
+        worst.add("weights", self.model.fc2.weight, self.w2_DH[:, self.hs])
+        checks = [
+            bound("output == unsharded MLP", worst.abs["output"], TOLERANCE),
+            worst.check("weight grads == unsharded slices", "grad"),
+            bound(f"weights after {self.cfg.steps} SGD steps == unsharded", worst.abs["weights"], TOLERANCE),
+        ]
+        if self.cfg.input_grad:
+            checks.append(worst.check("input grad == unsharded", "input_grad"))
+        return checks
+
+    def replicas(self) -> dict:
+        return {"tp shard weights": (self.dp_g.ranks, digest([p.detach() for p in self.model.parameters()]))}
 
 
 register(TensorParallel, "tp_ar_b32", "TP MLP D=512 H=1024, batch 32, row output all-reduced", batch=32)
