@@ -1,14 +1,17 @@
-"""Named experiments: the registry and the contract each experiment module fulfils.
+"""Named experiments: the registry, one package per parallel mode.
 
-An experiment module in this package defines an `Experiment` subclass and registers one or more
-named presets with `register`. The registry imports every module of the package on first use, so a
-new parallel mode adds a file here and nothing else.
+Each mode is a package here (``tp``, ``pp``, ``ep``, ``nd``, ``collectives``) holding its ``config``
+(a frozen dataclass whose fields are the CLI override names and whose ``layout`` is the mesh it runs
+on), its ``predict`` (the ledger from `predict.edges`), its unsharded ``reference`` and its
+``experiment`` module, which defines an `template.Experiment` and registers its named presets with
+`register`. The registry imports every mode's ``experiment`` module on first use, so a new parallel
+mode adds a package here and nothing else.
 
-Contract (all pure Python except `run_rank`):
-  config(overrides)   -> a frozen Config dataclass (validated; `UsageError` on bad input)
-  layout(cfg)         -> the mesh `Layout` it runs on
+Contract (`template.Experiment`; all pure Python except `run_rank` and `step_fn`):
+  config(overrides)   -> a validated Config (`UsageError` on bad input); ``cfg.layout`` is its mesh
   predict(cfg)        -> every CommEvent every rank must issue in one training step
-  run_rank(ctx, cfg)  -> this rank's `RankOutput` (captured events of one step, numerics, checks)
+  run_rank(ctx, cfg)  -> this rank's `RankOutput` (captured events of one step, numerics, checks);
+                         a trained mode fills in `template.RankTrainer` and inherits the loop
   summarize(cfg, outs)-> mode-specific sections of result.json (e.g. ``experts``, ``timeline``)
   step_fn(ctx, cfg)   -> one training step as a callable (the suite times and profiles it)
 """
