@@ -13,12 +13,12 @@ from collections import Counter
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
 
 from ..core.environment import header
 from ..core.events import OPS, human_bytes
 from ..core.result import SuiteResult
 from ..suite.verdicts import CLOCKS, verdict_clock
+from .table import make_console, print_table
 
 KERNEL_FAMILIES = ("AllReduce", "AllGather", "ReduceScatter", "SendRecv", "Broadcast")
 
@@ -145,14 +145,12 @@ def _delta(a: dict, b: dict) -> str:
 
 
 def print_terminal(doc: SuiteResult, console: Console | None = None) -> None:
-    # wide enough for the tables when stdout is not a terminal (rich would assume 80 columns)
-    console = console or Console(highlight=False, width=None if Console().is_terminal else 160)
+    """The suite's tables on the terminal; every table's first column is the configuration, which a
+    table too wide for the terminal repeats in each of its parts (`table.print_table`)."""
+    console = console or make_console()
     console.print(header(doc.environment))
     for title, head, rows in tables(doc):
-        table = Table(*head, title=title, title_justify="left")
-        for row in rows:
-            table.add_row(*row)
-        console.print(table)
+        print_table(console, title, head, rows, title_justify="left")
     failed = [(label, c) for label, r in doc.results.items() for c in r.checks if not c.passed]
     for label, c in failed:
         console.print(f"[red]FAILED[/] {label}: {c.name}: {c.detail}")

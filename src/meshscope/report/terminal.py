@@ -1,39 +1,40 @@
-"""Terminal rendering of layouts, predictions and results (rich tables on stdout)."""
+"""Terminal rendering of layouts, predictions and results (rich tables on stdout, built by `table`).
+
+Each printer takes the console to print on (default: stdout's, `table.make_console`), so that what
+it shows at a given width can be rendered and read back.
+"""
 
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
 
 from ..core.events import OPS, counts, human_bytes
 from ..core.mesh import COORD_AXES, GROUP_NAMES, Layout
 from ..core.result import RunResult
+from .table import make_console, print_table
 
 MAX_ROWS = 64
 """Rows of the rank table printed before eliding (the JSON has all)."""
 
-console = Console(highlight=False)
+CONSOLE = make_console()
+"""stdout's console, the default of every printer."""
 
 
-def print_layout(layout: Layout) -> None:
+def print_layout(layout: Layout, console: Console | None = None) -> None:
+    console = console or CONSOLE
     sizes = layout.sizes
     console.print(f"world {layout.world}, order {layout.order} (leftmost fastest): "
                   + ", ".join(f"{a} {sizes[a]}" for a in sizes))
     shown = [a for a in COORD_AXES if sizes[a] > 1] or ["tp"]
-    table = Table("rank", *shown, title="rank coordinates")
-    for r in range(min(layout.world, MAX_ROWS)):
-        c = layout.coords(r)
-        table.add_row(str(r), *(str(c[a]) for a in shown))
-    console.print(table)
+    rows = [[str(r), *(str(layout.coords(r)[a]) for a in shown)] for r in range(min(layout.world, MAX_ROWS))]
+    print_table(console, "rank coordinates", ["rank", *shown], rows)
     if layout.world > MAX_ROWS:
         console.print(f"... {layout.world - MAX_ROWS} more ranks (use --json for all)")
     dense = [a for a in ("tp", "cp", "dp", "pp") if sizes[a] > 1]
     if len(dense) == 2 and layout.world <= MAX_ROWS:
         fast, slow = sorted(dense, key=lambda a: layout.groups(a)[0][1] - layout.groups(a)[0][0])
-        grid = Table("", *(f"{fast}_rank={i}" for i in range(sizes[fast])), title=f"{slow} x {fast} matrix")
-        for row in layout.groups(fast):
-            grid.add_row(f"{slow}_rank={layout.coords(row[0])[slow]}", *(f"rank{r}" for r in row))
-        console.print(grid)
+        rows = [[f"{slow}_rank={layout.coords(row[0])[slow]}", *(f"rank{r}" for r in row)] for row in layout.groups(fast)]
+        print_table(console, f"{slow} x {fast} matrix", ["", *(f"{fast}_rank={i}" for i in range(sizes[fast]))], rows)
     for name in GROUP_NAMES:
         groups = layout.groups(name)
         if len(groups[0]) < 2:
@@ -45,48 +46,49 @@ def print_layout(layout: Layout) -> None:
     console.print(f"creation order: {len(layout.creation_order())} new_group calls, identical on every rank")
 
 
-def print_prediction(exp, cfg, events) -> None:
+def print_prediction(exp, cfg, events, console: Console | None = None) -> None:
+    """Rank 0's predicted collectives, axis and sequence number first: together they name a row, so a
+    table too wide for the terminal continues in parts that repeat them."""
+    console = console or CONSOLE
     changed = exp.changed(cfg)
     console.print(f"{exp.name}: {exp.description}" + (f"; changed: {', '.join(changed)}" if changed else ""))
-    world = cfg.layout.world
-    table = Table("seq", "op", "axis", "group", "phase", "region", "mb", "in", "out", "splits / peer",
-                  title="predicted collectives per step, rank 0 (--json for every rank)")
+    rows = []
     for e in sorted((e for e in events if e.rank == 0), key=lambda e: (e.axis, e.seq)):
         extra = (f"{list(e.input_splits)} -> {list(e.output_splits)}" if e.input_splits is not None
                  else (f"peer {e.peer}" if e.peer is not None else ""))
-        table.add_row(str(e.seq), e.op, e.axis, str(list(e.group)), e.phase, e.region,
-                      "" if e.microbatch is None else str(e.microbatch), human_bytes(e.bytes_in),
-                      human_bytes(e.bytes_out), extra)
-    console.print(table)
-    print_counts({"predicted": events}, world)
+        rows.append([e.axis, str(e.seq), e.op, str(list(e.group)), e.phase, human_bytes(e.bytes_in),
+                     human_bytes(e.bytes_out), e.region, "" if e.microbatch is None else str(e.microbatch), extra])
+    print_table(console, "predicted collectives per step, rank 0 (--json for every rank)",
+                ["axis", "seq", "op", "group", "phase", "in", "out", "region", "mb", "splits / peer"], rows,
+                key=2, whole=("group",))
+    print_counts({"predicted": events}, cfg.layout.world, console)
 
 
-def print_counts(ledgers: dict, world: int) -> None:
+def print_counts(ledgers: dict, world: int, console: Console | None = None) -> None:
     """Per-rank op counts of one or more ledgers side by side."""
     ops = [op for op in OPS if any(e.op == op for evs in ledgers.values() for e in evs)]
-    table = Table("rank", *(f"{name} {op}" for name in ledgers for op in ops), title="collectives per rank per step")
+    rows = []
     for r in range(world):
-        row = []
+        row = [str(r)]
         for evs in ledgers.values():
             c = counts(e for e in evs if e.rank == r)
             row += [str(c.get(op, 0)) for op in ops]
-        table.add_row(str(r), *row)
-    console.print(table)
+        rows.append(row)
+    print_table(console or CONSOLE, "collectives per rank per step",
+                ["rank", *(f"{name} {op}" for name in ledgers for op in ops)], rows)
 
 
-def print_result(result: RunResult, run_dir) -> None:
+def print_result(result: RunResult, run_dir, console: Console | None = None) -> None:
+    console = console or CONSOLE
     status = "[green]PASSED[/]" if result.passed else "[red]FAILED[/]"
     console.print(f"{result.experiment} on {result.backend}, world {result.world}: {status}")
-    table = Table("check", "ok", "detail", title="checks")
-    for c in result.checks:
-        table.add_row(c.name, "yes" if c.passed else "[red]NO[/]", c.detail)
-    console.print(table)
+    print_table(console, "checks", ["check", "ok", "detail"],
+                [[c.name, "yes" if c.passed else "[red]NO[/]", c.detail] for c in result.checks])
     per_rank = result.per_rank()
     ops = [op for op in OPS if any(op in r["predicted"] or op in r["captured"] for r in per_rank)]
-    table = Table("rank", *(f"{op} pred/capt" for op in ops), title="collectives per rank per step")
-    for r in per_rank:
-        table.add_row(str(r["rank"]), *(f"{r['predicted'].get(op, 0)}/{r['captured'].get(op, 0)}" for op in ops))
-    console.print(table)
+    print_table(console, "collectives per rank per step", ["rank", *(f"{op} pred/capt" for op in ops)],
+                [[str(r["rank"]), *(f"{r['predicted'].get(op, 0)}/{r['captured'].get(op, 0)}" for op in ops)]
+                 for r in per_rank])
     if result.numerics:
         console.print("numerics: " + ", ".join(f"{k} {v:.3g}" for k, v in result.numerics.items()))
     console.print(f"run directory: {run_dir}")
