@@ -1,4 +1,4 @@
-"""Capture overhead on a TP-sized training step (the seed's MLP: B 128, D 512, H 1024, tp 2).
+"""Capture overhead on a TP-sized training step (the chapter's MLP: B 128, D 512, H 1024, tp 2).
 
 Launches 2 gloo ranks (or NCCL with --backend nccl) and times the same step in blocks of `--block`
 steps, alternating: no capture / a Capture kept on for the block (how the one-step ledger and the

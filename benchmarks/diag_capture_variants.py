@@ -1,4 +1,4 @@
-"""Where does a recorded call's cost go inside a real step? The seed's TP step on 2 GPUs, in
+"""Where does a recorded call's cost go inside a real step? The chapter's TP step on 2 GPUs, in
 interleaved blocks of 20 steps, with dist.all_reduce replaced by: nothing (off), a bare Python
 wrapper, a wrapper that also decodes the arguments as the capture does, the capture itself; and the
 garbage collector off. Prints rank 0's median step, forward and backward host time per variant.

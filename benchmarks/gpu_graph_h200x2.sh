@@ -7,7 +7,7 @@
 set -uo pipefail
 source benchmarks/gpu_common.sh
 
-# 1. the capture's and the flight log's overhead on the seed's TP step (per-phase breakdown), the
+# 1. the capture's and the flight log's overhead on the chapter's TP step (per-phase breakdown), the
 #    per-call cost in isolation, and the variants that locate it
 for i in 1 2 3; do
     LIMIT=90 step python3 benchmarks/bench_capture.py --backend nccl --iters 600 >> "$OUT/capture_overhead.txt" 2>&1

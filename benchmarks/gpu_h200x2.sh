@@ -18,7 +18,7 @@ keep suite_per_step
 step $ms suite --backend nccl --world 2 --rounds 2 --iters 30 --steps-per-sample 20 \
     --out "$RUNS/suite_20_per_sample" > "$OUT/suite_20_per_sample.txt" 2>&1
 keep suite_20_per_sample
-# 4. the capture's and the flight log's overhead on the seed's TP step
+# 4. the capture's and the flight log's overhead on the chapter's TP step
 step python3 benchmarks/bench_capture.py --backend nccl --iters 600 > "$OUT/capture_overhead.txt" 2>&1
 # 5. the compositions that fit on 2 GPUs, profiled: pp 2 x tp 1, tp 2 x pp 1, MoE with ep 2 (carved from dp 2)
 for args in "--tp 1 --pp 2 --microbatches 4" "--tp 2 --pp 1" "--tp 1 --pp 1 --moe --ep 2"; do

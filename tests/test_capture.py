@@ -17,12 +17,12 @@ def test_every_collective_captured_exactly_on_2_and_4_ranks(tmp_path):
     for result in r4 + r2:
         assert result["passed"], failed_checks(result)
         assert result["comm"]["match"]
-    seed = r4[0]
+    tp2 = r4[0]  # the chapter's layout: world 4, tp 2
     per_op = {"all_reduce": 8, "all_gather": 10, "reduce_scatter": 10, "all_to_all": 12, "send": 6, "recv": 6,
               "broadcast": 2, "barrier": 2}
-    for row in seed["comm"]["per_rank"]:
+    for row in tp2["comm"]["per_rank"]:
         assert row["captured"] == per_op == row["predicted"]
-    events = [CommEvent.from_json(e) for e in seed["comm"]["events"]["captured"]]
+    events = [CommEvent.from_json(e) for e in tp2["comm"]["events"]["captured"]]
     rank0_tp = [e for e in events if e.rank == 0 and e.axis == "tp"]
     rank0_dp = [e for e in events if e.rank == 0 and e.axis == "dp"]
     assert {e.group for e in rank0_tp} == {(0, 1)} and {e.group for e in rank0_dp} == {(0, 2)}

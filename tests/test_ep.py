@@ -30,7 +30,7 @@ def _a2a(events, rank, region, phase="forward"):
 
 
 # -- pure Python: router -> splits ---------------------------------------------------------------
-def test_skew_apportion_gives_seed_splits():
+def test_skew_apportion_gives_chapter_splits():
     assert apportion(64, parse_skew("7:1", 2)) == [56, 8]
     assert apportion(64, [1, 1]) == [32, 32]
     assert parse_skew("7:1", 4) == [7, 1, 1, 1]
@@ -155,7 +155,7 @@ def test_every_variant_passes(results):
             assert predicted == captured
 
 
-def test_seed_counts_splits_and_tokens(results):
+def test_chapter_counts_splits_and_tokens(results):
     balanced, skewed, nograd = results[:3]
     assert [c for _, c in _per_rank(balanced)] == [{"all_reduce": 1, "all_to_all": 4}] * 4
     assert [c for _, c in _per_rank(nograd)] == [{"all_reduce": 1, "all_to_all": 3}] * 4

@@ -58,7 +58,7 @@ def _comm(collective, ranks, in_splits="[]", out_splits="[]", nelems=16):
 
 
 def test_fingerprint_counts_only_gpu_kernels_by_family(tmp_path):
-    # an EP rank of the seed: 1 DP AllReduce and 4 all-to-all, which NCCL runs as SendRecv kernels
+    # an EP rank of the chapter: 1 DP AllReduce and 4 all-to-all, which NCCL runs as SendRecv kernels
     events = [_kernel("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 1)] + [_kernel("ncclDevKernel_SendRecv", t) for t in range(2, 6)]
     events += [_kernel("ampere_sgemm_128x64_tn", 9), {"ph": "X", "cat": "Kernel", "name": "ncclDevKernel_SendRecv"}]
     events += [{"ph": "X", "cat": "cpu_op", "name": "ncclDevKernel_AllGather_RING_LL"},  # not a GPU kernel
@@ -87,7 +87,7 @@ def test_kernel_seconds_are_cut_into_steps_in_start_order():
     assert kernel_seconds_per_step(trace, 4) == pytest.approx([1000e-6 / 4] * 4)  # 6 kernels do not cut into 4
 
 
-def test_expected_kernels_follow_the_seed_fingerprint_table():
+def test_expected_kernels_follow_the_chapter_fingerprint_table():
     tp = [_ev("all_reduce", seq=i) for i in range(4)]
     assert expected_kernels(tp) == {"AllReduce": 4}
     sp = [_ev("all_reduce", axis="dp", group=(0, 2)), _ev("all_reduce", axis="dp", group=(0, 2), seq=1),

@@ -1,4 +1,4 @@
-"""Layout math: golden cases from the design brief and the seed, round trips, brute force."""
+"""Layout math: golden cases from the design brief and the chapter (docs/chapter.md), round trips, brute force."""
 
 import itertools
 import json
@@ -12,11 +12,11 @@ from meshscope.core.mesh import GROUP_NAMES, Layout, parse_order
 from .helpers import cli
 
 
-def test_seed_world4_tp2():
+def test_chapter_world4_tp2():
     layout = Layout(4, tp=2)
     assert layout.groups("tp") == [[0, 1], [2, 3]]
     assert layout.groups("dp") == [[0, 2], [1, 3]]
-    # rank = tp_rank + tp_size * dp_rank (seed, "先建立 Rank 坐标系")
+    # rank = tp_rank + tp_size * dp_rank (chapter Q1)
     for r in range(4):
         c = layout.coords(r)
         assert r == c["tp"] + 2 * c["dp"]
@@ -37,7 +37,7 @@ def test_golden_world8_etp2_ep2():
     assert layout.edp == 2
 
 
-def test_seed_pipeline_mapping_pp_leftmost():
+def test_chapter_pipeline_mapping_pp_leftmost():
     layout = Layout(4, pp=2, order="pp-tp-cp-ep-dp")
     assert layout.groups("pp") == [[0, 1], [2, 3]]
     assert layout.groups("dp") == [[0, 2], [1, 3]]
@@ -70,7 +70,7 @@ def _brute_force_coords(layout: Layout) -> dict[int, dict[str, int]]:
     return out
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", range(40))  # RNG seed
 def test_random_layouts_against_brute_force(seed):
     rng = random.Random(seed)
     sizes = {a: rng.choice([1, 1, 2, 3]) for a in ("tp", "cp", "pp")}

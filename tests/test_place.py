@@ -106,7 +106,7 @@ def test_cp_ring_attention_is_modelled_and_shares_the_dp_group():
     assert "dp-cp" in vol and "dp" not in vol
 
 
-# -- the toy experiments: spec fields mapped onto the seed's models --------------------------------------
+# -- the toy experiments: spec fields mapped onto the chapter's models -----------------------------------
 def _ledger_table(events, rank):
     out = defaultdict(lambda: defaultdict(lambda: [0, 0]))
     for e in events:
@@ -121,7 +121,7 @@ def _ledger_table(events, rank):
 def test_volume_equals_the_tp_mlp_ledger(name, overrides):
     exp = experiments.get(name)
     cfg = exp.config(overrides)
-    # The seed's MLP is one MLP-only layer (heads 0): X [B, D] -> W1 [H, D] -> W2 [D, H]; its B rows are
+    # The chapter's MLP is one MLP-only layer (heads 0): X [B, D] -> W1 [H, D] -> W2 [D, H]; its B rows are
     # the tokens of one microbatch (one sequence of B tokens: sequence parallelism shards those rows).
     spec = ModelSpec(layers=1, hidden=cfg.hidden, ffn=cfg.ffn, seq_len=cfg.batch, micro_batch=1, heads=0,
                      experts=0, dtype="float32", microbatches=1, sequence_parallel=cfg.sequence_parallel)
@@ -215,7 +215,7 @@ def _best_crossing(r):
 def test_expert_placement_flips_with_expert_size():
     """Token-heavy MoE: the all-to-alls outweigh the expert gradients, EP stays inside the node. Experts
     far larger than the activations: their expert-DP sync outweighs the all-to-alls, so edp goes inside
-    and EP crosses (the seed: "若expert远大于activation ... 最优映射会变化")."""
+    and EP crosses (the chapter: "when experts are far larger than activations, the best mapping changes")."""
     moe = dict(layers=1, hidden=1024, heads=0, experts=8, topk=2, dtype="bf16")
     tokens_heavy = ModelSpec(**moe, ffn=256, seq_len=8192, microbatches=4)
     r = rank_placements(16, 8, tokens_heavy, _sizes(ep=8), INTRA, INTER)
@@ -247,7 +247,7 @@ def _p2p(link, msgs, size):
 
 
 def test_unbalanced_stages_flip_the_pipeline_placement():
-    """The seed's "stage不均衡" flip. dp 8 x pp 2 on two nodes of 8: either dp or pp goes inside a node.
+    """The chapter's unbalanced-stage flip. dp 8 x pp 2 on two nodes of 8: either dp or pp goes inside a node.
     Per microbatch an end stage sends one activation and receives one gradient, [1792, 1024] bf16 =
     3.67 MB, exactly the ring bytes 2(8-1)/8 x 2 MiB of one layer-weight all-reduce over dp 8: so with
     M = 4 the pipelined pp messages weigh (M + p - 1) / M x 2M = 10 calls against 2 x layers_s dp calls

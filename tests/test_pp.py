@@ -156,7 +156,7 @@ def _predict(name, **overrides):
 
 
 @pytest.mark.parametrize("name,m,msg_bytes", [("pp_mb1", 1, 256 * KIB), ("pp_mb8", 8, 32 * KIB), ("pp_1f1b_mb8", 8, 32 * KIB)])
-def test_seed_message_figures(name, m, msg_bytes):
+def test_chapter_message_figures(name, m, msg_bytes):
     cfg, events = _predict(name)
     for rank in range(4):
         mine = [e for e in events if e.rank == rank]
@@ -169,7 +169,7 @@ def test_seed_message_figures(name, m, msg_bytes):
         assert (ar.bytes_in, ar.group, ar.phase) == (2 * MIB, (rank % 2, rank % 2 + 2), "optimizer")
 
 
-def test_seed_rank_mapping():
+def test_chapter_rank_mapping():
     layout = experiments.get("pp_mb8").config({}).layout
     assert layout.groups("pp") == [[0, 1], [2, 3]] and layout.groups("dp") == [[0, 2], [1, 3]]
     assert layout == Layout(4, pp=2, order="pp-tp-cp-ep-dp")
@@ -273,6 +273,6 @@ def test_gpipe_and_1f1b_train_identical_weights(world4, pp, m):
     assert runs[(pp, "gpipe", m)]["timeline"]["weights_digest"] == runs[(pp, "1f1b", m)]["timeline"]["weights_digest"]
 
 
-def test_seed_pp_mb8_1f1b_interleaves(world4):
+def test_chapter_pp_mb8_1f1b_interleaves(world4):
     spans = world4[1][(2, "1f1b", 8)]["timeline"]["ranks"][1]["spans"]  # rank 1 = last stage
     assert "".join(s["kind"] for s in spans) == "FB" * 8

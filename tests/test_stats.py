@@ -46,7 +46,7 @@ def test_summary_figures_and_perf_unstable_verdict():
 
 
 def test_comparison_counts_a_difference_only_beyond_the_spread():
-    # the seed's robust effect: pp_mb1 ~1.14 ms vs pp_mb8 ~6.97 ms, tight spreads -> distinguishable
+    # the chapter's robust effect (Q18): pp_mb1 ~1.14 ms vs pp_mb8 ~6.97 ms, tight spreads -> distinguishable
     mb1 = summarize([1.12e-3, 1.14e-3, 1.15e-3, 1.13e-3, 1.16e-3])
     mb8 = summarize([6.9e-3, 6.97e-3, 7.0e-3, 6.95e-3, 7.05e-3])
     c = compare(mb1, mb8)

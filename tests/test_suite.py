@@ -36,10 +36,10 @@ def test_suite_summary_and_counts_match_the_predictor(suite_run):
         predicted = exp.predict(exp.config({k: v for k, v in next(e for e in SUITE if e.label == label).overrides.items()}))
         for row in result["comm"]["per_rank"]:
             assert row["captured"] == counts(e for e in predicted if e.rank == row["rank"])
-    seed_counts = {"tp_ar_b32": {"all_reduce": 4}, "tp_sp_b128": {"all_reduce": 2, "all_gather": 2, "reduce_scatter": 2},
+    chapter_counts = {"tp_ar_b32": {"all_reduce": 4}, "tp_sp_b128": {"all_reduce": 2, "all_gather": 2, "reduce_scatter": 2},
                    "pp_mb8": {"all_reduce": 1, "send": 8, "recv": 8}, "ep_skewed": {"all_reduce": 1, "all_to_all": 4},
                    "ep_nograd": {"all_reduce": 1, "all_to_all": 3}}
-    for label, want in seed_counts.items():
+    for label, want in chapter_counts.items():
         assert doc["results"][label]["comm"]["per_rank"][0]["captured"] == want
     s = doc["summary"]
     predicted_events = 0
@@ -52,7 +52,7 @@ def test_suite_summary_and_counts_match_the_predictor(suite_run):
     assert s["checked_invariants"] > 20
 
 
-def test_suite_tables_show_the_seed_payloads(suite_run):
+def test_suite_tables_show_the_chapter_payloads(suite_run):
     _, doc = suite_run
     payload = next(rows for title, _, rows in tables(SuiteResult.from_json(doc)) if title.startswith("payload"))
     cells = {(r[0], r[1], r[2], r[3]): (r[4], r[5]) for r in payload}

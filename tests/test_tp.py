@@ -1,4 +1,4 @@
-"""Tensor/sequence-parallel MLP: the predictor's seed figures (pure Python), then one 4-rank gloo launch
+"""Tensor/sequence-parallel MLP: the predictor's figures for the chapter (pure Python), then one 4-rank gloo launch
 running both experiments x both semantics x input grad on/off at tp 2 and tp 4, and a wrong DP group."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ SEMANTICS = ("summed-loss", "replicated-loss")
 
 
 def expected_counts(name: str, semantics: str, input_grad: bool, dp: int) -> dict[str, int]:
-    """The seed's per-rank collectives per step (design brief table), extended to replicated-loss."""
+    """The chapter's per-rank collectives per step (design brief table), extended to replicated-loss."""
     dp_sync = 2 if dp > 1 else 0  # one all_reduce per weight shard
     column_in = int(semantics == "replicated-loss" and input_grad)  # CopyToGroup's backward AR
     if name.startswith("tp_ar"):
@@ -103,7 +103,7 @@ def test_bad_config_is_a_usage_error(name, overrides, words):
 
 def test_gradient_check_sees_the_t_times_bug_and_nan():
     """An undivided summed-loss gives T x the gradient (measured 2.000 at T=2, models/tp_mlp.py); a
-    gradient of the seed's size (~1e-3) doubled must fail, and so must a NaN or a missing gradient."""
+    gradient of the chapter's size (~1e-3) doubled must fail, and so must a NaN or a missing gradient."""
     g = torch.full((4, 4), 1e-3)
     for got, ok in [(g + 1e-9, True), (2 * g, False), (g * float("nan"), False), (None, False)]:
         worst = Worst()
@@ -156,7 +156,7 @@ def test_run_passes_and_matches_prediction(results, index):
     assert doc["numerics"]["max_rel_err_grad"] <= 1e-4
 
 
-def test_captured_sp_payloads_are_the_seeds(results):
+def test_captured_sp_payloads_are_the_chapters(results):
     doc = results[RUNS.index(("tp_sp_b128", {"semantics": "summed-loss", "input_grad": False}))]
     tp = [(e["op"], e["phase"], e["bytes_in"], e["bytes_out"]) for e in doc["comm"]["events"]["captured"]
           if e["rank"] == 0 and e["axis"] == "tp"]
@@ -165,7 +165,7 @@ def test_captured_sp_payloads_are_the_seeds(results):
 
 
 def test_dp_over_different_shards_is_caught(results):
-    """The seed's common mistake: DP over [0,1] adds gradients of different shards."""
+    """The chapter's common mistake (Q2): DP over [0,1] adds gradients of different shards."""
     doc = results[-1]
     assert not doc["passed"]
     failed = {c["name"] for c in failed_checks(doc)}

@@ -1,10 +1,10 @@
 """What each collective entry point's arguments mean: op, group, dtype, logical bytes, splits, peer.
 
-`capture` swaps the Python entry points of c10d and of the functional collectives for recorders; this
-module turns one call's arguments into the `Call` the recorder stores, one decoder per entry point:
-``C10D`` maps c10d function names to decoders of their bound arguments, ``FUNCTIONAL`` maps
-``torch.ops._c10d_functional`` op names to decoders of their positional arguments. Bytes are the
-logical input and output bytes on this rank (seed: "区分 input/output bytes"); splits are in rows.
+`capture` swaps the Python entry points of c10d and of the functional collectives for recorders; this module
+turns one call's arguments into the `Call` the recorder stores, one decoder per entry point: ``C10D`` maps
+c10d function names to decoders of their bound arguments, ``FUNCTIONAL`` maps ``torch.ops._c10d_functional``
+op names to decoders of their positional arguments. Bytes are the logical input and output bytes on this
+rank (chapter Q27, step 4: keep input and output bytes apart); splits are in rows.
 """
 
 from __future__ import annotations
@@ -185,6 +185,7 @@ AUTOGRAD = ("all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_singl
 
 
 def dual(call: Call) -> Call:
-    """The backward collective of an autograd collective (seed: AG<->RS, A2A<->A2A with splits swapped)."""
+    """The backward collective of an autograd collective (chapter Q10, Q11, Q21: AG<->RS, A2A<->A2A with
+    splits swapped)."""
     op = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather"}.get(call.op, call.op)
     return Call(op, call.group, call.dtype, call.bytes_out, call.bytes_in, call.output_splits, call.input_splits)

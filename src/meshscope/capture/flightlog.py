@@ -1,9 +1,10 @@
 """Per-rank flight log: every group creation and every collective, written as it happens.
 
-The seed's production checklist ("生产故障诊断"): a hang is explained by comparing what each rank
-issued, in which group, in which order. Each rank appends JSON lines to ``RUN_DIR/flight/rank<R>.jsonl``
-and flushes every line, so a rank that hangs or is killed still leaves its log: a collective logged
-as ``issued`` without ``completed`` is where that rank is stuck. The doctor reads these files.
+The chapter's production-diagnosis checklist (docs/chapter.md, "Faults the doctor names"): a hang is
+explained by comparing what each rank issued, in which group, in which order. Each rank appends JSON lines
+to ``RUN_DIR/flight/rank<R>.jsonl`` and flushes every line, so a rank that hangs or is killed still leaves
+its log: a collective logged as ``issued`` without ``completed`` is where that rank is stuck. The doctor
+reads these files.
 
 Line kinds: ``group`` (axis, ranks, index in the creation sequence), ``issued`` (a CommEvent: seq per
 group, op, group, phase, dtype, bytes, splits, peer, region, microbatch), ``completed`` (axis, group

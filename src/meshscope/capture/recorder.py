@@ -189,7 +189,7 @@ def active() -> bool:
 @contextlib.contextmanager
 def suspended():
     """Inside, no capture listens: torch's own entry points are back, so a call costs what it costs
-    without meshscope. Timing uses it: the flight log adds about 150 us to the seed's TP step on the
+    without meshscope. Timing uses it: the flight log adds about 150 us to the chapter's TP step on the
     H200 host (two calls; docs/results/h200x2.md), which would otherwise be part of every timed figure. Captures entered inside work as usual; the suspended ones resume on exit."""
     paused = list(_ACTIVE)
     if paused:

@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--inject", default=None, metavar="KIND",
                      help="plant a fault on purpose: " + ", ".join(KINDS))
 
-    suite = sub.add_parser("suite", help="every seed configuration in one launch: verified, timed, compared")
+    suite = sub.add_parser("suite", help="every configuration of the chapter (docs/chapter.md) in one launch: "
+                                         "verified, timed, compared")
     suite.add_argument("--configs", default=None, help="comma-separated subset (default: all; see `meshscope suite --list`)")
     suite.add_argument("--list", action="store_true", help="list the suite's configurations and exit")
     suite.add_argument("--rounds", type=int, default=2, help="timing rounds, order reversed every other round (default %(default)s)")

@@ -1,4 +1,5 @@
-"""The run's environment, recorded as the seed's "版本与诚实边界" header: what ran where, and when."""
+"""The run's environment, recorded as the chapter's "versions and honesty limits" header: what ran where,
+and when."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """CommEvent: the one record type shared by the predictor and the capture, and the ledger diff.
 
-Payload is always *logical* bytes: ``bytes_in`` is what the caller hands to the collective and
-``bytes_out`` what it gets back on this rank. The seed ("乘 dtype 字节并区分 input/output bytes") insists
-these are neither the same figure (an all-gather takes 128 KiB in and gives 256 KiB out) nor wire bytes
-on NVLink or the NIC.
+Payload is always *logical* bytes: ``bytes_in`` is what the caller hands to the collective and ``bytes_out``
+what it gets back on this rank. Chapter Q27, step 4 (multiply by the dtype size, keeping input and output
+bytes apart) insists these are neither the same figure (an all-gather takes 128 KiB in and gives 256 KiB
+out) nor wire bytes on NVLink or the NIC.
 
 Ordering: NCCL and gloo order collectives per communicator, so a ledger is compared per rank and per
 group, event by event, in issue order (``seq`` counts per rank and group). Order across different
@@ -145,7 +145,7 @@ def _brief(e: CommEvent) -> str:
 
 
 def human_bytes(n: int) -> str:
-    """1024-based size as the seed writes it: 64 KiB, 1 MiB."""
+    """1024-based size as the chapter writes it: 64 KiB, 1 MiB."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if n >= scale:
             v = n / scale

@@ -1,4 +1,5 @@
-"""Fault injection: plant the seed's common mistakes on purpose, so the doctor can be shown to name them.
+"""Fault injection: plant the chapter's common mistakes on purpose (docs/chapter.md, "Faults the doctor
+names"), so the doctor can be shown to name them.
 
 `meshscope run EXPERIMENT --inject KIND`. A run-level fault (group creation order) is planted by the
 runtime on rank `FAULT_RANK`; every other fault is a switch in the experiment's own config, which the

@@ -1,8 +1,8 @@
 """Safe creation of the mesh's process groups on torch.distributed, and the group registry.
 
-The seed ("Group 创建顺序是全局协议"): every rank calls ``new_group`` for every group of every axis, in
-one global order, including groups it is not a member of; ranks that create overlapping groups in
-different orders can deadlock at initialisation or mis-order collectives. `create_groups` walks
+Chapter Q3 (group creation order is a global protocol): every rank calls ``new_group`` for every group of
+every axis, in one global order, including groups it is not a member of; ranks that create overlapping
+groups in different orders can deadlock at initialisation or mis-order collectives. `create_groups` walks
 `Layout.creation_order()` identically on every rank, keeps the groups this rank belongs to, and records
 the sequence it created (for the doctor to compare across ranks).
 
@@ -95,7 +95,7 @@ def create_groups(layout: Layout, rank: int, timeout=None, on_create=None, misor
 
     Must be called by every rank of the world. `on_create(axis, ranks)` is called before each
     new_group (the flight log records it, so a rank stuck in new_group shows where).
-    `misorder` plants the seed's group-creation fault on this rank: its last group is created first.
+    `misorder` plants the chapter's group-creation fault on this rank: its last group is created first.
     """
     if dist.get_world_size() != layout.world:
         raise ValueError(f"layout is for world {layout.world} but torch.distributed has {dist.get_world_size()} ranks")

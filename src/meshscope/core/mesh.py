@@ -1,9 +1,9 @@
 """Rank coordinates and orthogonal process groups, in pure Python.
 
-The seed ("先建立 Rank 坐标系", "Megatron 如何一般化这个坐标系"): a global rank is the linearisation of
-per-axis coordinates, and the process group of an axis fixes every other coordinate while that axis
-varies. As in Megatron's RankGenerator, an order string such as ``tp-cp-ep-dp-pp`` lists the axes with
-the LEFTMOST varying fastest:
+The chapter's rank coordinate system and Megatron's generalisation of it (docs/chapter.md, Q1): a global
+rank is the linearisation of per-axis coordinates, and the process group of an axis fixes every other
+coordinate while that axis varies. As in Megatron's RankGenerator, an order string such as
+``tp-cp-ep-dp-pp`` lists the axes with the LEFTMOST varying fastest:
 
     rank = tp_rank + tp * (cp_rank + cp * (dp_rank + dp * pp_rank))      (order tp-cp-ep-dp-pp)
 
@@ -273,10 +273,11 @@ class Layout:
     def creation_order(self) -> list[tuple[str, list[int]]]:
         """The global group-creation protocol: every rank creates these groups, in this order.
 
-        Groups of one rank need no communicator and are skipped; a rank set already created under an
-        earlier name (``dp-cp`` when cp is 1, ``edp`` equal to ``dp``...) is reused, not created again.
-        The seed ("Group 创建顺序是全局协议"): each rank must call new_group for every group, also those it
-        is not a member of, in the same order, or initialisation and collective ordering can deadlock.
+        Groups of one rank need no communicator and are skipped; a rank set already created under an earlier
+        name (``dp-cp`` when cp is 1, ``edp`` equal to ``dp``...) is reused, not created again. Chapter Q3
+        (group creation order is a global protocol): each rank must call new_group for every group, also
+        those it is not a member of, in the same order, or initialisation and collective ordering can
+        deadlock.
         """
         seen: set[tuple[int, ...]] = set()
         out: list[tuple[str, list[int]]] = []

@@ -1,8 +1,9 @@
 """`meshscope doctor RUN_DIR`: turn flight logs into named root causes.
 
-The seed's "生产故障诊断" and "常见错误" tables are the checklist. Every diagnosis names the mesh axis
-and ranks of the group, the first divergent entry, and the cause in plain words, so that a hang is
-placed on its dimension ("必须把hang或慢通信定位到具体维度") rather than on a global rank.
+The chapter's production-diagnosis and common-mistakes tables are the checklist (docs/chapter.md,
+"Faults the doctor names"). Every diagnosis names the mesh axis and ranks of the group, the first
+divergent entry, and the cause in plain words, so that a hang is placed on its dimension rather than
+on a global rank.
 
 Evidence (`evidence`): ``flight/rank<R>.jsonl`` (group creations and every collective, issued and
 completed), ``errors/rank<R>.json``, ``spec.json`` (to rebuild the layout) and, if the run got that

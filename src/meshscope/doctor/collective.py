@@ -2,8 +2,10 @@
 and who issued it differently (op, dtype, size, all_to_all splits).
 
 Collectives of one group must be issued by every member in the same order with matching
-arguments (seed, "常见错误": collective ordering, 条件分支导致创建协议不同, split不一致): position k of
-each member's sequence on a group is compared across the members.
+arguments (the chapter's common mistakes: collective ordering, group creation that differs under a
+rank-dependent branch, split arrays that do not mirror each other; docs/chapter.md Q3, Q21 and
+"Faults the doctor names"): position k of each member's sequence on a group is compared across the
+members.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ def group_order(ranks: dict[int, RankLog]) -> list[Finding]:
                     f"new_group #{i}: rank {r} created {mine[0]}{list(mine[1])}, rank {ref.rank} created "
                     f"{theirs[0]}{list(theirs[1])}",
                     "ranks call new_group in different orders; group creation is a global protocol that every "
-                    "rank must follow identically (seed: 条件分支导致创建协议不同), or initialisation and "
-                    "collective ordering deadlock"))
+                    "rank must follow identically, whatever branch it takes, or initialisation and collective "
+                    "ordering deadlock (see docs/chapter.md, Q3)"))
                 break
     return out
 
@@ -89,7 +91,7 @@ def _skipped(have: dict[int, CommEvent], plan: dict[int, list[str]], k: int) -> 
 def _disagreement(have: dict[int, CommEvent], group) -> tuple[list[int], str] | None:
     events = list(have.values())
     for field_, cause in (("op", "ranks issued different collectives at the same position of one group: "
-                                  "a missing or extra call on some rank (seed: collective ordering)"),
+                                  "a missing or extra call on some rank (see docs/chapter.md, Faults the doctor names)"),
                           ("dtype", "ranks reduce tensors of different dtypes")):
         values = {getattr(e, field_) for e in events}
         if len(values) > 1:
@@ -102,7 +104,7 @@ def _disagreement(have: dict[int, CommEvent], group) -> tuple[list[int], str] | 
                 if ei.input_splits and ej.output_splits and ei.input_splits[gj] != ej.output_splits[gi]:
                     return [i, j], (f"split sizes disagree: rank {i} sends {ei.input_splits[gj]} rows to rank {j}, "
                                     f"which expects {ej.output_splits[gi]} (input_splits/output_splits must mirror "
-                                    f"each other, seed: 不均衡router怎样变成split)")
+                                    f"each other; see docs/chapter.md, Q20 and Q21)")
         return None
     if op != "barrier" and len({e.bytes_in for e in events}) > 1:
         return sorted(have), "ranks pass tensors of different sizes to the same collective"

@@ -2,7 +2,8 @@
 activation gradient that never came back.
 
 Between two ranks of a group, gloo and NCCL match messages in issue order, so the k-th send a->b pairs with
-the k-th recv of b from a (seed, "PP hang": send/recv顺序或shape不一致). Async sends and receives
+the k-th recv of b from a (the chapter's "PP hang" diagnosis: send/recv order or shape mismatch;
+docs/chapter.md, "Faults the doctor names"). Async sends and receives
 are logged as completed when posted; a blocking ``send``/``recv`` stays pending while it waits.
 """
 
@@ -53,7 +54,7 @@ def _p2p_size(ranks, a, b, ab, ba) -> Finding | None:
                 return Finding("p2p", s.axis, list(s.group), [src, dst],
                                f"message #{k} {src}->{dst}: send {brief(s)} {s.dtype}, recv {brief(rv)} {rv.dtype}",
                                "size mismatch between a send and its recv: the receiver expects another shape "
-                               "or dtype than is sent (seed: PP hang, shape不一致)", issued_at(ranks, s, rv))
+                               "or dtype than is sent (a pipeline hang; see docs/chapter.md, Faults the doctor names)", issued_at(ranks, s, rv))
     return None
 
 
@@ -66,7 +67,7 @@ def _p2p_order(ranks, a, b, ab, ba) -> Finding | None:
                            f"P2P #{k} between {a} and {b}: both {verb} first (rank {a}: {brief(x)}; "
                            f"rank {b}: {brief(y)})",
                            f"order mismatch: both ends {verb} first and block; matching sends and receives must be "
-                           "issued in complementary order (seed: send/recv顺序不一致)", issued_at(ranks, x, y))
+                           "issued in complementary order (a pipeline hang; see docs/chapter.md, Faults the doctor names)", issued_at(ranks, x, y))
     return None
 
 
@@ -118,7 +119,7 @@ def pp_no_grad(ranks: dict[int, RankLog]) -> list[Finding]:
                                f"backward and sent no gradient back{wait}",
                                "plain send/recv does not connect autograd across processes: the receiving stage "
                                "must send the activation gradient back and the sender call backward with it "
-                               "(seed: PP反向无gradient)", issued_at(ranks, recvs[0])))
+                               "(see docs/chapter.md, Q14 and Q15)", issued_at(ranks, recvs[0])))
     return out
 
 

@@ -2,9 +2,10 @@
 predicted ledger of one step.
 
 dp-wrong-group: a gradient sync whose group is not the layout's group of that axis, i.e. ranks
-holding different shards averaged together (seed: 把不同TP shard放进同一个DP group). pruned-a2a:
-fewer backward all_to_all captured than predicted because autograd pruned the reverse dispatch
-(seed: 为什么初版MoE只有3个SendRecv), read from result.json.
+holding different shards averaged together (chapter Q2: why rank0 and rank1 cannot sync the same
+parameter shard gradient). pruned-a2a: fewer backward all_to_all captured than predicted because
+autograd pruned the reverse dispatch (chapter Q22: why the first MoE had only 3 SendRecv kernels),
+read from result.json.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def dp_wrong_group(ranks: dict[int, RankLog], layout) -> list[Finding]:
                     "dp-wrong-group", e.axis, list(e.group), [r],
                     f"gradient of {param} averaged over {e.axis}{list(e.group)}",
                     f"these ranks hold different shards (their {', '.join(differ) or 'coordinates'} differ); "
-                    f"the {axis} group of rank {r} is {layout.group_of(axis, r)} (seed: 把不同TP shard放进同一个DP group)"))
+                    f"the {axis} group of rank {r} is {layout.group_of(axis, r)} (see docs/chapter.md, Q2)"))
                 return out
     return out
 
@@ -64,6 +65,6 @@ def pruned_a2a(result: RunResult) -> list[Finding]:
             "pruned-a2a", axis, list(group), members,
             f"{n_pred} all_to_all predicted per step, {n_capt} issued; missing: {brief(e)}",
             "the tokens entering the dispatch need no gradient, so autograd pruned the reverse dispatch while the "
-            "prediction assumed they require grad: legal, not a lost NCCL call (seed: 为什么初版MoE只有3个SendRecv); "
+            "prediction assumed they require grad: legal, not a lost NCCL call (see docs/chapter.md, Q22); "
             "give the upstream activation requires_grad if its gradient is wanted, or predict without it"))
     return out

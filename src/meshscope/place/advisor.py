@@ -1,9 +1,9 @@
 """Placement advisor: which axis goes inside the node, ranked by predicted communication time.
 
-The seed ("拓扑映射的工程原则"): usually TP stays in the NVLink domain, PP boundaries and DP cross nodes,
-"这不是固定规则": when experts outweigh activations, or activations outweigh weights, the best mapping
-changes, so feed the real group membership, the topology and the per-axis payload into a solver
-instead of ordering axes by habit. This is that solver.
+The chapter's engineering principles of topology mapping (docs/chapter.md, Q28): usually TP stays in the
+NVLink domain, PP boundaries and DP cross nodes, but "this is no fixed rule": when experts outweigh
+activations, or activations outweigh weights, the best mapping changes, so feed the real group membership,
+the topology and the per-axis payload into a solver instead of ordering axes by habit. This is that solver.
 
 A placement is an order string (`mesh.Layout`, leftmost axis fastest). The 120 orders of tp-cp-ep-dp-pp
 collapse to far fewer distinct placements: axes of size 1 and adjacent axes that always travel
@@ -26,7 +26,7 @@ within one stage; a pp message is timed by whether its boundary's pairs cross no
     C_s = compute (M x layers_s x layer_s, optional: 0 = communication only) + forward/backward comm
     O_s = the optimizer-phase comm (DP / expert-DP gradient sync, after the pipeline drains)
     T_s = (M + p - 1) / M x C_s + O_s,   step = max_s T_s.
-Why per stage and a max: the seed's other flip, unbalanced stages ("stage不均衡"), is invisible to a
+Why per stage and a max: the chapter's other flip, unbalanced stages, is invisible to a
 busiest-rank sum over axes that assumes L / p layers everywhere: a stage of 6 of 8 layers moves 3 times
 the tp and dp bytes of its 2-layer neighbour while the pp messages stay the same, so an axis whose
 bytes scale with layers can outweigh the boundary traffic on the heavy stage only, and the placement

@@ -1,9 +1,9 @@
 """Which groups of a rank layout cross a node boundary: the group math of the placement advisor (`place`).
 
-The seed ("拓扑映射的工程原则") judges a mapping by real group membership: a group whose ranks sit on
-two nodes talks over the inter-node link. Nodes are equal blocks of consecutive ranks (node = rank //
-gpus_per_node); pipeline stages are the pp coordinate, so crossings are also counted per stage and,
-for pp itself, per stage boundary.
+The chapter's engineering principles of topology mapping (docs/chapter.md, Q28) judge a mapping by real
+group membership: a group whose ranks sit on two nodes talks over the inter-node link. Nodes are equal
+blocks of consecutive ranks (node = rank // gpus_per_node); pipeline stages are the pp coordinate, so
+crossings are also counted per stage and, for pp itself, per stage boundary.
 
 Group math is per group, never per rank in Python: a single axis's groups are arithmetic progressions
 (stride, size) read from `Layout.group_of(axis, 0)`; the groups' first ranks are the ranks whose

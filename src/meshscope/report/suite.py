@@ -1,6 +1,6 @@
 """Everything the suite shows and leaves behind, rendered from its result document alone.
 
-So that `meshscope report RUN_DIR` re-renders a finished run exactly: the terminal tables (the seed's:
+So that `meshscope report RUN_DIR` re-renders a finished run exactly: the terminal tables (the chapter's:
 group layout, payload per collective, per-rank collective and NCCL kernel counts, numerics, the
 performance table with CV and PERF_UNSTABLE, the PP timeline, the parameter-change comparisons, one
 summary line), ``report.md``, the JSONL records per kind and the PNG figures.
@@ -29,7 +29,7 @@ def _ms(seconds: float) -> str:
 
 # -- tables (shared by the terminal and report.md) -------------------------------------------------
 def tables(doc: SuiteResult) -> list[tuple[str, list[str], list[list[str]]]]:
-    """(title, header, rows) of every table, in the order the seed presents them."""
+    """(title, header, rows) of every table, in the order the chapter presents them."""
     results, timing = doc.results, doc.timing
     out = []
     layouts = {}

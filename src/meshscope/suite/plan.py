@@ -35,7 +35,7 @@ SUITE = (
     Entry("ep_skewed", "ep_skewed"),
     Entry("ep_nograd", "ep_nograd"),
 )
-"""The seed's seven configurations and the additions (1F1B, pruned dispatch, replicated-loss TP)."""
+"""The chapter's seven configurations and the additions (1F1B, pruned dispatch, replicated-loss TP)."""
 
 COMPARISONS = (
     ("tp batch 32 vs 128", "tp_ar_b32", "tp_ar_b128"),
@@ -43,7 +43,7 @@ COMPARISONS = (
     ("pp 1 vs 8 microbatches", "pp_mb1", "pp_mb8"),
     ("ep balanced vs skewed", "ep_balanced", "ep_skewed"),
 )
-"""The seed's "参数变化带来的证据": (title, config A, config B)."""
+"""The chapter's evidence from parameter changes (docs/chapter.md Q8, Q18, Q26): (title, config A, config B)."""
 
 
 @dataclass(frozen=True)

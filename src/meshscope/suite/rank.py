@@ -1,16 +1,17 @@
-"""`meshscope suite`: the seed chapter in one launch: every configuration verified, timed and compared.
+"""`meshscope suite`: the chapter's configurations (docs/chapter.md) in one launch: verified, timed, compared.
 
 One launch of the ranks, one process group, every mesh's groups created once up front. Then:
 1. verification: each configuration runs as `meshscope run` runs it (captured ledger vs prediction,
    outputs and gradients vs the unsharded reference, replicas, finite losses);
-2. timing, as the seed ("所有配置都运行两轮、顺序相反") but with the statistics made explicit: `rounds`
-   rounds with the configuration order reversed in every other round, `iters` timed steps per round
-   after `warmup` discarded ones, a barrier before every step; per step the critical rank (max over
-   ranks) of host time and, on GPU, CUDA-event time; median, P95, P99, CV and PERF_UNSTABLE;
+2. timing, as in the chapter (every configuration run twice, the second time in reverse order) but
+   with the statistics made explicit: `rounds` rounds with the configuration order reversed in every
+   other round, `iters` timed steps per round after `warmup` discarded ones, a barrier before every
+   step; per step the critical rank (max over ranks) of host time and, on GPU, CUDA-event time;
+   median, P95, P99, CV and PERF_UNSTABLE;
 3. on GPU with `profile`, one torch.profiler trace per rank and configuration and its NCCL kernel
    fingerprint, compared with the kernels the prediction implies;
-4. the seed's four parameter-change comparisons: structural delta next to the timing ratio and its
-   stability verdict, each figure marked measured or predicted ("哪些结论来自实际运行").
+4. the chapter's four parameter-change comparisons: structural delta next to the timing ratio and its
+   stability verdict, each figure marked measured or predicted (docs/chapter.md, Q28).
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def _structure(result: RunResult) -> dict:
 
 
 def comparisons(results: dict[str, RunResult], timing: dict) -> list[dict]:
-    """The seed's parameter-change evidence: structure (measured in the captured ledger and checked
+    """The chapter's parameter-change evidence: structure (measured in the captured ledger and checked
     against the prediction) next to timing (measured) and its stability verdict."""
     out = []
     for title, a, b in COMPARISONS:

@@ -17,7 +17,7 @@ def verdict_clock(row: dict) -> str:
 
 def _verdict(c) -> str:
     """PERF_UNSTABLE as the issue defines it (a noisy series, or a difference within the spread); a
-    difference beyond the spread of noisy series (the seed's PP effect) says so."""
+    difference beyond the spread of noisy series (the chapter's PP effect, docs/chapter.md Q18) says so."""
     if not c.unstable:
         return "stable"
     return "PERF_UNSTABLE, but the [P5, P95] intervals are disjoint" if c.distinguishable else "PERF_UNSTABLE"

@@ -1,11 +1,12 @@
 """NCCL kernel fingerprints: which GPU kernels NCCL really launched, from a torch.profiler trace.
 
-The seed ("Nsight 的通信指纹") counts, per rank and config, the NCCL kernels by family (AllReduce,
-AllGather, ReduceScatter, SendRecv) and finds that a logical all-to-all appears as
-``ncclDevKernel_SendRecv``, not as an "AllToAll" kernel ("只按kernel名称搜索 AllToAll会误判为没有MoE
-通信"). So a fingerprint is a count per *family*, the predictor's logical events map to the families
-they must launch (`expected_kernels`), and the profiler's comm metadata (`comm_records`: collective
-name, split sizes, group ranks) tells an EP all-to-all from PP P2P where both are SendRecv kernels.
+The chapter's Nsight communication fingerprint (docs/chapter.md, Q25) counts, per rank and config, the NCCL
+kernels by family (AllReduce, AllGather, ReduceScatter, SendRecv) and finds that a logical all-to-all
+appears as ``ncclDevKernel_SendRecv``, not as an "AllToAll" kernel (a search by kernel name for AllToAll
+wrongly finds no MoE traffic). So a fingerprint is a count per *family*, the predictor's logical events map
+to the families they must launch (`expected_kernels`), and the profiler's comm metadata (`comm_records`:
+collective name, split sizes, group ranks) tells an EP all-to-all from PP P2P where both are SendRecv
+kernels.
 
 Kernel names differ across NCCL versions; the family is the collective word in the name:
 ``ncclDevKernel_AllReduce_Sum_f32_RING_LL`` (NCCL >= 2.19), ``ncclKernel_AllReduce_RING_LL_Sum_float``
@@ -36,7 +37,8 @@ EXPECTED_FAMILY = {"all_reduce": "AllReduce", "all_gather": "AllGather", "reduce
                    "all_to_all": "SendRecv", "send": "SendRecv", "recv": "SendRecv", "broadcast": "Broadcast",
                    "barrier": "AllReduce"}
 """Logical op -> the NCCL kernel family it launches. all_to_all is a group of ncclSend/ncclRecv (one
-SendRecv kernel), as the seed found; barrier is ProcessGroupNCCL's all-reduce of one element."""
+SendRecv kernel), as the chapter found (docs/chapter.md, Q25); barrier is ProcessGroupNCCL's all-reduce
+of one element."""
 
 COLLECTIVE_OP = {
     "allreduce": "all_reduce", "allreduce_coalesced": "all_reduce",

@@ -1,11 +1,12 @@
 """Profile one configuration's training steps and compare the NCCL kernels with the prediction.
 
-The seed ("Nsight 的通信指纹"): each logical collective leaves a kernel of a known family; all_to_all
-and send/recv both appear as SendRecv. Each rank records a torch.profiler trace of `steps` steps after
-`warmup` untimed ones; rank 0 divides the kernel counts per family by the number of steps and compares
-them with `kernels.expected_kernels` of the predicted ledger. With a sweep's alpha-beta fits it also
-puts the predicted communication time of the ledger next to the measured NCCL kernel time (the sum of
-kernel durations per step, which includes waiting for the peer), both on the critical rank.
+The chapter's Nsight communication fingerprint (docs/chapter.md, Q25): each logical collective leaves a
+kernel of a known family; all_to_all and send/recv both appear as SendRecv. Each rank records a
+torch.profiler trace of `steps` steps after `warmup` untimed ones; rank 0 divides the kernel counts per
+family by the number of steps and compares them with `kernels.expected_kernels` of the predicted ledger.
+With a sweep's alpha-beta fits it also puts the predicted communication time of the ledger next to the
+measured NCCL kernel time (the sum of kernel durations per step, which includes waiting for the peer), both
+on the critical rank.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """Honest timing statistics: the critical rank per step, percentiles, CV and the PERF_UNSTABLE verdict.
 
-The seed's performance table ("完整性能表与统计边界") takes, for every logical step, the maximum time over
-the ranks (the critical rank: the step is done only when the slowest rank is), then reports the median
-and the host CV, and marks every difference that the spread can explain as PERF_UNSTABLE ("除PP消息数
-放大的大效应外，其余精确性能差值都标记为PERF_UNSTABLE"). Its CVs were 12-81 %, so a bare median ratio
-would have published noise. This module does the same arithmetic, precisely defined:
+The chapter's full performance table (with its statistical limits) takes, for every logical step, the maximum
+time over the ranks (the critical rank: the step is done only when the slowest rank is), then reports the
+median and the host CV, and marks every difference that the spread can explain as PERF_UNSTABLE (all but the
+large effect of PP's multiplied message count). Its CVs were 12-81 %, so a bare median ratio would have
+published noise. This module does the same arithmetic, precisely defined:
 
 - A rank's clock never mixes with another's except through the per-step max (`critical_path`): no
   clock offsets between processes, no averaging of one rank's step against another rank's.
@@ -124,7 +124,7 @@ def compare(a: Summary, b: Summary) -> Comparison:
 
     Definition: the difference counts (``distinguishable``) only when A's and B's [P5, P95] intervals
     do not overlap, i.e. at least 90 % of one config's steps lie on one side of 90 % of the other's.
-    The seed's pp_mb1 vs pp_mb8 (1.14 ms vs 6.97 ms) passes this; its tp_ar_b32 vs tp_ar_b128 (CV 55 %
+    The chapter's pp_mb1 vs pp_mb8 (1.14 ms vs 6.97 ms) passes this; its tp_ar_b32 vs tp_ar_b128 (CV 55 %
     and 81 %) does not. The verdict is PERF_UNSTABLE when the intervals overlap or either CV is above
     its threshold; the ratio is reported either way, never hidden.
     """
