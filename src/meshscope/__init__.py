@@ -11,16 +11,17 @@ packages of a lower layer (or its own), never upward, and `tests/test_layers.py`
   6 verify, timing
   7 doctor       root causes from flight logs
   8 run          torch's elastic agent, the rank context, the worker, the run directory
-  9 suite        the chapter in one launch
- 10 place        axis placement on nodes
- 11 report       tables, report.md, figures
- 12 cli          the command line and the rank process
+  9 trace        users' own jobs, traced unmodified
+ 10 suite        the chapter in one launch
+ 11 place        axis placement on nodes
+ 12 report       tables, report.md, figures
+ 13 cli          the command line and the rank process
 """
 
 __version__ = "0.1.0"
 
 LAYERS = (
     ("core",), ("capture",), ("predict",), ("models",), ("experiments",), ("verify", "timing"),
-    ("doctor",), ("run",), ("suite",), ("place",), ("report",), ("cli",),
+    ("doctor",), ("run",), ("trace",), ("suite",), ("place",), ("report",), ("cli",),
 )
 """Subpackages from the lowest layer up; packages of one layer do not import each other."""

@@ -1,4 +1,4 @@
-"""Layer 12: the command line. `parser` defines every subcommand and its flags, `commands` their
+"""Layer 13: the command line. `parser` defines every subcommand and its flags, `commands` their
 bodies, `worker` the process torchrun starts for each rank."""
 
 from .parser import main

@@ -186,6 +186,10 @@ def cmd_report(args) -> int:
     from ..report.suite import print_terminal, write_all
     from ..suite.verdicts import summary
 
+    if (args.run_dir / "spec.json").is_file() and json.loads((args.run_dir / "spec.json").read_text()).get("kind") == "trace":
+        from .trace_command import report_trace
+
+        return report_trace(args.run_dir)
     path = args.run_dir / "result.json"
     if not path.is_file():
         raise UsageError(f"{path} does not exist; give the directory of a finished meshscope run")
@@ -315,5 +319,11 @@ def cmd_place(args) -> int:
     return 0
 
 
+def cmd_trace(args) -> int:
+    from .trace_command import cmd_trace as run
+
+    return run(args)
+
+
 COMMANDS = {"layout": cmd_layout, "list": cmd_list, "predict": cmd_predict, "run": cmd_run, "suite": cmd_suite,
-            "report": cmd_report, "doctor": cmd_doctor, "sweep": cmd_sweep, "place": cmd_place}
+            "report": cmd_report, "doctor": cmd_doctor, "sweep": cmd_sweep, "place": cmd_place, "trace": cmd_trace}

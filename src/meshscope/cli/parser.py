@@ -16,6 +16,7 @@ from ..core.mesh import DEFAULT_ORDER
 from ..core.overrides import OVERRIDES, SWITCHES
 from ..place.advisor import INTER_DEFAULT, INTRA_DEFAULT
 from ..predict.model_spec import ModelSpec
+from ..trace.launch import RENDEZVOUS_FLAGS
 
 
 class _Parser(argparse.ArgumentParser):
@@ -108,6 +109,21 @@ def build_parser() -> argparse.ArgumentParser:
                     help="time each sample as one replay of a CUDA graph of its calls (nccl-tests -G; nccl)")
     _add_launch_options(sw, 120.0, "runs/sweep-<time>; gets sweep.json")
 
+    tr = sub.add_parser("trace", help="trace an unmodified torchrun job: every collective of every rank, per step",
+                        usage="meshscope trace [options] -- SCRIPT [ARGS...]  (or -- -m MODULE [ARGS...])")
+    tr.add_argument("--nproc-per-node", type=int, default=1, help="workers on this node, as torchrun's (default 1)")
+    tr.add_argument("--nnodes", type=int, default=1, help="nodes, each running its own meshscope trace (default 1)")
+    for flag in RENDEZVOUS_FLAGS:
+        tr.add_argument(f"--{flag}", default=None, help="passed to torchrun unchanged")
+    tr.add_argument("--steps", type=int, default=None,
+                    help="end the job cleanly once every rank finished this many optimizer steps (default: run to the end)")
+    tr.add_argument("--timeout", type=float, default=None,
+                    help="stop the job and diagnose it once a collective has waited this many seconds (default: the job's own)")
+    tr.add_argument("--step-optimizer", default=None,
+                    help="class name of the optimizer whose step() marks the step boundary (default: the first created)")
+    tr.add_argument("--out", type=Path, default=None, help="run directory (default traces/<script>-<time>)")
+    tr.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
+
     pl = sub.add_parser("place", help="rank the placements of the axes on nodes by predicted communication time")
     pl.add_argument("--world", type=int, required=True)
     pl.add_argument("--gpus-per-node", type=int, default=8, help="NVLink domain size (default %(default)s)")
@@ -135,9 +151,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def split_job(argv: list[str]) -> tuple[list[str], list[str]]:
+    """``trace [options] -- JOB...`` -> (meshscope's arguments, the job's); other commands unchanged."""
+    if not argv or argv[0] != "trace":
+        return argv, []
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    if "-h" in own or "--help" in own:
+        return own, []
+    if "--" not in argv:
+        raise UsageError("meshscope trace needs '--' before the job: meshscope trace [options] -- SCRIPT [ARGS...]")
+    cut = argv.index("--")
+    return argv[:cut], argv[cut + 1:]
+
+
 def main(argv=None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        mine, job = split_job(list(sys.argv[1:] if argv is None else argv))
+        args = build_parser().parse_args(mine)
+        args.job = job
         from .commands import COMMANDS
 
         return COMMANDS[args.command](args)

@@ -15,7 +15,10 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from dataclasses import dataclass, fields
 
-OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast", "barrier")
+OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast", "barrier", "reduce",
+       "gather", "scatter")
+"""Every op name a ledger uses. The ``*_object`` calls and ``monitored_barrier`` are recorded as the
+ops torch issues for them (an object all-gather is an all_gather of sizes, then of the bytes)."""
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int8": 1, "uint8": 1}
 
@@ -35,7 +38,8 @@ class CommEvent:
     group: tuple[int, ...]
     """Global ranks of the group, ascending."""
     phase: str
-    """``forward``, ``backward`` (issued inside the autograd engine) or ``optimizer``."""
+    """``forward`` (inside a module's forward), ``backward`` (inside the autograd engine),
+    ``optimizer`` (inside ``optimizer.step``) or, for traced jobs, ``other``."""
     dtype: str
     bytes_in: int
     """Logical input bytes on this rank."""
@@ -49,7 +53,13 @@ class CommEvent:
     output_splits: tuple[int, ...] | None = None
     """all_to_all: rows received from each group member, in group order."""
     peer: int | None = None
-    """send/recv: the global rank on the other end."""
+    """send/recv: the global rank on the other end; broadcast, reduce, gather, scatter: the root."""
+    step: int | None = None
+    """Traced jobs: the training step (step k: after the k-th ``optimizer.step()`` returned)."""
+    t_issue: float | None = None
+    """Traced jobs: when the call was issued, seconds since the trace started on this rank."""
+    t_done: float | None = None
+    """Traced jobs: when it was known to have completed (the next call on its group, or its step's end)."""
 
     def to_json(self) -> dict:
         # by hand, not dataclasses.asdict: the flight log serialises every call, and asdict's deep

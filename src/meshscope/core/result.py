@@ -148,3 +148,76 @@ class SuiteResult:
                    results={k: RunResult.from_json(r) for k, r in d["results"].items()},
                    timing_method=d.get("timing_method", ""), environment=d.get("environment", {}),
                    summary=d.get("summary", {}))
+
+
+@dataclass
+class RankEnd:
+    """How one rank of a traced job ended."""
+
+    rank: int
+    status: str
+    """``ok`` (the script returned), ``stopped`` (``--steps`` reached), ``error`` or ``missing`` (no record:
+    killed before it could write one)."""
+    steps: int = 0
+    """Step boundaries (outermost ``optimizer.step()`` returns) the rank passed."""
+    error: str = ""
+    note: str = ""
+
+    def to_json(self) -> dict:
+        return {"rank": self.rank, "status": self.status, "steps": self.steps, "error": self.error, "note": self.note}
+
+    @classmethod
+    def from_json(cls, d: dict) -> RankEnd:
+        return cls(d["rank"], d["status"], d.get("steps", 0), d.get("error", ""), d.get("note", ""))
+
+
+@dataclass
+class TraceResult:
+    """The ledger of a user's job, traced (`meshscope trace`), with the checks that need no prediction.
+
+    The sibling of `RunResult`: the same `CommEvent`s and `Check`s, but per step and without a
+    predicted ledger. `to_json` is the ``trace --json`` document."""
+
+    world: int
+    command: list[str]
+    """The script (or ``-m MODULE``) and its arguments."""
+    events: list[CommEvent]
+    """Every traced rank's calls, each with its step."""
+    axes: dict[str, list[list[int]]]
+    """Axis label -> its groups (member ranks), from the groups the job's calls used."""
+    layout: dict
+    """The reconstructed layout: ``order``, ``sizes``, ``fits`` and ``text`` (`core.mesh_fit`)."""
+    checks: list[Check]
+    ranks: list[RankEnd]
+    run_dir: str = ""
+    notes: list[str] = field(default_factory=list)
+    complete: bool = True
+    """False when the job did not finish (a rank failed, was stopped by --timeout, or is missing)."""
+
+    @property
+    def passed(self) -> bool:
+        return self.complete and all(c.passed for c in self.checks)
+
+    def steps_of(self, rank: int) -> dict[int, list[CommEvent]]:
+        out: dict[int, list[CommEvent]] = {}
+        for e in self.events:
+            if e.rank == rank:
+                out.setdefault(e.step or 0, []).append(e)
+        return out
+
+    def to_json(self) -> dict:
+        return {"kind": "trace", "world": self.world, "passed": self.passed, "complete": self.complete,
+                "command": self.command, "layout": self.layout, "axes": self.axes,
+                "checks": [c.to_json() for c in self.checks],
+                "per_rank": [{"rank": r.rank, "status": r.status,
+                              "steps": [{"step": s, "events": [e.to_json() for e in evs]}
+                                        for s, evs in sorted(self.steps_of(r.rank).items())]} for r in self.ranks],
+                "ranks": [r.to_json() for r in self.ranks], "notes": self.notes, "run_dir": self.run_dir}
+
+    @classmethod
+    def from_json(cls, d: dict) -> TraceResult:
+        events = [CommEvent.from_json(e) for r in d["per_rank"] for s in r["steps"] for e in s["events"]]
+        return cls(world=d["world"], command=d.get("command", []), events=events, axes=d["axes"], layout=d["layout"],
+                   checks=[Check.from_json(c) for c in d["checks"]],
+                   ranks=[RankEnd.from_json(r) for r in d.get("ranks", [])], run_dir=d.get("run_dir", ""),
+                   notes=d.get("notes", []), complete=d.get("complete", True))

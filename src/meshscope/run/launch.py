@@ -58,10 +58,16 @@ def first_failure(run_dir: Path) -> str | None:
     return f"rank {first['rank']}: {first['error']}"
 
 
-def launch(run_dir: Path, nproc: int, timeout_s: float, on_progress=None, env: dict | None = None) -> Outcome:
-    """Run `nproc` local ranks of ``meshscope.cli.worker`` on the spec in `run_dir`; wait for them."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-           "--max-restarts=0", "--monitor-interval=0.2", "-m", "meshscope.cli.worker", str(run_dir)]
+def launch(run_dir: Path, nproc: int, timeout_s: float | None, on_progress=None, env: dict | None = None,
+           program: list[str] | None = None, rendezvous: list[str] | None = None, echo=None) -> Outcome:
+    """Run `nproc` local ranks of `program` (default: ``-m meshscope.cli.worker RUN_DIR``, the spec in
+    `run_dir`) through torchrun with `rendezvous` flags (default ``--standalone``); wait for them.
+
+    `echo` receives every output line (a traced script's own output); `timeout_s` None: no watchdog
+    (a traced job may compute quietly for as long as it likes)."""
+    program = program or ["-m", "meshscope.cli.worker", str(run_dir)]
+    cmd = [sys.executable, "-m", "torch.distributed.run", *(rendezvous or ["--standalone"]),
+           f"--nproc-per-node={nproc}", "--max-restarts=0", "--monitor-interval=0.2", *program]
     child_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                  "PYTHONUNBUFFERED": "1", **(env or {})}
     log = open(run_dir / "launcher.log", "w")
@@ -74,6 +80,8 @@ def launch(run_dir: Path, nproc: int, timeout_s: float, on_progress=None, env: d
             last_activity[0] = time.monotonic()
             log.write(line)
             log.flush()
+            if echo is not None:
+                echo(line)
             text = line.split(PROGRESS_PREFIX, 1)
             if len(text) == 2 and on_progress is not None:
                 on_progress(text[1].rstrip("\n"))
@@ -87,7 +95,7 @@ def launch(run_dir: Path, nproc: int, timeout_s: float, on_progress=None, env: d
         grown = _flight_bytes(run_dir)
         if grown != flight_bytes:  # a rank issued or completed a collective: the run is alive
             flight_bytes, last_activity[0] = grown, time.monotonic()
-        if time.monotonic() - last_activity[0] > timeout_s + GRACE_S:
+        if timeout_s is not None and time.monotonic() - last_activity[0] > timeout_s + GRACE_S:
             timed_out = True
             _kill_tree(proc)
             break

@@ -17,7 +17,7 @@ from pathlib import Path
 from ..core.errors import UsageError
 
 ARTEFACTS = ("spec.json", "flight", "errors", "traces", "records", "figures", "result.json", "report.md",
-             "launcher.log", "failure.txt")
+             "launcher.log", "failure.txt", "ledgers", "ranks", "trace.json", "INCOMPLETE")
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 

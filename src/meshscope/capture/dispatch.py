@@ -1,0 +1,200 @@
+"""See every collective a process issues, whoever issues it: a kernel on torch's dispatcher.
+
+Python entry points are not enough: DDP's Reducer issues its bucket all-reduces from C++ and never
+passes through ``torch.distributed.all_reduce``. Every caller, though, ends in a ``c10d::`` operator
+of the dispatcher: the c10d Python API, ``ProcessGroup`` methods called from C++ (DDP, FSDP2's
+all-gather and reduce-scatter), the functional collectives of DTensor and of compiled graphs (their
+kernels call ``ProcessGroup::allreduce`` & co., which dispatch ``c10d::allreduce_``), autograd's
+backward functions and ``batch_isend_irecv``. So one Python kernel per ``c10d`` op, registered at
+the ``BackendSelect`` key (part of every thread's default dispatch set, so reached for CPU and CUDA
+tensors, under ``no_grad`` and ``inference_mode``, from autograd's device threads too), decodes the
+call and then re-dispatches it below itself (``op.redispatch(keyset & after BackendSelect)``).
+It sits below Autograd, the Python modes and FakeTensor, so it sees only real executions (a meta
+tensor, as in compile tracing, is skipped), and it never replaces another kernel.
+
+`install` registers the kernels once per process (registering per use slowed every later call);
+`Recorder` switches recording on for one sink. A call nested in a recorded one (a coalesced op
+calling the plain one) is not recorded twice. A decoding error is counted, never raised: the job
+must not fail because of its tracer.
+
+A sink receives, per call: ``(op, group, dtype, bytes_in, bytes_out, peer, input_splits,
+output_splits)``: op as in `core.events.OPS`; group a `GroupInfo` (name, desc, global ranks; one
+object per process group); dtype a string; logical bytes on this rank; peer the global rank of a
+send's destination, a recv's source (-1: any source) or a rooted op's root, else None; splits the
+rows sent to / received from each member, for all_to_all.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch._C import DispatchKey
+
+
+@dataclass(frozen=True)
+class GroupInfo:
+    """A process group as the ledger names it."""
+
+    name: str
+    """``ProcessGroup.group_name`` (unique per group in a process, e.g. ``"0"``)."""
+    desc: str
+    """``ProcessGroup.group_desc``: ``default_pg``, DeviceMesh's ``mesh_tp``, Megatron's descriptions."""
+    ranks: tuple[int, ...]
+    """Global ranks of its members, in group order."""
+
+
+_groups: dict = {}
+
+
+def group_info(pg) -> GroupInfo:
+    """The `GroupInfo` of a ProcessGroup (or its ScriptObject, or its group name), cached."""
+    if isinstance(pg, str):
+        pg = torch._C._distributed_c10d._resolve_process_group(pg)
+    elif isinstance(pg, torch.ScriptObject):  # a fresh box per call: key by the group itself
+        pg = dist.ProcessGroup.unbox(pg)
+    info = _groups.get(pg)
+    if info is not None:
+        return info
+    try:
+        ranks = tuple(dist.get_process_group_ranks(pg))
+    except (ValueError, RuntimeError):  # not in torch's bookkeeping (made in C++): the world, or unknown
+        ranks = tuple(range(pg.size())) if pg.size() == dist.get_world_size() else ()
+    info = GroupInfo(pg.group_name, getattr(pg, "group_desc", "") or "", ranks)
+    _groups[pg] = info
+    return info
+
+
+def _nbytes(tensors) -> int:
+    return sum(t.nbytes for t in tensors)
+
+
+def _nbytes2(lists) -> int:
+    return sum(t.nbytes for ts in lists for t in ts)
+
+
+def _rows(t) -> int:
+    return t.shape[0] if t.dim() else 1
+
+
+def _alltoall_base(a):
+    """output, input, pg, output_split_sizes, input_split_sizes: splits in rows of dim 0."""
+    out, inp, pg = a[0], a[1], a[2]
+    n = len(group_info(pg).ranks) or dist.ProcessGroup.unbox(pg).size()
+    ins = tuple(int(s) for s in a[4]) if a[4] else (_rows(inp) // n,) * n
+    outs = tuple(int(s) for s in a[3]) if a[3] else (_rows(out) // n,) * n
+    return "all_to_all", pg, inp.dtype, inp.nbytes, out.nbytes, None, ins, outs
+
+
+def _first_dtype(tensors):
+    return tensors[0].dtype if tensors else None
+
+
+DECODERS = {
+    # Positional arguments as in the c10d schemas of torch 2.4-2.13; trailing defaults may be absent.
+    # -> (op, pg, dtype, bytes_in, bytes_out, group-local peer or None, input_splits, output_splits)
+    "allreduce_": lambda a: ("all_reduce", a[1], a[0][0].dtype, _nbytes(a[0]), _nbytes(a[0]), None, None, None),
+    "allreduce_coalesced_": lambda a: ("all_reduce", a[1], a[0][0].dtype, _nbytes(a[0]), _nbytes(a[0]), None, None, None),
+    "allgather_": lambda a: ("all_gather", a[2], a[1][0].dtype, _nbytes(a[1]), _nbytes2(a[0]), None, None, None),
+    "allgather_coalesced_": lambda a: ("all_gather", a[2], a[1][0].dtype, _nbytes(a[1]), _nbytes2(a[0]), None, None, None),
+    "_allgather_base_": lambda a: ("all_gather", a[2], a[1].dtype, a[1].nbytes, a[0].nbytes, None, None, None),
+    "allgather_into_tensor_coalesced_": lambda a: ("all_gather", a[2], a[1][0].dtype, _nbytes(a[1]), _nbytes(a[0]),
+                                                   None, None, None),
+    "reduce_scatter_": lambda a: ("reduce_scatter", a[2], a[0][0].dtype, _nbytes2(a[1]), _nbytes(a[0]), None, None, None),
+    "_reduce_scatter_base_": lambda a: ("reduce_scatter", a[2], a[1].dtype, a[1].nbytes, a[0].nbytes, None, None, None),
+    "reduce_scatter_tensor_coalesced_": lambda a: ("reduce_scatter", a[2], a[1][0].dtype, _nbytes(a[1]), _nbytes(a[0]),
+                                                   None, None, None),
+    "alltoall_": lambda a: ("all_to_all", a[2], a[1][0].dtype, _nbytes(a[1]), _nbytes(a[0]), None,
+                            tuple(_rows(t) for t in a[1]), tuple(_rows(t) for t in a[0])),
+    "alltoall_base_": _alltoall_base,
+    "broadcast_": lambda a: ("broadcast", a[1], a[0][0].dtype, _nbytes(a[0]), _nbytes(a[0]), a[2], None, None),
+    "reduce_": lambda a: ("reduce", a[1], a[0][0].dtype, _nbytes(a[0]), _nbytes(a[0]), a[3], None, None),
+    "gather_": lambda a: ("gather", a[2], a[1][0].dtype, _nbytes(a[1]), _nbytes2(a[0]), a[3], None, None),
+    "scatter_": lambda a: ("scatter", a[2], a[0][0].dtype, _nbytes2(a[1]), _nbytes(a[0]), a[3], None, None),
+    "send": lambda a: ("send", a[1], a[0][0].dtype, _nbytes(a[0]), 0, a[2], None, None),
+    "recv_": lambda a: ("recv", a[1], a[0][0].dtype, 0, _nbytes(a[0]), a[2], None, None),
+    "recv_any_source_": lambda a: ("recv", a[1], a[0][0].dtype, 0, _nbytes(a[0]), -1, None, None),
+    "barrier": lambda a: ("barrier", a[1], None, 0, 0, None, None, None),
+    "monitored_barrier_": lambda a: ("barrier", a[1], None, 0, 0, None, None, None),
+}
+"""c10d op name -> argument decoder. Every communication op of the ``c10d`` namespace except
+``check_for_nan`` (moves nothing); `uncovered` lists any a newer torch adds."""
+
+
+class _State(threading.local):
+    busy = False
+
+
+_tls = _State()
+_sink = None
+_libs: list = []
+errors: list[tuple[str, str]] = []
+"""(op, error) of calls that could not be decoded (the call itself still ran)."""
+
+
+def _kernel(op, name, decode):
+    after = torch._C._dispatch_keyset_full_after(DispatchKey.BackendSelect)
+    redispatch, meta = op.redispatch, DispatchKey.Meta
+
+    def kernel(keyset, *args, **kwargs):
+        sink = _sink
+        if sink is None or _tls.busy or keyset.has(meta):
+            return redispatch(keyset & after, *args, **kwargs)
+        try:
+            kind, pg, dtype, b_in, b_out, peer, ins, outs = decode(args)
+            info = group_info(pg)
+            if peer is not None and peer >= 0 and info.ranks:
+                peer = info.ranks[peer]
+            sink(kind, info, str(dtype).removeprefix("torch.") if dtype is not None else "none", b_in, b_out,
+                 peer, ins, outs)
+        except Exception as exc:  # noqa: BLE001 - never break the job because of its tracer
+            errors.append((name, f"{type(exc).__name__}: {exc}"))
+        _tls.busy = True
+        try:
+            return redispatch(keyset & after, *args, **kwargs)
+        finally:
+            _tls.busy = False
+
+    return kernel
+
+
+def comm_ops() -> list[str]:
+    """Every op torch defines in the ``c10d`` namespace (this torch's, for `uncovered`)."""
+    return sorted(n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith("c10d::"))
+
+
+def uncovered() -> list[str]:
+    """c10d ops of this torch that no decoder handles (none on torch 2.13)."""
+    return [n for n in comm_ops() if n not in DECODERS and n != "check_for_nan"]
+
+
+def install() -> None:
+    """Register the kernels, once per process."""
+    if _libs:
+        return
+    present = set(comm_ops())
+    lib = torch.library.Library("c10d", "IMPL")
+    for name, decode in DECODERS.items():
+        if name in present:
+            lib.impl(name, _kernel(getattr(torch.ops.c10d, name).default, name, decode), "BackendSelect",
+                     with_keyset=True)
+    _libs.append(lib)
+
+
+class Recorder:
+    """Calls `sink` for every collective this process issues while active (a context manager)."""
+
+    def __init__(self, sink):
+        self.sink = sink
+
+    def __enter__(self) -> Recorder:
+        global _sink
+        install()
+        _sink = self.sink
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _sink
+        _sink = None

@@ -1,0 +1,132 @@
+"""Where a user's job is when it issues a collective: its step, its phase and the issuing module.
+
+A traced script is not meshscope's code, so nothing labels its calls; torch's global hooks do:
+
+- steps: ``torch.optim.optimizer.register_optimizer_step_pre_hook`` / ``_post_hook`` fire for every
+  ``torch.optim`` optimizer. Only the outermost call counts (an optimizer wrapping another, such as
+  ``ZeroRedundancyOptimizer``, is one boundary), and only the boundary optimizer: the first one
+  created (``Optimizer.__init__`` is wrapped to number them), or the class the user names. Step k
+  is what the rank issued after its k-th ``step()`` returned, up to the end of the next, so step 0
+  includes set-up (DDP's broadcast, DTensor's distribution);
+- phase: ``backward`` inside the autograd engine (``torch._C._current_graph_task_id() != -1``, also
+  on autograd's device threads), ``optimizer`` inside any optimizer's ``step``, ``forward`` inside a
+  module's forward (global forward pre/post hooks keep a stack), otherwise ``other`` (gradient
+  clipping, a pipeline schedule's sends between stages, Megatron's gradient finalisation);
+- region: the qualified name of the innermost module in forward, from the first root module that
+  ran, without wrapper prefixes (``module.``, ``_fsdp_wrapped_module.``, ...). Backward calls carry
+  no module: autograd runs them below any module hook.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import weakref
+
+import torch
+
+WRAPPER_PREFIXES = re.compile(r"(^|\.)(module|_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod)(?=\.|$)")
+"""Path components that wrappers insert (DDP, FSDP1, activation checkpointing, torch.compile)."""
+
+
+def clean_name(name: str) -> str:
+    """A module's qualified name without the components wrappers add."""
+    return WRAPPER_PREFIXES.sub("", name).strip(".")
+
+
+class JobContext:
+    """The step, phase and module of the calling thread's job, kept by torch's global hooks.
+
+    `install` registers the hooks once; `on_step` is called with the new step number after each
+    boundary (the trace flushes and, with ``--steps``, stops there)."""
+
+    def __init__(self, step_optimizer: str | None = None, on_step=None):
+        self.step = 0
+        self.step_optimizer = step_optimizer
+        self.on_step = on_step
+        self.optimizers_seen = 0
+        self._created: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._boundary = None
+        self._optimizer_depth = 0
+        self._stack: list[str] = []
+        self._names: dict[int, str] = {}
+        self._main = threading.get_ident()
+        self._handles = []
+
+    # -- hooks -----------------------------------------------------------------------------------
+    def install(self) -> None:
+        original_init = torch.optim.Optimizer.__init__
+        created = self._created
+
+        def numbered_init(opt, *args, **kwargs):
+            original_init(opt, *args, **kwargs)
+            created.setdefault(opt, len(created))
+
+        torch.optim.Optimizer.__init__ = numbered_init
+        self._restore_init = original_init
+        from torch.nn.modules import module as nn_module
+        from torch.optim import optimizer as optim
+
+        self._handles = [
+            optim.register_optimizer_step_pre_hook(self._pre_step),
+            optim.register_optimizer_step_post_hook(self._post_step),
+            nn_module.register_module_forward_pre_hook(self._pre_forward),
+            nn_module.register_module_forward_hook(self._post_forward, always_call=True),
+        ]
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        if hasattr(self, "_restore_init"):
+            torch.optim.Optimizer.__init__ = self._restore_init
+
+    def _is_boundary(self, opt) -> bool:
+        if self.step_optimizer is not None:
+            return type(opt).__name__ == self.step_optimizer
+        if self._boundary is None or self._boundary() is None:
+            first = min(self._created.items(), key=lambda kv: kv[1], default=(opt, 0))[0]
+            self._boundary = weakref.ref(first)
+        return self._boundary() is opt
+
+    def _pre_step(self, opt, args, kwargs) -> None:
+        self._optimizer_depth += 1
+
+    def _post_step(self, opt, args, kwargs) -> None:
+        self._optimizer_depth -= 1
+        self.optimizers_seen += 1
+        if self._optimizer_depth == 0 and self._is_boundary(opt):
+            self.step += 1
+            if self.on_step is not None:
+                self.on_step(self.step)
+
+    def _pre_forward(self, module, args) -> None:
+        if threading.get_ident() != self._main:
+            return
+        name = self._names.get(id(module))
+        if name is None:
+            if not self._stack:  # a root: name it and everything under it
+                for n, m in module.named_modules():
+                    self._names.setdefault(id(m), clean_name(n) or type(m).__name__)
+                name = self._names[id(module)]
+            else:  # built after its root ran: named under its caller
+                name = f"{self._stack[-1]}.{type(module).__name__}"
+                self._names[id(module)] = name
+        self._stack.append(name)
+
+    def _post_forward(self, module, args, output) -> None:
+        if threading.get_ident() == self._main and self._stack:
+            self._stack.pop()
+
+    # -- what the recorder asks ------------------------------------------------------------------
+    def phase(self) -> str:
+        if torch._C._current_graph_task_id() != -1:
+            return "backward"
+        if self._optimizer_depth:
+            return "optimizer"
+        if self._stack and threading.get_ident() == self._main:
+            return "forward"
+        return "other"
+
+    def region(self) -> str:
+        return self._stack[-1] if self._stack and threading.get_ident() == self._main else ""

@@ -1,0 +1,51 @@
+"""The body of `meshscope trace` (the parser is in `parser`)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ..trace.launch import RENDEZVOUS_FLAGS, TraceOptions, trace
+
+
+def cmd_trace(args) -> int:
+    rendezvous = tuple(f"--{flag}={getattr(args, flag.replace('-', '_'))}" for flag in RENDEZVOUS_FLAGS
+                       if getattr(args, flag.replace("-", "_")) is not None)
+    options = TraceOptions(target=tuple(args.job), nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
+                           rendezvous=rendezvous, steps=args.steps, timeout=args.timeout,
+                           step_optimizer=args.step_optimizer, out=args.out)
+    run_dir, doc = trace(options)
+    _write_report(run_dir, doc)
+    if args.json:
+        print(json.dumps(doc))
+    else:
+        from ..core.result import TraceResult
+        from ..report.trace import print_trace
+
+        print_trace(TraceResult.from_json(doc))
+        if "doctor" in doc and doc["doctor"]:
+            from ..doctor import render
+
+            print("\n".join(render(doc["doctor"])) if "findings" in doc["doctor"] else doc["doctor"].get("error", ""))
+        print(f"run directory: {run_dir} (result.json, ledgers/, flight/, report.md, trace.json)")
+    if doc.get("error"):
+        print(f"meshscope trace: the job failed: {doc['error']}", file=sys.stderr)
+    return 0 if doc["passed"] else 1
+
+
+def _write_report(run_dir, doc: dict) -> None:
+    from ..core.result import TraceResult
+    from ..report.trace import write_files
+
+    write_files(TraceResult.from_json(doc), run_dir)
+
+
+def report_trace(run_dir) -> int:
+    """`meshscope report TRACE_DIR`: assemble the directory again (a hung job's too) and re-render."""
+    from ..report.trace import print_trace, write_files
+    from ..trace.assemble import assemble
+
+    result = assemble(run_dir)
+    write_files(result, run_dir)
+    print_trace(result)
+    return 0 if result.passed else 1

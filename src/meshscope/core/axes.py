@@ -1,0 +1,72 @@
+"""Axis labels of a user's process groups, read from the names their creators give them.
+
+A traced job's groups are created by the job (DeviceMesh, Megatron-core, plain ``new_group``), not
+by meshscope, so their axis comes from ``ProcessGroup.group_desc``:
+
+- torch's DeviceMesh names each dim's group ``mesh_<dim name>`` (``mesh_tp``; a flattened dim
+  ``mesh_dp_cp``; an unnamed dim ``mesh_dim_<i>``): the axis is the dim name (torchtitan's
+  ``dp_replicate``, ``dp_shard``, ``fsdp``, ``efsdp``, ``ep``, ``cp``, ``pp`` included);
+- Megatron-core passes a description per kind of group (`MEGATRON`, every kind that megatron-core
+  0.16.1's ``parallel_state.py`` creates); composite groups become joined axes (``tp-pp``), the
+  ``_GLOO`` twins their axis, hierarchical and partial sub-groups the axis they split;
+- the default group is ``world``; anything else is ``group`` (kept with its ranks).
+
+`is_mesh_axis` tells whether a label is a mesh axis whose groups must partition the world, which a
+named non-mesh group (Megatron's embedding groups, a hierarchical level) need not.
+"""
+
+from __future__ import annotations
+
+import re
+
+MEGATRON = {
+    "TENSOR_MODEL_PARALLEL_GROUP": "tp",
+    "PIPELINE_MODEL_PARALLEL_GROUP": "pp",
+    "DATA_PARALLEL_GROUP": "dp",
+    "DATA_PARALLEL_GROUP_WITH_CP": "dp-cp",
+    "DATA_PARALLEL_GROUP_WITH_CP_AG": "dp-cp",
+    "CONTEXT_PARALLEL_GROUP": "cp",
+    "MODEL_PARALLEL_GROUP": "tp-pp",
+    "TENSOR_AND_DATA_PARALLEL_GROUP": "tp-dp",
+    "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP": "tp-dp-cp",
+    "TENSOR_AND_CONTEXT_PARALLEL_GROUP": "tp-cp",
+    "EXPERT_MODEL_PARALLEL_GROUP": "ep",
+    "EXPERT_TENSOR_PARALLEL_GROUP": "etp",
+    "EXPERT_DATA_PARALLEL_GROUP": "edp",
+    "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP": "etp-ep",
+    "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP": "etp-ep-pp",
+    "EMBEDDING_GROUP": "embedding",
+    "POSITION_EMBEDDING_GROUP": "position_embedding",
+    "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP": "dp-cp.intra",
+    "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP": "dp-cp.instance",
+    "INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP": "edp.intra",
+    "INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP": "edp.inter",
+}
+"""Megatron-core group description -> axis label (``_GLOO`` twins are stripped before lookup)."""
+
+NON_MESH = {"world", "group", "embedding", "position_embedding"}
+"""Labels whose groups need not partition the world."""
+
+_HIERARCHICAL = re.compile(r"^HIERARCHICAL_(?P<base>.+?)(?:_GLOO)?_L(?P<level>\d+)$")
+_HYBRID = re.compile(r"^HYBRID_DP_CP_GROUP_(?P<size>\d+)$")
+
+
+def axis_of(group_desc: str, is_default: bool = False) -> str:
+    """The axis label of a group from its description (module docstring)."""
+    if is_default or group_desc == "default_pg":
+        return "world"
+    if group_desc.startswith("mesh_"):
+        return group_desc.removeprefix("mesh_")  # "mesh_dim_0" stays "dim_0": an unnamed dim
+    desc = group_desc.removesuffix("_GLOO")
+    if desc in MEGATRON:
+        return MEGATRON[desc]
+    if m := _HIERARCHICAL.match(group_desc):
+        return f"{axis_of(m['base'])}.l{m['level']}"
+    if m := _HYBRID.match(group_desc):
+        return f"dp-cp.hybrid{m['size']}"
+    return "group"
+
+
+def is_mesh_axis(label: str) -> bool:
+    """Whether a label names a mesh axis (its groups are disjoint and cover the world)."""
+    return label not in NON_MESH and "." not in label

@@ -1,0 +1,132 @@
+"""What a traced job shows: the layout its groups imply, per step x axis x op the calls of each rank
+(count, logical bytes in and out, phase), the modules that moved the most bytes, and the checks;
+``report.md``, a Chrome trace (``trace.json``: one row per rank, one slice per call) and a PNG of the
+bytes per axis per step."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from rich.console import Console
+
+from ..core.events import human_bytes
+from ..core.result import TraceResult
+from .table import make_console, print_table
+
+TOP_MODULES = 10
+
+
+def step_rows(result: TraceResult) -> list[list[str]]:
+    """step, axis, op, phase, count, bytes in, bytes out, ranks: rank 0's figures, and which ranks issued the same."""
+    per_rank: dict[int, dict] = defaultdict(lambda: defaultdict(lambda: [0, 0, 0]))
+    for e in result.events:
+        slot = per_rank[e.rank][(e.step or 0, e.axis, e.op, e.phase)]
+        slot[0] += 1
+        slot[1] += e.bytes_in
+        slot[2] += e.bytes_out
+    if not per_rank:
+        return []
+    first = min(per_rank)
+    rows = []
+    for key, (n, b_in, b_out) in sorted(per_rank[first].items()):
+        alike = [r for r, d in sorted(per_rank.items()) if d.get(key) == [n, b_in, b_out]]
+        ranks = "all" if len(alike) == len(per_rank) else ",".join(map(str, alike))
+        step, axis, op, phase = key
+        rows.append([str(step), axis, op, phase, str(n), human_bytes(b_in), human_bytes(b_out), ranks])
+    return rows
+
+
+def module_rows(result: TraceResult) -> list[list[str]]:
+    total: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for e in result.events:
+        slot = total[e.region or f"({e.phase}, no module)"]
+        slot[0] += 1
+        slot[1] += max(e.bytes_in, e.bytes_out)
+    top = sorted(total.items(), key=lambda kv: -kv[1][1])[:TOP_MODULES]
+    return [[name, str(n), human_bytes(b)] for name, (n, b) in top]
+
+
+def print_trace(result: TraceResult, console: Console | None = None) -> None:
+    console = console or make_console()
+    console.print(f"layout: {result.layout['text']}")
+    for axis, groups in result.axes.items():
+        console.print(f"  {axis}: {groups}")
+    first = min((r.rank for r in result.ranks), default=0)
+    print_table(console, f"calls per step (rank {first}; ranks: those that issued the same)",
+                ["step", "axis", "op", "phase", "count", "in", "out", "ranks"], step_rows(result), key=4)
+    if result.events:
+        print_table(console, "top modules by bytes (all ranks)", ["module", "calls", "bytes"], module_rows(result))
+    print_table(console, "checks", ["check", "ok", "detail"],
+                [[c.name, "yes" if c.passed else "NO", c.detail] for c in result.checks])
+    for r in result.ranks:
+        if r.status not in ("ok", "stopped"):
+            console.print(f"rank {r.rank}: {r.status}: {r.error}")
+    for note in result.notes:
+        console.print(f"note: {note}")
+    console.print(f"{'PASSED' if result.passed else 'FAILED'}: {len(result.events)} calls on {len(result.ranks)} ranks")
+
+
+def chrome_trace(result: TraceResult) -> dict:
+    """Chrome trace event format: pid = rank, one complete slice per call, issue to completion."""
+    events = []
+    for e in result.events:
+        if e.t_issue is None:
+            continue
+        dur = max((e.t_done or e.t_issue) - e.t_issue, 1e-6)
+        events.append({"name": f"{e.op} {e.axis}", "cat": e.phase, "ph": "X", "pid": e.rank, "tid": e.axis,
+                       "ts": e.t_issue * 1e6, "dur": dur * 1e6,
+                       "args": {"group": list(e.group), "bytes_in": e.bytes_in, "bytes_out": e.bytes_out,
+                                "step": e.step, "region": e.region, "dtype": e.dtype}})
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_files(result: TraceResult, run_dir: Path) -> list[str]:
+    """report.md, trace.json and figures/bytes_per_axis.png."""
+    run_dir = Path(run_dir)
+    (run_dir / "trace.json").write_text(json.dumps(chrome_trace(result)))
+    lines = ["# meshscope trace", "", f"command: `{' '.join(result.command)}`", "",
+             f"layout: {result.layout['text']}", ""]
+    for title, head, rows in (("calls per step", ["step", "axis", "op", "phase", "count", "in", "out", "ranks"],
+                               step_rows(result)),
+                              ("top modules by bytes", ["module", "calls", "bytes"], module_rows(result)),
+                              ("checks", ["check", "ok", "detail"],
+                               [[c.name, "yes" if c.passed else "NO", c.detail] for c in result.checks])):
+        lines += [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows] + [""]
+    lines += [f"note: {n}" for n in result.notes]
+    (run_dir / "report.md").write_text("\n".join(lines) + "\n")
+    written = [str(run_dir / "report.md"), str(run_dir / "trace.json")]
+    if result.events:
+        written.append(_bytes_figure(result, run_dir / "figures" / "bytes_per_axis.png"))
+    return written
+
+
+def _bytes_figure(result: TraceResult, path: Path) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rank = min(e.rank for e in result.events)
+    by: dict[str, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    for e in result.events:
+        if e.rank == rank:
+            by[e.axis][e.step or 0] += max(e.bytes_in, e.bytes_out)
+    steps = sorted({s for d in by.values() for s in d})
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    bottom = [0] * len(steps)
+    for axis, d in sorted(by.items()):
+        vals = [d.get(s, 0) / 2**20 for s in steps]
+        ax.bar([str(s) for s in steps], vals, bottom=bottom, label=axis)
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_xlabel("step")
+    ax.set_ylabel(f"MiB moved by rank {rank}")
+    ax.set_title("logical bytes per axis per step")
+    ax.legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)

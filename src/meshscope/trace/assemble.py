@@ -1,0 +1,79 @@
+"""A trace directory -> one `TraceResult`: the ranks' ledgers, the axes and layout they imply, the checks.
+
+It reads only the directory, so the launcher (after the job), rank 0 of a user's own torchrun
+(after every rank wrote its ledger) and ``meshscope report DIR`` all assemble the same result.
+A rank that wrote no ledger (killed, or still hung) is read from its flight log, whose lines were
+flushed as the job ran.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..capture.flightlog import read
+from ..core.errors import UsageError
+from ..core.events import CommEvent
+from ..core.mesh_fit import dims, fit_layout
+from ..core.result import RankEnd, TraceResult
+from .checks import run_all
+
+
+def _events(run_dir: Path, rank: int) -> list[CommEvent]:
+    ledger = run_dir / "ledgers" / f"rank{rank}.jsonl"
+    if ledger.exists():
+        return [CommEvent.from_json(json.loads(line)) for line in ledger.read_text().splitlines() if line]
+    flight = run_dir / "flight" / f"rank{rank}.jsonl"
+    return [CommEvent.from_json(ln) for ln in read(flight) if ln["kind"] == "issued"] if flight.exists() else []
+
+
+def _end(run_dir: Path, rank: int) -> RankEnd:
+    path = run_dir / "ranks" / f"rank{rank}.json"
+    if not path.exists():
+        return RankEnd(rank, "missing", error="no record: the rank was killed or never finished")
+    d = json.loads(path.read_text())
+    return RankEnd(rank, d["status"], d.get("steps", 0), d.get("error", ""), d.get("note", ""))
+
+
+def layout_section(world: int, axes: dict[str, list[list[int]]]) -> dict:
+    """The layout the groups imply, as `meshscope layout` names it where it can (`core.mesh_fit`)."""
+    if set(axes) <= {"world"}:
+        return {"fits": True, "order": "dp", "sizes": {"dp": world},
+                "text": f"dp {world}: every call is on the default group (data parallel over the world)"}
+    fit = fit_layout(world, axes)
+    if fit.ok:
+        return {"fits": True, "order": fit.layout.order, "sizes": fit.sizes, "text": fit.describe(),
+                "layout": fit.layout.brief()}
+    mesh = dims(world, {a: g for a, g in axes.items() if a not in ("world", "group")})
+    if mesh.ok:
+        return {"fits": True, "order": "-".join(mesh.order), "sizes": mesh.sizes, "text": mesh.describe()}
+    return {"fits": False, "order": None, "sizes": {}, "text": f"{fit.reason}; {mesh.reason}"}
+
+
+def assemble(run_dir: Path) -> TraceResult:
+    run_dir = Path(run_dir)
+    spec_path = run_dir / "spec.json"
+    if not spec_path.exists():
+        raise UsageError(f"{run_dir} is not a meshscope trace directory (no spec.json)")
+    spec = json.loads(spec_path.read_text())
+    world = spec["world"]
+    present = sorted(int(p.stem.removeprefix("rank")) for p in (run_dir / "flight").glob("rank*.jsonl"))
+    ranks = [_end(run_dir, r) for r in present]
+    events = [e for r in present for e in _events(run_dir, r)]
+    axes: dict[str, set] = {}
+    for e in events:
+        if e.op not in ("send", "recv") or e.axis != "world":
+            axes.setdefault(e.axis, set()).add(e.group)
+    axes_sorted = {a: sorted(map(list, gs)) for a, gs in sorted(axes.items())}
+    traced = set(present)
+    complete = {r.rank: r.steps for r in ranks}
+    checks = run_all(events, axes_sorted, traced, world, complete)
+    notes = sorted({r.note for r in ranks if r.note})
+    if len(traced) < world:
+        notes.append(f"ranks traced: {len(traced)} of {world}; cross-rank checks ran among the traced ranks only")
+    if not events:
+        notes.append("no collective was issued: the script never initialised a process group, or used none")
+    done = all(r.status in ("ok", "stopped") for r in ranks) and len(ranks) == spec.get("traced", world)
+    return TraceResult(world=world, command=spec["command"], events=events, axes=axes_sorted,
+                       layout=layout_section(world, axes_sorted), checks=checks, ranks=ranks, run_dir=str(run_dir),
+                       notes=notes, complete=done)

@@ -1,0 +1,186 @@
+"""Checks of a traced job that need no prediction, each named after the mistake it catches.
+
+- ``group members agree``: every member of a group issued the same ordered sequence of ops and dtypes
+  on it, with equal bytes where the op has no split sizes and no root (collective ordering, a
+  conditional collective, a shape that differs by rank);
+- ``every send has its recv``: the sends from a to b and the receives at b from a pair up in order
+  and size (pipeline P2P order, a stage that skips its gradient);
+- ``all-to-all splits mirror``: what member i sends to j is what j receives from i, per call (split
+  sizes computed differently on two ranks);
+- ``steady steps repeat``: from step 2 on (step 0 holds set-up, step 1 warm-up such as DDP's bucket
+  rebuild), every complete step issues what the previous one did; all-to-all splits that change are
+  reported as routing, anything else as the first divergent call;
+- ``mesh axes partition the world``: the groups of each mesh axis are disjoint and cover the ranks
+  traced (named non-mesh groups such as Megatron's embedding groups are exempt).
+
+Only the ranks traced take part; with some ranks missing (a fake world's representatives, a rank
+that died) a check says which groups it could not see whole.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from ..core.axes import is_mesh_axis
+from ..core.events import CommEvent
+from ..core.result import Check
+
+P2P = ("send", "recv")
+ROOTED = ("broadcast", "reduce", "gather", "scatter")
+
+
+def _brief(e: CommEvent) -> str:
+    return f"{e.op} {e.dtype} {e.bytes_in}->{e.bytes_out} B (step {e.step}, {e.phase}{', ' + e.region if e.region else ''})"
+
+
+def _by_group(events, p2p: bool) -> dict[tuple[str, tuple[int, ...]], dict[int, list[CommEvent]]]:
+    out: dict = defaultdict(lambda: defaultdict(list))
+    for e in sorted(events, key=lambda e: (e.rank, e.axis, e.group, e.seq)):
+        if (e.op in P2P) == p2p:
+            out[(e.axis, e.group)][e.rank].append(e)
+    return out
+
+
+def group_agreement(events, traced: set[int]) -> Check:
+    name = "group members agree"
+    problems, groups, partial = [], 0, 0
+    for (axis, group), per_rank in sorted(_by_group(events, p2p=False).items()):
+        groups += 1
+        members = [m for m in group if m in traced]
+        if len(members) < len(group):
+            partial += 1
+        ref = members[0]
+        for m in members[1:]:
+            a, b = per_rank.get(ref, []), per_rank.get(m, [])
+            for k in range(max(len(a), len(b))):
+                if k >= len(a) or k >= len(b):
+                    have, lacking = (ref, m) if k < len(a) else (m, ref)
+                    e = (a if k < len(a) else b)[k]
+                    problems.append(f"{axis}{list(group)} call #{k}: rank {have} issued {_brief(e)}, rank {lacking} "
+                                    f"issued no call #{k}")
+                    break
+                x, y = a[k], b[k]
+                same = (x.op, x.dtype) == (y.op, y.dtype)
+                if same and x.input_splits is None and x.op not in ROOTED:
+                    same = (x.bytes_in, x.bytes_out) == (y.bytes_in, y.bytes_out)
+                if not same:
+                    problems.append(f"{axis}{list(group)} call #{k}: rank {ref} issued {_brief(x)}, rank {m} {_brief(y)}")
+                    break
+            if problems:
+                break
+    if problems:
+        return Check(name, False, problems[0])
+    seen = f" ({partial} seen only in part: not every member was traced)" if partial else ""
+    return Check(name, True, f"{groups} groups, every member issued the same ops, dtypes and sizes in order{seen}")
+
+
+def p2p_pairs(events, traced: set[int]) -> Check:
+    name = "every send has its recv"
+    sends: dict = defaultdict(list)
+    recvs: dict = defaultdict(list)
+    for e in sorted(events, key=lambda e: (e.rank, e.t_issue or 0, e.seq)):
+        if e.op == "send":
+            sends[(e.rank, e.peer)].append(e)
+        elif e.op == "recv":
+            recvs[(e.peer, e.rank)].append(e)
+    pairs = sorted(set(sends) | set(recvs), key=lambda p: (p[0] if p[0] is not None else -1, p[1] or -1))
+    checked = 0
+    for src, dst in pairs:
+        if src not in traced or dst not in traced or src == -1:
+            continue
+        s, r = sends.get((src, dst), []), recvs.get((src, dst), [])
+        checked += 1
+        for k in range(max(len(s), len(r))):
+            if k >= len(s):
+                return Check(name, False, f"rank {dst} receives #{k} from rank {src} ({_brief(r[k])}) that rank {src} "
+                                          f"never sends")
+            if k >= len(r):
+                return Check(name, False, f"rank {src} sends #{k} to rank {dst} ({_brief(s[k])}) that rank {dst} "
+                                          f"never receives")
+            if s[k].bytes_in != r[k].bytes_out:
+                return Check(name, False, f"message #{k} from rank {src} to rank {dst}: {s[k].bytes_in} B sent, "
+                                          f"{r[k].bytes_out} B expected by the receiver")
+    if not checked:
+        return Check(name, True, "no point-to-point calls between traced ranks")
+    total = sum(len(v) for v in sends.values())
+    return Check(name, True, f"{total} sends over {checked} rank pairs, each received in order with its size")
+
+
+def a2a_mirror(events, traced: set[int]) -> Check:
+    name = "all-to-all splits mirror"
+    calls = 0
+    for (axis, group), per_rank in sorted(_by_group(events, p2p=False).items()):
+        members = [m for m in group if m in traced]
+        if len(members) < len(group):
+            continue
+        a2a = {m: [e for e in per_rank.get(m, []) if e.op == "all_to_all"] for m in group}
+        for k in range(min(len(v) for v in a2a.values())):
+            calls += 1
+            for i, src in enumerate(group):
+                for j, dst in enumerate(group):
+                    sent, got = a2a[src][k].input_splits, a2a[dst][k].output_splits
+                    if sent is None or got is None:
+                        continue
+                    if sent[j] != got[i]:
+                        return Check(name, False, f"{axis}{list(group)} all_to_all #{k} (step {a2a[src][k].step}): "
+                                                  f"rank {src} sends {sent[j]} rows to rank {dst}, which expects {got[i]}")
+    return Check(name, True, f"{calls} all_to_all calls, every pair's splits mirror" if calls else
+                 "no all_to_all among fully traced groups")
+
+
+def _signature(e: CommEvent) -> tuple:
+    return (e.op, e.axis, e.group, e.phase, e.dtype, e.bytes_in, e.bytes_out, e.input_splits, e.output_splits,
+            e.peer, e.region)
+
+
+def steady_steps(events, complete_steps: dict[int, int]) -> Check:
+    """`complete_steps`: rank -> number of steps it finished (step k < that is complete)."""
+    name = "steady steps repeat"
+    routing, compared = [], 0
+    for rank, n in sorted(complete_steps.items()):
+        steps: dict[int, list[CommEvent]] = defaultdict(list)
+        for e in events:
+            if e.rank == rank and e.step is not None and e.step < n:
+                steps[e.step].append(e)
+        for k in range(3, n):
+            prev, cur = steps.get(k - 1, []), steps.get(k, [])
+            compared += 1
+            for i in range(max(len(prev), len(cur))):
+                if i >= len(prev) or i >= len(cur):
+                    extra = cur[i] if i < len(cur) else prev[i]
+                    return Check(name, False, f"rank {rank} step {k} issued {len(cur)} calls, step {k - 1} {len(prev)}; "
+                                              f"first unmatched: {_brief(extra)}")
+                a, b = _signature(prev[i]), _signature(cur[i])
+                if a != b:
+                    if a[0] == b[0] == "all_to_all" and a[:5] == b[:5]:
+                        routing.append(k)
+                        continue
+                    return Check(name, False, f"rank {rank} step {k} call {i} is {_brief(cur[i])} where step {k - 1} "
+                                              f"issued {_brief(prev[i])}")
+    if not compared:
+        return Check(name, True, "fewer than two steady steps to compare (steps 2 and on; trace more steps)")
+    why = f"; all_to_all splits changed with the routing in steps {sorted(set(routing))}" if routing else ""
+    return Check(name, True, f"{compared} steps compared with the one before, same calls{why}")
+
+
+def axes_partition(axes: dict[str, list[list[int]]], traced: set[int], world: int) -> Check:
+    name = "mesh axes partition the world"
+    mesh = {a: gs for a, gs in axes.items() if is_mesh_axis(a)}
+    for axis, groups in sorted(mesh.items()):
+        seen: dict[int, list[int]] = {}
+        for g in groups:
+            for r in g:
+                if r in seen:
+                    return Check(name, False, f"rank {r} is in two {axis} groups: {seen[r]} and {g}")
+                seen[r] = g
+        missing = sorted(traced - set(seen))
+        if missing and len(traced) == world:
+            return Check(name, False, f"the {axis} groups {groups} leave out ranks {missing}")
+    exempt = sorted(set(axes) - set(mesh))
+    return Check(name, True, f"{len(mesh)} mesh axes ({', '.join(sorted(mesh)) or 'none'}), each a partition"
+                 + (f"; not mesh axes: {', '.join(exempt)}" if exempt else ""))
+
+
+def run_all(events, axes, traced: set[int], world: int, complete_steps: dict[int, int]) -> list[Check]:
+    return [group_agreement(events, traced), p2p_pairs(events, traced), a2a_mirror(events, traced),
+            steady_steps(events, complete_steps), axes_partition(axes, traced, world)]

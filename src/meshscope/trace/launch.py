@@ -1,0 +1,117 @@
+"""`meshscope trace`: launch a user's script through torch's elastic agent with the trace in every
+worker, then assemble, check and keep what it issued.
+
+The command is the user's torchrun command with ``meshscope trace`` in front: the rendezvous flags
+are torchrun's own and go to it unchanged (``--standalone`` when none is given, as for one node);
+each worker runs `trace.rank` before the script. The run directory is written like `run`'s:
+``spec.json`` first, an ``INCOMPLETE`` marker until the result is in, ``flight/`` and ``ledgers/``
+per rank, ``ranks/`` (how each rank ended), then ``result.json`` (`core.result.TraceResult`), with
+the doctor's findings when the job failed or hung.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..core.errors import UsageError
+from ..run import rundir
+from ..run.launch import launch
+from .assemble import assemble
+
+RENDEZVOUS_FLAGS = ("node-rank", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "master-addr", "master-port")
+"""torchrun's rendezvous flags that `meshscope trace` accepts and forwards unchanged."""
+
+
+@dataclass(frozen=True)
+class TraceOptions:
+    """What `meshscope trace` was asked to do."""
+
+    target: tuple[str, ...]
+    """``SCRIPT ARGS...`` or ``-m MODULE ARGS...``, as after torchrun's own flags."""
+    nproc_per_node: int = 1
+    """Workers on this node (torchrun's ``--nproc-per-node``)."""
+    nnodes: int = 1
+    """Nodes, each started with its own ``meshscope trace`` (torchrun's ``--nnodes``)."""
+    rendezvous: tuple[str, ...] = ()
+    """torchrun's rendezvous flags as given (``--rdzv-backend``, ``--master-addr``, ``--node-rank``...)."""
+    steps: int | None = None
+    """End the job cleanly once every rank finished this many steps; None: run the script to its end."""
+    timeout: float | None = None
+    """Seconds a collective may wait before the job is stopped and diagnosed; None: the job's own."""
+    step_optimizer: str | None = None
+    """Class name of the optimizer whose steps mark the boundaries; None: the first one created."""
+    out: Path | None = None
+    """Run directory; None: ``traces/<script>-<time>-<pid>``."""
+    env: dict = field(default_factory=dict)
+
+    @property
+    def world(self) -> int:
+        return self.nnodes * self.nproc_per_node
+
+    def validate(self) -> None:
+        if not self.target:
+            raise UsageError("meshscope trace needs the job after '--': meshscope trace [options] -- SCRIPT [ARGS...]")
+        if self.target[0] == "-m":
+            if len(self.target) < 2:
+                raise UsageError("-m needs a module name: meshscope trace -- -m MODULE [ARGS...]")
+        elif not Path(self.target[0]).is_file():
+            raise UsageError(f"script {self.target[0]!r} does not exist; give the path of a Python script or "
+                             f"-m MODULE")
+        for name, value in (("--nproc-per-node", self.nproc_per_node), ("--nnodes", self.nnodes)):
+            if value < 1:
+                raise UsageError(f"{name} {value} must be a positive integer")
+        if self.steps is not None and self.steps < 1:
+            raise UsageError(f"--steps {self.steps} must be a positive number of steps (leave it out to run the "
+                             f"script to its end)")
+        if self.timeout is not None:
+            rundir.check_timeout(self.timeout)
+
+    def run_dir(self) -> Path:
+        if self.out is not None:
+            return self.out
+        stem = Path(self.target[1] if self.target[0] == "-m" else self.target[0]).stem
+        return Path("traces") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+
+    def rank_program(self, run_dir: Path) -> list[str]:
+        flags = [*(["--steps", str(self.steps)] if self.steps else []),
+                 *(["--timeout", str(self.timeout)] if self.timeout else []),
+                 *(["--step-optimizer", self.step_optimizer] if self.step_optimizer else [])]
+        return ["-m", "meshscope.trace.rank", str(run_dir), *flags, "--", *self.target]
+
+
+def trace(options: TraceOptions, echo=None) -> tuple[Path, dict]:
+    """Run the traced job; returns its run directory and the result document (also result.json)."""
+    options.validate()
+    run_dir = options.run_dir()
+    rundir.check(run_dir)
+    spec = {"kind": "trace", "world": options.world, "traced": options.world, "command": list(options.target),
+            "nproc_per_node": options.nproc_per_node, "nnodes": options.nnodes, "steps": options.steps,
+            "timeout": options.timeout}
+    rundir.start(run_dir, spec)
+    (run_dir / "INCOMPLETE").write_text("the traced job has not finished; result.json is written when it has\n")
+    rendezvous = list(options.rendezvous) or ["--standalone"]
+    outcome = launch(run_dir, options.nproc_per_node, None, program=options.rank_program(run_dir),
+                     rendezvous=[f"--nnodes={options.nnodes}", *rendezvous] if options.nnodes > 1 else rendezvous,
+                     echo=echo or (lambda line: sys.stderr.write(line)), env=options.env)
+    result = assemble(run_dir)
+    doc = result.to_json()
+    if not result.complete or outcome.returncode != 0:
+        doc["error"] = outcome.error or "a rank did not finish"
+        doc["doctor"] = _doctor(run_dir)
+    (run_dir / "result.json").write_text(json.dumps(doc))
+    (run_dir / "INCOMPLETE").unlink()
+    return run_dir, doc
+
+
+def _doctor(run_dir: Path) -> dict | None:
+    from ..doctor import diagnose
+
+    try:
+        return diagnose(run_dir)
+    except Exception as exc:  # noqa: BLE001 - the job already failed; the diagnosis is a bonus
+        return {"error": f"could not diagnose: {type(exc).__name__}: {exc}"}

@@ -1,0 +1,265 @@
+"""One rank of a traced job: the user's script, unmodified, with the trace installed before line 1.
+
+``python -m meshscope.trace.rank RUN_DIR [options] -- SCRIPT [ARGS]`` (or ``-- -m MODULE [ARGS]``)
+is what torchrun starts for every rank under ``meshscope trace``; ``torchrun ... -m meshscope.trace
+SCRIPT [ARGS]`` runs the same inside a launch the user already has. It
+
+1. installs the dispatcher recorder (`capture.dispatch`) and the step/phase/module context
+   (`capture.job_context`), and wraps ``init_process_group`` / ``new_group`` so that, with
+   ``--timeout``, every collective of the job gives up after that many seconds (a script that
+   computes quietly for longer is never stopped: only a waiting collective times out);
+2. runs the script as ``__main__`` with its own ``sys.argv``;
+3. streams every call to ``flight/rank<R>.jsonl`` (group, issued, completed and step lines; a flusher
+   thread writes twice a second, so a killed rank still leaves all but its last half second), and at
+   the end writes ``ledgers/rank<R>.jsonl`` (every event with its step) and ``ranks/rank<R>.json``
+   (how the rank ended);
+4. with ``--steps K``, once every rank has finished K steps (counted in the job's own store), ends
+   the rank cleanly, skipping the rest of the script.
+
+A script that raises gets its own traceback printed (without meshscope's frames) and the rank exits
+1, as it would have without the trace.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import runpy
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+from ..capture.dispatch import GroupInfo, Recorder
+from ..capture.dispatch import errors as decode_errors
+from ..capture.job_context import JobContext
+from ..core.axes import axis_of
+from ..core.events import CommEvent
+
+FLUSH_S = 0.5
+"""How often the flusher thread writes new calls to the flight log."""
+
+
+class RankTrace:
+    """This rank's calls as they happen: recorded as tuples (cheap), turned into CommEvents and
+    written by the flusher."""
+
+    def __init__(self, run_dir: Path, rank: int, context: JobContext):
+        self.run_dir, self.rank, self.context = run_dir, rank, context
+        self.t0 = time.perf_counter()
+        self.wall0 = time.time()
+        self.raw: list[tuple] = []
+        self.events: list[CommEvent] = []
+        self.groups: dict[str, GroupInfo] = {}
+        self._seq: dict[str, int] = {}
+        self._open: dict[str, int] = {}  # group name -> index in `events` of its last, unfinished call
+        self._written = 0
+        (run_dir / "flight").mkdir(parents=True, exist_ok=True)
+        self._flight = open(run_dir / "flight" / f"rank{rank}.jsonl", "w", buffering=1)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._flusher = threading.Thread(target=self._flush_loop, name="meshscope-trace-flush", daemon=True)
+
+    # -- recording (hot path) ----------------------------------------------------------------------
+    def sink(self, op, group, dtype, b_in, b_out, peer, ins, outs) -> None:
+        ctx = self.context
+        self.raw.append((op, group, dtype, b_in, b_out, peer, ins, outs, ctx.phase(), ctx.region(), ctx.step,
+                         time.perf_counter()))
+
+    def step_done(self, step: int) -> None:
+        """A step boundary: every call before it has completed."""
+        self.raw.append(("#step", step, time.perf_counter()))
+
+    # -- turning tuples into events ----------------------------------------------------------------
+    def _drain(self) -> list[str]:
+        """Convert the new tuples; returns the flight-log lines they make."""
+        lines = []
+        new = self.raw[:]  # the hot path only appends: take what is there, leave what comes meanwhile
+        del self.raw[: len(new)]
+        for rec in new:
+            if rec[0] == "#step":
+                lines += self._complete_all(rec[2])
+                lines.append(json.dumps({"t": self.wall0 + rec[2] - self.t0, "kind": "mark", "text": f"step {rec[1]} done"}))
+                continue
+            op, group, dtype, b_in, b_out, peer, ins, outs, phase, region, step, t = rec
+            if group.name not in self.groups:
+                self.groups[group.name] = group
+                lines.append(json.dumps({"t": self.wall0 + t - self.t0, "kind": "group", "axis": self.axis(group),
+                                         "ranks": list(group.ranks), "index": len(self.groups) - 1,
+                                         "name": group.name, "desc": group.desc}))
+            if group.name in self._open:  # calls on one group complete in order
+                lines += self._complete(self._open.pop(group.name), t)
+            seq = self._seq.get(group.name, 0)
+            self._seq[group.name] = seq + 1
+            e = CommEvent(self.rank, seq, op, self.axis(group), group.ranks, phase, dtype, b_in, b_out, region, None,
+                          ins, outs, peer, step, t - self.t0)
+            self._open[group.name] = len(self.events)
+            self.events.append(e)
+            lines.append(json.dumps({"t": self.wall0 + t - self.t0, "kind": "issued", **e.to_json()}))
+        return lines
+
+    def _complete(self, index: int, t: float) -> list[str]:
+        e = self.events[index]
+        self.events[index] = CommEvent(**{**{f: getattr(e, f) for f in e.__dataclass_fields__}, "t_done": t - self.t0})
+        return [json.dumps({"t": self.wall0 + t - self.t0, "kind": "completed", "axis": e.axis, "group": list(e.group),
+                            "seq": e.seq})]
+
+    def _complete_all(self, t: float) -> list[str]:
+        lines = []
+        for name in list(self._open):
+            lines += self._complete(self._open.pop(name), t)
+        return lines
+
+    @staticmethod
+    def axis(group: GroupInfo) -> str:
+        return axis_of(group.desc)
+
+    # -- writing -----------------------------------------------------------------------------------
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(FLUSH_S):
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            lines = self._drain()
+            if lines:
+                self._flight.write("\n".join(lines) + "\n")
+                self._flight.flush()
+
+    def start(self) -> None:
+        self._flusher.start()
+
+    def finish(self, status: str, error: str | None = None, note: str | None = None) -> None:
+        """Last flush, the ledger and how the rank ended."""
+        self._stop.set()
+        with self._lock:
+            lines = self._drain()
+            if status == "ok":
+                lines += self._complete_all(time.perf_counter())
+            if lines:
+                self._flight.write("\n".join(lines) + "\n")
+            self._flight.close()
+        for d in ("ledgers", "ranks"):
+            (self.run_dir / d).mkdir(exist_ok=True)
+        tmp = self.run_dir / "ledgers" / f"rank{self.rank}.jsonl.tmp"
+        tmp.write_text("".join(json.dumps(e.to_json()) + "\n" for e in self.events))
+        tmp.replace(self.run_dir / "ledgers" / f"rank{self.rank}.jsonl")
+        doc = {"rank": self.rank, "status": status, "steps": self.context.step,
+               "optimizer_steps": self.context.optimizers_seen, "events": len(self.events),
+               "groups": [{"name": g.name, "desc": g.desc, "axis": self.axis(g), "ranks": list(g.ranks)}
+                          for g in self.groups.values()],
+               "decode_errors": decode_errors[:10], "time": time.time(),
+               **({"error": error} if error else {}), **({"note": note} if note else {})}
+        (self.run_dir / "ranks" / f"rank{self.rank}.json").write_text(json.dumps(doc, indent=1))
+
+
+class StopTrace(BaseException):
+    """Raised at a step boundary once every rank finished ``--steps`` steps: ends the script cleanly.
+    A BaseException, so that the script's own ``except Exception`` does not swallow it."""
+
+
+def _limit_timeouts(seconds: float) -> None:
+    """Every process group the job creates waits at most `seconds` in a collective."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    limit = timedelta(seconds=seconds)
+    for name in ("init_process_group", "new_group"):
+        original = getattr(c10d, name)
+
+        def wrapped(*args, _original=original, **kwargs):
+            kwargs["timeout"] = min(kwargs.get("timeout") or limit, limit)
+            return _original(*args, **kwargs)
+
+        setattr(c10d, name, wrapped)
+        setattr(dist, name, wrapped)
+
+
+def _stop_when_all_done(trace: RankTrace, steps: int):
+    """The `JobContext.on_step` that ends the job once every rank has finished `steps` steps."""
+    def on_step(step: int) -> None:
+        trace.step_done(step)
+        if step < steps:
+            return
+        import torch.distributed as dist
+
+        store = dist.distributed_c10d._get_default_store()
+        world = dist.get_world_size()
+        store.add("meshscope/trace/steps_done", 1)
+        while store.add("meshscope/trace/steps_done", 0) < world:  # every rank reached its K-th step
+            time.sleep(0.01)
+        raise StopTrace
+
+    return on_step
+
+
+def _script_traceback(exc: BaseException) -> str:
+    """The script's traceback, without the frames of meshscope and runpy that ran it."""
+    tb = traceback.TracebackException.from_exception(exc)
+    here = str(Path(__file__).resolve().parent.parent)
+    tb.stack = traceback.StackSummary.from_list(
+        [f for f in tb.stack if not f.filename.startswith(here) and "runpy" not in Path(f.filename).name])
+    return "".join(tb.format())
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    if "--" not in argv:
+        raise SystemExit("meshscope trace: missing '--' before the script")
+    cut = argv.index("--")
+    p = argparse.ArgumentParser(prog="meshscope.trace.rank")
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--steps", type=int, default=None)
+    p.add_argument("--timeout", type=float, default=None)
+    p.add_argument("--step-optimizer", default=None)
+    args = p.parse_args(argv[:cut])
+    args.target = argv[cut + 1:]
+    return args
+
+
+def main(argv: list[str]) -> int:
+    args = parse(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    context = JobContext(args.step_optimizer)
+    trace = RankTrace(args.run_dir, rank, context)
+    context.on_step = _stop_when_all_done(trace, args.steps) if args.steps else trace.step_done
+    if args.timeout:
+        _limit_timeouts(args.timeout)
+    module = args.target[0] == "-m"
+    target = args.target[1] if module else args.target[0]
+    sys.argv = [target, *args.target[2 if module else 1:]]
+    if not module:
+        sys.path.insert(0, str(Path(target).resolve().parent))  # as `python SCRIPT` puts the script's folder first
+    context.install()
+    trace.start()
+    status, error, code = "ok", None, 0
+    try:
+        with Recorder(trace.sink):
+            if module:
+                runpy.run_module(target, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(target, run_name="__main__")
+    except StopTrace:
+        status = "stopped"
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        if code:
+            status, error = "error", f"the script exited with code {exc.code}"
+    except BaseException as exc:  # noqa: BLE001 - the script's failure is reported as the script's
+        sys.stderr.write(_script_traceback(exc))
+        status, error, code = "error", f"{type(exc).__name__}: {exc}".splitlines()[0], 1
+    finally:
+        context.remove()
+    note = None if context.optimizers_seen else "the script stepped no torch.optim optimizer: one step holds everything"
+    trace.finish(status, error, note)
+    if status == "stopped":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)  # the rest of the script (and its teardown) is what --steps asked to skip
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
