@@ -1,7 +1,7 @@
 """Numeric comparison against the unsharded reference, one mechanism for every parallel mode.
 
-The seed's acceptance ("数值与状态验收"): outputs, gradients and weights are compared element-wise with
-a reference built from the full weights, with a tolerance of 2e-5. Two precautions the seed did not
+The chapter's numeric and state acceptance: outputs, gradients and weights are compared element-wise with
+a reference built from the full weights, with a tolerance of 2e-5. Two precautions the chapter did not
 need: a NaN must never hide (Python's ``max`` keeps the old value when the new one is NaN, so every
 maximum here goes through `worse`), and gradients of a mean-square loss are ~1e-3, so 2e-5 absolute
 alone would let a 1 % error pass: gradients must also be within `REL_TOLERANCE` of the largest
@@ -18,7 +18,7 @@ import torch
 from ..core.result import Check
 
 TOLERANCE = 2e-5
-"""The seed's acceptance threshold for every numeric comparison."""
+"""The chapter's acceptance threshold for every numeric comparison."""
 REL_TOLERANCE = 1e-4
 """Gradients also: max abs error over the largest element of the reference gradient."""
 

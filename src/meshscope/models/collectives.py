@@ -7,7 +7,7 @@ All gathers and scatters work on dim 0 (tokens/batch), so shards are contiguous 
 Two gradient conventions exist for a loss computed identically on every TP rank (the design brief,
 "Gradient semantics"):
 
-* summed-loss (torch.distributed.nn semantics; the seed's fingerprint): `AllReduceSum`,
+* summed-loss (torch.distributed.nn semantics; the chapter's fingerprint, docs/chapter.md Q9): `AllReduceSum`,
   `ReduceScatterSum`, `AllGatherCat`. Backward treats the G replicated losses as G different
   summands, so shard gradients come out G times the true gradient: divide the loss by G.
 * replicated-loss (Megatron's f/g conjugates, what DTensor does): `CopyToGroup` (f), `ReduceFromGroup`
@@ -15,7 +15,7 @@ Two gradient conventions exist for a loss computed identically on every TP rank 
   gradients with the plain loss and fewer collectives.
 
 `AllToAllV` moves rows between ranks with per-destination splits; its backward swaps the splits
-(seed, "AllToAll 的 backward 如何交换 Split").
+(chapter Q21: why a variable-length all-to-all's backward swaps the split arrays).
 
 Every Function is an identity on a one-rank group (no collective is issued), as the predictor assumes.
 Backward collectives carry the forward's region label, so the captured ledger places them on the
@@ -166,7 +166,7 @@ class AllGatherCat(_Labelled):
     """forward: all-gather along dim 0; backward: reduce-scatter (sum) along dim 0.  [summed-loss]
 
     x_[N, *] -> y_[N*G, *], member i's slab at rows [i*N, (i+1)*N). This is torch.distributed.nn's
-    NCCL backward (seed, "AllGather 的 NCCL backward 是 ReduceScatter"): it sums the G replicated
+    NCCL backward (chapter Q10: AllGather's NCCL backward is a ReduceScatter): it sums the G replicated
     losses' gradients, hence G x the true gradient under a replicated loss.
     """
 
@@ -234,7 +234,7 @@ class AllToAllV(_Labelled):
     x_[sum(input_splits), *] -> y_[sum(output_splits), *]. Rows [sum(input_splits[:j]), ...) go to
     member j; output rows arrive grouped by source member. Backward sends each gradient row back to
     where its forward row came from: what A sent B, B now sends A (input and output splits swap).
-    Autograd prunes the backward when the input needs no gradient (the seed's 3-kernel MoE).
+    Autograd prunes the backward when the input needs no gradient (chapter Q22: the 3-kernel MoE).
     """
 
     @staticmethod

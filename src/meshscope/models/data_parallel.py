@@ -1,9 +1,10 @@
-"""Data-parallel gradient sync: the orthogonal step 6 of the seed's method.
+"""Data-parallel gradient sync: the orthogonal step 6 of the chapter's method (docs/chapter.md, Q27).
 
-"TP/PP/EP 解决模型计算分布，DP 仍要同步'同一坐标'的参数 gradient": after backward, each parameter's
-gradient is averaged over the ranks that hold the *same* shard (the dp group for dense shards, the edp
-group for experts), one all_reduce per parameter, in parameter order, phase ``optimizer``. Never over
-ranks holding different shards (the seed: DP over [0,1] would add unrelated gradients).
+TP, PP and EP distribute the model's computation; DP must still sync the gradient of the parameters at the same
+coordinate (docs/chapter.md, Q24): after backward, each parameter's gradient is averaged over the ranks that
+hold the *same* shard (the dp group for dense shards, the edp group for experts), one all_reduce per parameter,
+in parameter order, phase ``optimizer``. Never over ranks holding different shards (chapter Q2: DP over [0,1]
+would add unrelated gradients).
 
 `sync_grads` runs it; `predict_grad_sync` emits the same calls into a predicted `Ledger`, so the two
 cannot drift apart.

@@ -1,13 +1,13 @@
 """A pipeline stage whose layer is itself parallel: Megatron's scatter/gather of the boundary tensor
 over the stage's TP group.
 
-The seed ran each mode alone and noted that "真正3D并行会再增加独立PP坐标": in composed N-D training a
-pipeline stage is a TP (or MoE) layer, and its boundary P2P goes between the ranks of one pp group, i.e.
-the ranks with the same tp and dp coordinates. The stage's output is replicated over its TP group, so
-every TP rank would send the same bytes. Megatron's ``scatter_gather_tensors_in_pipeline`` sends 1/T
+The chapter ran each mode alone and noted that real 3-D parallelism adds an independent PP coordinate: in
+composed N-D training a pipeline stage is a TP (or MoE) layer, and its boundary P2P goes between the ranks of
+one pp group, i.e. the ranks with the same tp and dp coordinates. The stage's output is replicated over its TP
+group, so every TP rank would send the same bytes. Megatron's ``scatter_gather_tensors_in_pipeline`` sends 1/T
 of it instead and all-gathers it in the receiver's TP group; the gradient travels back the same way.
 
-Placements of that boundary (seed step 1; the TP rules of `experiments.tp` turn them into collectives):
+Placements of that boundary (chapter Q27, step 1; the TP rules of `experiments.tp` turn them into collectives):
 
   boundary     placement             summed-loss                     replicated-loss
   pp.scatter   Replicate -> Shard(0)  slice; bwd zero-fill: a shard   SplitGatherBackward: slice; bwd

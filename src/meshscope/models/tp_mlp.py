@@ -1,12 +1,12 @@
-"""The tensor-parallel MLP of the seed, with its sequence-parallel variant, under both gradient semantics.
+"""The tensor-parallel MLP of the chapter, with its sequence-parallel variant, under both gradient semantics.
 
-Seed, "Tensor Parallel 的矩阵切分": Y = GELU(X W1^T) W2^T with W1 [H, D] column-parallel (weight dim 0
-sharded, so each rank computes a feature shard of the hidden activation and no all-gather is needed
+Chapter Q4 and Q5 (tensor-parallel matrix sharding): Y = GELU(X W1^T) W2^T with W1 [H, D] column-parallel
+(weight dim 0 sharded, so each rank computes a feature shard of the hidden activation and no all-gather is needed
 before the next layer) and W2 [D, H] row-parallel (weight dim 1 sharded, so each rank's output is a
 *partial* sum of the full output). The row output then becomes
   - Replicate through an all-reduce (``tp_ar``), or
   - a batch Shard(0) through a reduce-scatter, gathered back for a replicated loss (``tp_sp``,
-    seed "Sequence Parallel 实验": the RS/AG pair is kept inside a trainable loop on purpose).
+    chapter Q12, the sequence-parallel experiment: the RS/AG pair is kept inside a trainable loop on purpose).
 
 Which collective Function sits at each boundary depends on the gradient semantics (design brief,
 "Gradient semantics"); the forward collectives are the same, the backward ones differ:
@@ -23,7 +23,7 @@ weight gradient is 2.0000 x the norm of its slice of the unsharded gradient, for
 tp_sp (batch 128) alike; the max abs error is 3.2e-3 (tp_ar) / 1.8e-3 (tp_sp), far above the 2e-5
 tolerance, while outputs and DP replicas stay right. Divided, the error is below 1e-9.
 
-`boundaries` annotates the same model for the predictor (seed step 1: the placement of each
+`boundaries` annotates the same model for the predictor (chapter Q27, step 1: the placement of each
 activation where it changes), and `shard_shapes` lists the parameters the DP sync will visit.
 
 Legend: B batch rows of one DP replica, D model dim (--hidden), H FFN dim (--ffn), T TP size,
@@ -54,7 +54,7 @@ FUNCTIONS = {
 
 
 def _shard(full: torch.Tensor, dim: int, group: AxisGroup, rank: int) -> torch.Tensor:
-    """This rank's slab of `full` along `dim` (seed: ``W.chunk(tp_size, dim)[tp_rank]``)."""
+    """This rank's slab of `full` along `dim` (the chapter's ``W.chunk(tp_size, dim)[tp_rank]``)."""
     return full.chunk(group.size, dim=dim)[group.local_rank(rank)].clone()
 
 
@@ -83,7 +83,7 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """Linear whose weight [out, in] is sharded on dim 1 (Megatron RowParallelLinear, PyTorch
     RowwiseParallel): feature shard x_B(I/T) -> partial sum y_BO, one summand per TP rank. The caller
-    decides the output placement (seed: "结论不是 row parallel 永远 AllReduce")."""
+    decides the output placement (chapter Q7: row parallel is not always an AllReduce)."""
 
     def __init__(self, weight_OI: torch.Tensor, group: AxisGroup, rank: int):
         super().__init__()
@@ -116,7 +116,7 @@ class TensorParallelMLP(nn.Module):
         return _apply(self.fns[SP_GATHER], y_BsD, self.group, SP_GATHER)
 
     def loss(self, y_BD: torch.Tensor) -> torch.Tensor:
-        """The seed's loss ``output.square().mean()``, replicated on every TP rank; divided by T under
+        """The chapter's loss ``output.square().mean()``, replicated on every TP rank; divided by T under
         summed-loss, whose backward adds the T replicas' gradients (2.000 x wrong at T=2 otherwise)."""
         scale = self.group.size if self.semantics == SUMMED else 1
         return y_BD.square().mean() / scale

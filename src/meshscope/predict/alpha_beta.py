@@ -1,11 +1,11 @@
 """``meshscope sweep``: collective time over message sizes on one mesh group, and a fitted alpha-beta model.
 
-The seed refuses to fit its two TP medians into a bandwidth model ("不能把这两组 median拟合成可靠带宽或
-线性模型": CV 55-81 %, and the step mixes TP and DP messages). A sweep isolates one collective on one
-group, times it per size (critical rank = max over ranks per iteration, median after warmup, via
+The chapter refuses to fit its two TP medians into a bandwidth model (those two medians give no reliable
+bandwidth or linear model: CV 55-81 %, and the step mixes TP and DP messages). A sweep isolates one collective
+on one group, times it per size (critical rank = max over ranks per iteration, median after warmup, via
 `stats`), and fits the latency-bandwidth model t = alpha + beta * bytes per collective and group size.
-`predict_time` then turns a predicted ledger into a predicted communication time per rank, so the
-suite can put predicted next to measured communication time.
+`predict_time` then turns a predicted ledger into a predicted communication time per rank, so the suite can put
+predicted next to measured communication time.
 
 Sizes and bus bandwidth follow nccl-tests (doc/PERFORMANCE.md): the size of all_gather is the total
 OUTPUT bytes, of reduce_scatter the total INPUT bytes, of all_reduce the buffer, of all_to_all the bytes

@@ -1,17 +1,17 @@
 """A transformer-style model description, the input of the per-axis volume model (`volume`).
 
-The seed's toy models (one MLP, a two-Linear pipeline, a one-Linear expert) are enough to verify
-collectives event by event; placing axes on a cluster needs the shapes of a real model. `ModelSpec`
-holds the few numbers the communication volume depends on ("TP activation payload由tokens * hidden *
-dtype决定，不等于parameter bytes"): tokens per microbatch, hidden and FFN widths, layer count, experts.
+The chapter's toy models (one MLP, a two-Linear pipeline, a one-Linear expert) are enough to verify collectives
+event by event; placing axes on a cluster needs the shapes of a real model. `ModelSpec` holds the few numbers
+the communication volume depends on (chapter Q8: the TP activation payload follows tokens x hidden x dtype size,
+not the parameter bytes): tokens per microbatch, hidden and FFN widths, layer count, experts.
 
 A layer is an attention block (when heads > 0) followed by an MLP block, dense or MoE (every layer is
-MoE when experts > 0, as in Mixtral). heads = 0 gives MLP-only layers: the seed's TP MLP is one such
+MoE when experts > 0, as in Mixtral). heads = 0 gives MLP-only layers: the chapter's TP MLP is one such
 layer. Weights per layer: attention QKV [3h, h] and O [h, h] (no GQA), MLP W1 [ffn, h] and W2 [h, ffn],
 MoE router [experts, h] and W1/W2 per expert. Embeddings, norms and biases are not modelled.
 
-The layers are split over the pipeline stages evenly, or as `stage_layers` says: the seed's "stage不均衡"
-case (one stage holding more layers than another), whose heavier stage paces the pipeline (`place`).
+The layers are split over the pipeline stages evenly, or as `stage_layers` says: the chapter's unbalanced
+stages (one stage holding more layers than another), whose heavier stage paces the pipeline (`place`).
 
 Legend: b micro_batch, s seq_len, h hidden, f ffn, E experts, k topk.
 """
@@ -44,7 +44,7 @@ class ModelSpec:
     micro_batch: int = 1
     """Sequences b per microbatch; a microbatch holds b * s tokens per data-parallel replica."""
     heads: int = 32
-    """Attention heads (sharded over tp); 0 = MLP-only layers, like the seed's TP MLP."""
+    """Attention heads (sharded over tp); 0 = MLP-only layers, like the chapter's TP MLP."""
     experts: int = 0
     """Experts per MoE layer E (sharded over ep); 0 = dense MLP layers."""
     topk: int = 2

@@ -1,4 +1,4 @@
-"""The layout-transition rules (docs/chapter.md, "predict from the model's shapes", steps 1, 3 and 5).
+"""The layout-transition rules (docs/chapter.md, Q27, steps 1, 3 and 5).
 
 A tensor spread over a group is in one of three placements: every rank holds all of it (`Replicate`),
 a slab of one dim (`Shard`), or a summand of it (`Partial`). A change of placement is a collective

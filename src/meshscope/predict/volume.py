@@ -1,13 +1,13 @@
 """Per-step, per-axis communication volume of a transformer-style model under a parallel layout.
 
-The seed's method ("从模型 Shape 预测 Trace 的方法") applied to a whole model instead of a toy: each
-layout change of an activation is a collective on one axis, its backward is the dual, and the
-orthogonal DP sync comes last. The result is a list of `Traffic` records for a rank of one pipeline
-stage for one training step (M microbatches), each a count of calls of one size on one axis; every
-rank of a stage moves the same bytes. `step_traffic` is the BUSIEST stage's. Order does not enter
-here: volumes depend on the axis sizes only; where the groups sit is `place`'s business.
+The chapter's method of predicting a trace from the model's shapes (docs/chapter.md, Q27) applied to a whole
+model instead of a toy: each layout change of an activation is a collective on one axis, its backward is the
+dual, and the orthogonal DP sync comes last. The result is a list of `Traffic` records for a rank of one
+pipeline stage for one training step (M microbatches), each a count of calls of one size on one axis; every rank
+of a stage moves the same bytes. `step_traffic` is the BUSIEST stage's. Order does not enter here: volumes
+depend on the axis sizes only; where the groups sit is `place`'s business.
 
-Stages may hold different numbers of layers (`ModelSpec.stage_layers`, the seed's unbalanced stages):
+Stages may hold different numbers of layers (`ModelSpec.stage_layers`, the chapter's unbalanced stages):
 what is per layer (TP, CP, EP, ETP) and what is per weight (DP, expert DP) scales with the stage's
 own layers; the PP messages do not (one activation per boundary and microbatch, whatever the stage).
 
@@ -26,8 +26,8 @@ Per layer and microbatch, with T = b * s / cp tokens on a rank and A = T * h * b
        sequence shard A / tp is sent. A middle stage talks to two boundaries, an end stage to one;
        each record names the stage at the other end (`peer_stage`), so `place` can tell which
        boundary crosses nodes.
-  EP   per MoE layer: dispatch and combine all-to-alls forward, their reverses backward (the seed's
-       "完整step是..."); each carries the rank's T/tp tokens x k copies x h (balanced routing).
+  EP   per MoE layer: dispatch and combine all-to-alls forward, their reverses backward (the chapter's
+       full MoE step); each carries the rank's T/tp tokens x k copies x h (balanced routing).
   ETP  around each expert: all-gather of the received tokens over etp and reduce-scatter of the
        outputs forward, the duals backward (the SP pattern inside the expert group).
   DP   one all-reduce per weight tensor of the rank's layers (no bucketing, as `sync_grads`) over

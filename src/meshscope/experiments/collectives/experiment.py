@@ -91,7 +91,7 @@ def plan(group_size: int, index: int, peer_of) -> list[tuple]:
         ("funcol.all_to_all_single_autograd", "all_to_all", "forward", sum(ins) * COLS, ins, outs, None),
     ]
     # One loss over every autograd output; backward runs in reverse order of the forward calls,
-    # each with its dual (seed: AR<->AR, AG<->RS, A2A<->A2A with the splits swapped). The project's
+    # each with its dual (chapter Q10, Q11, Q21: AR<->AR, AG<->RS, A2A<->A2A with the splits swapped). The project's
     # Functions label their backward with the forward's region; torch's functional collective gets
     # the region active around loss.backward().
     calls += [

@@ -1,3 +1,2 @@
-"""``ep_*``: expert-parallel MoE with all-to-all dispatch and combine (docs/chapter.md, "Expert
-Parallel / MoE"): `config`, the seeded `model` and dense reference, the production `records` and the
-`experiment`."""
+"""``ep_*``: expert-parallel MoE with all-to-all dispatch and combine (docs/chapter.md, Q19-Q25): `config`,
+the seeded `model` and dense reference, the production `records` and the `experiment`."""

@@ -43,7 +43,7 @@ class EPConfig:
     steps: int = 2
     """Training steps; step 0 is captured."""
     seed: int = 0
-    """Seed of tokens, weights and fixed routing."""
+    """RNG seed of tokens, weights and fixed routing."""
     fault_split_mismatch: bool = False
     """FAULT INJECTION, not a CLI flag: rank FAULT_RANK expects one dispatch row more from its first EP
     peer than that peer sends (its output_splits off by one, its buffer sized to match). gloo takes the

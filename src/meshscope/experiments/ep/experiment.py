@@ -1,17 +1,17 @@
-"""``ep_*``: expert-parallel MoE training, predicted, captured and checked (seed, "Expert Parallel / MoE").
+"""``ep_*``: expert-parallel MoE training, predicted, captured and checked (docs/chapter.md, Q19-Q25).
 
-Seed defaults: world 4 = ep 2 x edp 2, FP32; every rank is a source of 64 tokens x 512 that require
-grad (they stand for a trainable upstream activation); 2 experts, one per EP rank, each Linear 512x512
-+ GELU; loss = mean(out^2). Per rank per step the seed counts 4 all_to_all (dispatch, combine and their
-backwards) + 1 all_reduce (the expert's gradient in its expert-DP group); without input grad the
-reverse dispatch is pruned: 3 all_to_all ("为什么最初只有3个 A2A Kernel").
+The chapter's defaults: world 4 = ep 2 x edp 2, FP32; every rank is a source of 64 tokens x 512 that
+require grad (they stand for a trainable upstream activation); 2 experts, one per EP rank, each Linear
+512x512 + GELU; loss = mean(out^2). Per rank per step the chapter counts 4 all_to_all (dispatch, combine
+and their backwards) + 1 all_reduce (the expert's gradient in its expert-DP group); without input grad
+the reverse dispatch is pruned: 3 all_to_all (chapter Q22: why the first MoE had only 3 A2A kernels).
 
 ``ep_learned`` adds the real router (gate, top-k, capacity, Switch aux loss). Its splits are not known
 before routing, so the counts go first in an all_to_all of int64 (splits [1] * ep); with ``--pad`` the
 buffers are fixed-size and that exchange disappears. The gate is a dense parameter: its gradient is
 averaged in the dense dp group, the experts' in edp.
 
-The predictor recomputes the routing on the CPU from the seeds and the initial weights (the router is
+The predictor recomputes the routing on the CPU from the RNG seeds and the initial weights (the router is
 a pure function of them), packs it with the same `pack_plan`, and walks forward and backward: dispatch
 -> combine, reverse combine -> reverse dispatch if the tokens need grad, then the grad syncs.
 Step 0 is the captured step. Legend: T tokens per source, D model dim, E experts, L local experts.
@@ -52,7 +52,8 @@ from .predict import predict_step
 
 
 def backward_note(cfg: EPConfig) -> str:
-    """Why the step has the all_to_alls it has, in plain words (seed: autograd prunes, NCCL does not skip)."""
+    """Why the step has the all_to_alls it has, in plain words (chapter Q22: autograd prunes, NCCL does not
+    skip)."""
     if cfg.ep == 1:
         return "ep is 1: every expert is local to its rank, so no all_to_all is issued at all"
     exchange = "" if static_rows(cfg) is not None else (
@@ -127,7 +128,7 @@ class ExpertParallel(TrainedExperiment):
         return EPTrainer(ctx, cfg)
 
     def summarize(self, cfg: EPConfig, outputs: list[RankOutput]) -> dict:
-        """The seed's production records per EP group and rank (`ep_records`), and why the step has
+        """The chapter's production records per EP group and rank (`ep_records`), and why the step has
         the all_to_alls it has."""
         return {"experts": ep_records.summarize(cfg, cfg.layout, outputs) | {"note": backward_note(cfg)}}
 
@@ -135,7 +136,8 @@ class ExpertParallel(TrainedExperiment):
 
 
 def _x_grad_check(cfg: EPConfig, x_grad) -> Check:
-    """Seed: "EP额外检查上游activation gradient存在且有限" - and absent when the tokens need none."""
+    """Chapter Q23: the upstream activation gradient must exist and be finite - and be absent when the
+    tokens need none."""
     if cfg.input_grad:
         ok = x_grad is not None and bool(torch.isfinite(x_grad).all())
         return Check("x.grad exists and is finite (reverse dispatch ran)", ok, "present" if x_grad is not None else "missing")

@@ -1,10 +1,11 @@
 """The seeded MoE problem of the ``ep_*`` experiments and its unsharded reference training.
 
-Everything here is a pure function of the config and the seed, so the ranks, the single-process
+Everything here is a pure function of the config and its RNG seed, so the ranks, the single-process
 reference and the predictor all derive the same tokens, weights and routing from it (the predictor
-recomputes the routing on the CPU: "从模型 Shape 预测 Trace" needs the router's counts, and a learned
-router's counts follow from its weights and tokens). The reference is the seed's "EP结果按两个真实
-expert weight重建reference", extended to gradients and to weights after SGD.
+recomputes the routing on the CPU: predicting the trace from the model's shapes, docs/chapter.md Q27,
+needs the router's counts, and a learned router's counts follow from its weights and tokens). The
+reference is the chapter's EP result rebuilt from the two real expert weights (docs/chapter.md, Q23),
+extended to gradients and to weights after SGD.
 
 Legend: T tokens per source, D model dim, E experts.
 """
@@ -27,7 +28,7 @@ from ...models.moe.router import (
 )
 from .config import EPConfig
 
-_DATA, _EXPERT, _GATE, _ROUTE = range(4)  # seed streams: tokens, expert weights, gate weight, fixed routing
+_DATA, _EXPERT, _GATE, _ROUTE = range(4)  # RNG seed streams: tokens, experts, gate, routing
 
 def _generator(cfg: EPConfig, *keys: int) -> torch.Generator:
     return torch.Generator().manual_seed(hash((cfg.seed, *keys)))  # int tuples hash the same in every process
@@ -88,7 +89,7 @@ def static_rows(cfg: EPConfig) -> list[int] | None:
 
 
 def step_loss(cfg: EPConfig, out_TD: torch.Tensor, routing: Routing) -> torch.Tensor:
-    """The seed's loss, mean(out^2), plus the weighted Switch aux loss when a gate routes."""
+    """The chapter's loss, mean(out^2), plus the weighted Switch aux loss when a gate routes."""
     loss = out_TD.square().mean()
     return loss if routing.aux_loss is None else loss + cfg.aux_coef * routing.aux_loss
 

@@ -1,6 +1,6 @@
-"""The seed's production records of an EP run ("生产中要验证MoE负载代价，至少应记录"): per rank the
-dispatch/combine splits and bytes, rows and GEMM time per local expert, all_to_all time, aux loss;
-per EP group the tokens routed, kept and dropped per expert; critical-rank step statistics.
+"""The production records of an EP run, the least the chapter says verifying MoE load costs needs: per rank the
+dispatch/combine splits and bytes, rows and GEMM time per local expert, all_to_all time, aux loss; per EP group
+the tokens routed, kept and dropped per expert; critical-rank step statistics.
 
 Legend: E experts, L local experts per EP rank.
 """

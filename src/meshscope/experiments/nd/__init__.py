@@ -1,2 +1,2 @@
 """``nd_mlp``: TP x PP x DP, with an optional MoE stage, on one world (docs/chapter.md,
-"multi-dimensional process groups"): `config`, `model`, `predict` and the `experiment`."""
+"Rank coordinates and process groups"): `config`, `model`, `predict` and the `experiment`."""

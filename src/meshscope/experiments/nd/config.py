@@ -54,11 +54,11 @@ class NDConfig:
     """SGD learning rate, the same for the ranks and the reference."""
     fault_pp_no_grad: bool = False
     """FAULT INJECTION, not a CLI flag: in FAULT_RANK's pipeline, the stage after FAULT_RANK's never sends
-    the activation gradient back (seed: PP反向无gradient). The hang spreads to the tp and dp peers that
+    the activation gradient back (docs/chapter.md, Q14 and Q15). The hang spreads to the tp and dp peers that
     wait for the stuck rank; the doctor must still place its cause on the pp axis."""
     dp_group_fault: bool = False
     """FAULT INJECTION, not a CLI flag: dense shard gradients are averaged over the tp group (ranks
-    holding different shards: the seed's "DP over [0,1]") instead of the dp group."""
+    holding different shards: the chapter's "DP over [0,1]", docs/chapter.md Q2) instead of the dp group."""
 
     @cached_property
     def layout(self) -> Layout:

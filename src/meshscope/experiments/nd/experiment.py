@@ -1,21 +1,21 @@
 """``nd_mlp``: TP x PP x DP (with an MoE stage inside) on one world, predicted, captured and verified.
 
-The seed ran each mode alone ("不同配置没有同时运行TP和PP"; "真正3D并行会再增加独立PP坐标"); here they
-run together, as in real training. World 8 = tp 2 x pp 2 x dp 2 by default: every pipeline stage is
-the TP MLP block of `models.tp_mlp` on the stage's tp group, microbatches flow through the GPipe or
-1F1B program of `models.pipeline` between the ranks of a pp group (same tp and dp coordinates), and
-each TP shard's gradient is averaged in its dp group. ``--pp-scatter-gather`` sends 1/T of each
-boundary tensor and all-gathers it in the receiver's tp group (`models.nd_stage`). ``--moe`` turns the
-last stage into the EP experiment's MoE layer, experts over the expert groups of the mesh (etp 1, ep
-carved from dp), expert gradients averaged in edp.
+The chapter ran each mode alone (no configuration ran TP and PP together; real 3-D parallelism adds an
+independent PP coordinate); here they run together, as in real training. World 8 = tp 2 x pp 2 x dp 2 by
+default: every pipeline stage is the TP MLP block of `models.tp_mlp` on the stage's tp group, microbatches flow
+through the GPipe or 1F1B program of `models.pipeline` between the ranks of a pp group (same tp and dp
+coordinates), and each TP shard's gradient is averaged in its dp group. ``--pp-scatter-gather`` sends 1/T of
+each boundary tensor and all-gathers it in the receiver's tp group (`models.nd_stage`). ``--moe`` turns the last
+stage into the EP experiment's MoE layer, experts over the expert groups of the mesh (etp 1, ep carved from dp),
+expert gradients averaged in edp.
 
-The mesh (`nd_predict.ORDER`) keeps the default order's dense groups and carves ep from dp. The
-predictor (`nd_predict`) composes the per-mode rules and never special-cases ``nd_mlp``.
-Verification is against the unsharded chain trained the same way (`nd_model.reference_step`): every
-stage's outputs, every TP shard's and expert's gradient, the weights after --steps SGD steps, replica
-equality in every dp and edp group, finite losses. The ``axes`` section lists rank 0's collectives per
-mesh axis, so that a slow or hung collective is placed on its dimension (the seed:
-"必须把hang或慢通信定位到具体维度"); ``--inject pp-no-grad`` plants a hang at a pipeline boundary that
+The mesh (`nd_predict.ORDER`) keeps the default order's dense groups and carves ep from dp. The predictor
+(`nd_predict`) composes the per-mode rules and never special-cases ``nd_mlp``. Verification is against the
+unsharded chain trained the same way (`nd_model.reference_step`): every stage's outputs, every TP shard's and
+expert's gradient, the weights after --steps SGD steps, replica equality in every dp and edp group, finite
+losses. The ``axes`` section lists rank 0's collectives per mesh axis, so that a slow or hung collective is
+placed on its dimension (the chapter: a hang or a slow collective must be traced to its dimension;
+docs/chapter.md, Faults the doctor names); ``--inject pp-no-grad`` plants a hang at a pipeline boundary that
 spreads to the tp and dp peers, and the doctor names the pp boundary first.
 
 Legend: b microbatch rows, D --hidden, H --ffn, T tp size.

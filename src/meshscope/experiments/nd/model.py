@@ -1,13 +1,13 @@
 """The seeded problem of ``nd_mlp``: weights, batches, routing, one rank's stage, and the unsharded reference.
 
-Model: a chain of pp stages, each the seed's TP MLP block Y = GELU(X W1^T) W2^T over the stage's TP
+Model: a chain of pp stages, each the chapter's TP MLP block Y = GELU(X W1^T) W2^T over the stage's TP
 group; with ``--moe`` the last stage is instead the EP experiment's MoE layer (E experts, each Linear
 D x D + GELU, deterministic top-1 routing), its experts spread over the expert groups of the mesh. The
 loss is the MSE of the last stage's output against a target, averaged over microbatches and DP replicas.
 
-Everything here is a pure function of the config and the seeds, so ranks, predictor and reference
-derive the same tensors and routing ("从模型 Shape 预测 Trace"). The reference runs the whole chain in
-one process on every replica's batch, microbatch by microbatch (routing is per microbatch).
+Everything here is a pure function of the config and the RNG seeds, so ranks, predictor and reference derive the
+same tensors and routing (predicting the trace from the model's shapes, docs/chapter.md Q27). The reference runs
+the whole chain in one process on every replica's batch, microbatch by microbatch (routing is per microbatch).
 
 Legend: N batch rows of a replica, b microbatch rows, D --hidden, H --ffn, E experts, T tp size.
 """
@@ -28,7 +28,7 @@ from ...models.tp_mlp import TensorParallelMLP
 from ...predict.placement import SUMMED
 from .config import NDConfig
 
-_DATA, _DENSE, _EXPERT, _ROUTE = range(4)  # seed streams
+_DATA, _DENSE, _EXPERT, _ROUTE = range(4)  # RNG seed streams
 
 
 def _generator(*keys: int) -> torch.Generator:
@@ -83,7 +83,7 @@ def expert_counts(cfg: NDConfig) -> list[int]:
 
 def route(cfg: NDConfig, step: int, replica: int, microbatch: int) -> Routing:
     """The EP experiment's deterministic top-1 routing of one replica's microbatch. The tp copies of a
-    replica hold the same tokens and must route them alike: the seed depends on the replica only."""
+    replica hold the same tokens and must route them alike: the RNG seed depends on the replica only."""
     return fixed_routing(expert_counts(cfg), _generator(_ROUTE, step, replica, microbatch))
 
 

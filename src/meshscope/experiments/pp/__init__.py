@@ -1,2 +1,2 @@
 """``pp_*``: the 2-stage (or P-stage) pipeline under GPipe or 1F1B (docs/chapter.md, "Pipeline
-Parallel"): `config`, `predict`, the unsharded `reference` and the `experiment`."""
+parallelism"): `config`, `predict`, the unsharded `reference` and the `experiment`."""

@@ -13,19 +13,19 @@ from ...core.sizes import check_choice, check_positive, world_and_dp
 from ...models.pipeline.schedules import SCHEDULES, Exchange, program
 
 ORDER = "pp-tp-cp-ep-dp"
-"""pp varies fastest: consecutive ranks form a pipeline replica (the seed's rank 0 -> 1, 2 -> 3)."""
+"""pp varies fastest: consecutive ranks form a pipeline replica (the chapter's rank 0 -> 1, 2 -> 3)."""
 
 
 @dataclass(frozen=True)
 class PPConfig:
     world: int | None = None
-    """Number of ranks; None: pp * dp, or the seed's 4 when --dp is not given either."""
+    """Number of ranks; None: pp * dp, or the chapter's 4 when --dp is not given either."""
     pp: int = 2
     """Pipeline stages P (one Linear layer each); at least 2 and a divisor of the world."""
     dp: int | None = None
     """Pipeline replicas (stage DP size); None: world / pp. Given with --world, the two must agree."""
     batch: int = 64
-    """Rows N of each replica's batch per step (the seed's 64), split into M equal microbatches."""
+    """Rows N of each replica's batch per step (the chapter's 64), split into M equal microbatches."""
     microbatches: int = 1
     """Microbatches M per step; must divide --batch."""
     schedule: str = "gpipe"
@@ -33,7 +33,7 @@ class PPConfig:
     hidden: int = 512
     """D: width of the input and of every even boundary."""
     ffn: int = 1024
-    """H: width of every odd layer's input (stage 0's output h [N, H] in the seed)."""
+    """H: width of every odd layer's input (stage 0's output h [N, H] in the chapter)."""
     steps: int = 3
     """SGD steps; the first is captured, the last is timed for the timeline."""
     lr: float = 0.5
@@ -44,10 +44,11 @@ class PPConfig:
     fault_p2p_order: bool = False
     """FAULT INJECTION, not a CLI flag: in FAULT_RANK's replica, both ends of the boundary between
     FAULT_RANK's stage and its upstream neighbour send first, each blocking until its send is received
-    (seed, "PP hang": send/recv顺序不一致). Needs an exchange carrying messages both ways (1F1B, M >= 2)."""
+    (the chapter's "PP hang": send/recv order mismatch; docs/chapter.md, Faults the doctor names). Needs an
+    exchange carrying messages both ways (1F1B, M >= 2)."""
     fault_pp_no_grad: bool = False
     """FAULT INJECTION, not a CLI flag: FAULT_RANK's stage never sends the activation gradient back, so
-    its upstream stage waits in its receive until the timeout (seed: PP反向无gradient)."""
+    its upstream stage waits in its receive until the timeout (docs/chapter.md, Q14 and Q15)."""
 
     @cached_property
     def layout(self) -> Layout:

@@ -1,13 +1,13 @@
-"""``pp_mb1``, ``pp_mb8``, ``pp_1f1b_mb8``: the seed's two-stage pipeline, its P2P boundary and schedules.
+"""``pp_mb1``, ``pp_mb8``, ``pp_1f1b_mb8``: the chapter's two-stage pipeline, its P2P boundary and schedules.
 
-The seed ("Pipeline Parallel 的通信边界", "Microbatch 参数实验"): world 4 = two pipeline replicas of two
-stages, rank 0 -> rank 1 and rank 2 -> rank 3, stage DP groups [0, 2] and [1, 3]. That is the mesh with
-pp varying fastest (order ``pp-tp-cp-ep-dp``); P2P peers come from the mesh's pp group. Each replica
-trains a chain of pp Linear layers (GELU after every one but the last, MSE loss) on its own batch of
-`batch` rows, split into M microbatches, under a GPipe or 1F1B schedule; then each stage's weight
-gradient is all-reduced in its stage DP group (2 MiB at the defaults) and SGD steps.
+The chapter's pipeline communication boundary and microbatch experiment (docs/chapter.md, Q14-Q18): world 4 =
+two pipeline replicas of two stages, rank 0 -> rank 1 and rank 2 -> rank 3, stage DP groups [0, 2] and [1, 3].
+That is the mesh with pp varying fastest (order ``pp-tp-cp-ep-dp``); P2P peers come from the mesh's pp group.
+Each replica trains a chain of pp Linear layers (GELU after every one but the last, MSE loss) on its own batch
+of `batch` rows, split into M microbatches, under a GPipe or 1F1B schedule; then each stage's weight gradient is
+all-reduced in its stage DP group (2 MiB at the defaults) and SGD steps.
 
-Layer widths alternate D, H, D, H, ... (--hidden, --ffn): the seed's 512 -> 1024 -> 512 for two stages,
+Layer widths alternate D, H, D, H, ... (--hidden, --ffn): the chapter's 512 -> 1024 -> 512 for two stages,
 so every boundary of an even stage carries [b, H] and of an odd stage [b, D].
 
 Prediction per rank and step: M activation messages forward and M gradient messages backward across

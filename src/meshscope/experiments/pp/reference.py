@@ -11,7 +11,7 @@ from .config import PPConfig, widths
 
 
 def init_weights(cfg: PPConfig) -> list[torch.Tensor]:
-    """Full W_s [d_{s+1}, d_s] of every stage, identical on every rank (fixed seed)."""
+    """Full W_s [d_{s+1}, d_s] of every stage, identical on every rank (fixed RNG seed)."""
     g, d = torch.Generator().manual_seed(0), widths(cfg)
     return [torch.randn(d[s + 1], d[s], generator=g) / d[s] ** 0.5 for s in range(cfg.pp)]
 

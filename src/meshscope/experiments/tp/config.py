@@ -11,14 +11,14 @@ from ...core.mesh import Layout
 from ...core.sizes import check_choice, check_positive, world_and_dp
 from ...predict.placement import SEMANTICS, SUMMED
 
-SEED_WORLD = 4
-"""The seed's world when neither --world nor --dp is given."""
+CHAPTER_WORLD = 4
+"""The chapter's world when neither --world nor --dp is given."""
 
 
 @dataclass(frozen=True)
 class TPConfig:
     world: int | None = None
-    """Number of ranks; None: tp * dp, or the seed's 4 when --dp is not given either."""
+    """Number of ranks; None: tp * dp, or the chapter's 4 when --dp is not given either."""
     tp: int = 2
     """Tensor-parallel size T; must divide --ffn."""
     dp: int | None = None
@@ -41,7 +41,8 @@ class TPConfig:
     """SGD learning rate, the same for the sharded model and the reference."""
     dp_group_fault: bool = False
     """FAULT INJECTION, not a CLI flag: sync gradients over the TP group (ranks holding different
-    shards: the seed's "DP over [0,1]") instead of the DP group. The gradient and replica checks must fail."""
+    shards: the chapter's "DP over [0,1]", docs/chapter.md Q2) instead of the DP group. The gradient and
+    replica checks must fail."""
 
     @cached_property
     def layout(self) -> Layout:
@@ -59,7 +60,7 @@ def resolve(cfg: TPConfig) -> TPConfig:
     if cfg.ffn % cfg.tp:
         raise UsageError(f"--tp {cfg.tp} does not divide --ffn {cfg.ffn}: W1 rows and W2 columns are sharded "
                          f"over tp; pick a divisor of {cfg.ffn}")
-    world, dp = world_and_dp(cfg.world, cfg.dp, cfg.tp, "tp", SEED_WORLD)
+    world, dp = world_and_dp(cfg.world, cfg.dp, cfg.tp, "tp", CHAPTER_WORLD)
     cfg = replace(cfg, world=world, dp=dp)
     if cfg.sequence_parallel and cfg.batch % cfg.tp:
         raise UsageError(f"--batch {cfg.batch} is not divisible by --tp {cfg.tp}: sequence parallel "

@@ -1,9 +1,10 @@
-"""``tp_ar_b32``, ``tp_ar_b128``, ``tp_sp_b128``: the seed's tensor/sequence-parallel MLP, end to end.
+"""``tp_ar_b32``, ``tp_ar_b128``, ``tp_sp_b128``: the chapter's tensor/sequence-parallel MLP, end to end.
 
-World = tp x dp (seed: 4 = 2 x 2, TP [0,1],[2,3], DP [0,2],[1,3]); each DP replica trains the sharded
-MLP of `models.tp_mlp` on its own batch of `batch` rows, syncs shard gradients in its DP group, and
-takes plain SGD steps. One step is captured and diffed against `predict`, which derives the ledger
-from the model's placement boundaries with the seed's six steps ("从模型 Shape 预测 Trace 的方法").
+World = tp x dp (the chapter's 4 = 2 x 2, TP [0,1],[2,3], DP [0,2],[1,3]; docs/chapter.md, Q1); each DP replica
+trains the sharded MLP of `models.tp_mlp` on its own batch of `batch` rows, syncs shard gradients in its DP
+group, and takes plain SGD steps. One step is captured and diffed against `predict`, which derives the ledger
+from the model's placement boundaries with the chapter's six steps of predicting a trace from the model's shapes
+(docs/chapter.md, Q27).
 
 Verification is against an unsharded MLP built from the same full weights, trained on the same DP
 batches with the DP-averaged gradient: outputs, every shard's weight gradient vs its slice of the full

@@ -11,7 +11,7 @@ from .config import TPConfig
 
 # -- the unsharded reference -------------------------------------------------------------------------
 def init_weights(cfg: TPConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Full W1 [H, D] and W2 [D, H], identical on every rank (fixed seed)."""
+    """Full W1 [H, D] and W2 [D, H], identical on every rank (fixed RNG seed)."""
     g = torch.Generator().manual_seed(0)
     w1_HD = torch.randn(cfg.ffn, cfg.hidden, generator=g) / cfg.hidden ** 0.5
     w2_DH = torch.randn(cfg.hidden, cfg.ffn, generator=g) / cfg.ffn ** 0.5

@@ -1,16 +1,16 @@
 """MoE dispatch and combine: token order <-> expert order through AllToAllV.
 
-Seed, "Expert Parallel / MoE 数据流": Dispatch packs tokens by destination expert and all-to-alls them;
-Combine all-to-alls the expert outputs back to their source and restores the token order. "可变 Split
-就是 Router 负载": the router's counts are the split arrays (skewed 7:1: input_splits [56, 8], expert
-rank 0 receives [56, 56]). The combine uses the dispatch's splits swapped, and so does each backward
-(seed, "AllToAll 的 backward 如何交换 Split") - `collectives.AllToAllV` does that; nothing here
-writes another all-to-all.
+The chapter's MoE data flow (docs/chapter.md, Q19): Dispatch packs tokens by destination expert and
+all-to-alls them; Combine all-to-alls the expert outputs back to their source and restores the token order.
+Variable splits are the router's load: the router's counts are the split arrays (skewed 7:1: input_splits
+[56, 8], expert rank 0 receives [56, 56]; docs/chapter.md, Q20). The combine uses the dispatch's splits
+swapped, and so does each backward (chapter Q21: how an all-to-all's backward swaps the splits) -
+`collectives.AllToAllV` does that; nothing here writes another all-to-all.
 
 Placement: expert e lives on EP rank e // L (L local experts per rank), so sorting assignments by
 expert id also sorts them by destination rank, and a destination's block holds its L experts in order.
 
-Padding (GShard/Switch fixed-size buffers, the seed's "capacity buffer"): with ``pad_to`` every expert
+Padding (GShard/Switch fixed-size buffers, the chapter's "capacity buffer"): with ``pad_to`` every expert
 gets exactly that many rows from every source, zeros where no token fills them. The splits are then
 known statically; without padding the receiver learns them by an all-to-all of the counts first.
 
@@ -79,7 +79,7 @@ def dispatch(x_TD: torch.Tensor, routing: Routing, packing: Packing, counts_SL: 
     """Pack by destination and all-to-all: x_TD -> received_RD (rows grouped by source, then expert).
 
     The packed buffer is built from x_TD differentiably, so the reverse dispatch runs in backward
-    exactly when x_TD requires grad (seed, "为什么最初只有3个 A2A Kernel").
+    exactly when x_TD requires grad (chapter Q22: why the first MoE had only 3 A2A kernels).
     """
     rows = sum(packing.rows_E)
     packed_PD = x_TD.new_zeros(rows, x_TD.shape[1]).index_copy(0, packing.slot_A, x_TD[routing.token_A])

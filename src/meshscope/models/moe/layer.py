@@ -1,11 +1,11 @@
 """The expert-parallel MoE layer: route -> dispatch -> local experts -> combine, and its dense reference.
 
-Seed, "Expert Parallel / MoE 数据流": "Expert compute: owner rank运行本地expert"; each expert is
-``F.gelu(F.linear(received, expert_weight))`` with a [D, D] weight (Linear 512x512 + GELU). With
-more experts than EP ranks each rank owns L consecutive experts and runs one GEMM per local expert
-over the rows every source sent it ("per expert GEMM duration" is one of the seed's production
-records). `dense_reference` computes the same layer in one process from the full expert weights and
-the same routing, with no communication: the seed's "EP结果按两个真实expert weight重建reference".
+The chapter's MoE data flow (docs/chapter.md, Q19): expert compute, the owner rank runs its local expert; each
+expert is ``F.gelu(F.linear(received, expert_weight))`` with a [D, D] weight (Linear 512x512 + GELU). With more
+experts than EP ranks each rank owns L consecutive experts and runs one GEMM per local expert over the rows
+every source sent it ("per expert GEMM duration" is one of the chapter's production records). `dense_reference`
+computes the same layer in one process from the full expert weights and the same routing, with no communication:
+the chapter's EP reference rebuilt from the two real expert weights (docs/chapter.md, Q23).
 
 Legend: T tokens per source, D model dim, R rows received, S source ranks (= EP group size),
 L local experts, E experts.
@@ -54,7 +54,7 @@ def _timed(on: bool, fn, *args):
 
 @dataclass
 class StepRecord:
-    """What one MoE forward moved and spent on this rank (the seed's production list)."""
+    """What one MoE forward moved and spent on this rank (the chapter's production list)."""
 
     input_splits: list[int]
     """Dispatch rows sent to each EP rank (combine: rows received back)."""
@@ -78,10 +78,11 @@ class MoELayer(nn.Module):
         self.group = group
         self.expect_extra_row = expect_extra_row
         """Fault knob (FAULT INJECTION): expect one row more from EP source 0 for the first local expert
-        than it sends, the buffer sized to match (seed, 常见错误: input/output splits不一致)."""
+        than it sends, the buffer sized to match (a common mistake the chapter names: input and output splits
+        that disagree; docs/chapter.md, Q21)."""
         self.experts = nn.ModuleList(Expert(dim) for _ in range(self.local))
         self.record_durations = True
-        """Time each GEMM and all-to-all (the seed's production records) by synchronising around it.
+        """Time each GEMM and all-to-all (the chapter's production records) by synchronising around it.
         Off in the step that `suite` times: those synchronisations are the record's, not the step's."""
 
     def named_expert_weights(self):

@@ -1,14 +1,15 @@
 """The MoE router: which expert each token goes to, with what weight, and which assignments are dropped.
 
-Seed, "Expert Parallel / MoE 数据流": the first of the four MoE steps is "Router: 每个token选择expert",
-and "可变 Split 就是 Router 负载": the router's per-expert counts become the AllToAllV split arrays.
+The chapter's MoE data flow (docs/chapter.md, Q19): the first of the four MoE steps is the router, where
+each token picks its expert, and variable splits are the router's load: the router's per-expert counts
+become the AllToAllV split arrays (docs/chapter.md, Q20).
 Two routers:
 
-* `fixed_routing` - the seed's deterministic top-1 routing ("本章用确定性Top-1路由隔离通信和负载"):
+* `fixed_routing` - the chapter's deterministic top-1 routing, which isolates communication and load:
   per-expert token counts from a ratio (balanced 1:1 -> [32, 32], skewed 7:1 -> [56, 8] of 64 tokens),
   tokens picked through a seeded permutation so that packing really reorders them.
-* `LearnedRouter` - what the seed lists as the real thing ("gate auxiliary loss、capacity、token
-  drop/padding、Top-2"): a linear gate, softmax, top-k, and the Switch Transformer load-balancing loss
+* `LearnedRouter` - what the chapter lists as the real thing (gate auxiliary loss, capacity, token
+  drop/padding, Top-2): a linear gate, softmax, top-k, and the Switch Transformer load-balancing loss
   aux = E * sum_e f_e * P_e (Fedus et al. 2021, eq. 4), f_e the fraction of assignments routed to e
   before capacity, P_e the mean router probability of e.
 
@@ -79,7 +80,7 @@ def parse_skew(text: str, experts: int) -> list[int]:
 def apportion(total: int, weights: list[int]) -> list[int]:
     """Split `total` tokens in proportion to `weights` (largest remainder; ties to the lower expert).
 
-    7:1 of 64 -> [56, 8], the seed's skewed input_splits; 1:1 -> [32, 32].
+    7:1 of 64 -> [56, 8], the chapter's skewed input_splits (docs/chapter.md, Q20); 1:1 -> [32, 32].
     """
     whole = sum(weights)
     counts = [total * w // whole for w in weights]
@@ -127,7 +128,7 @@ class LearnedRouter(nn.Module):
 
     The gate is replicated on every rank (a dense parameter: its gradient is averaged in the dense
     dp group). Routing is a pure function of the gate weight and the tokens, so the predictor can
-    recompute it on CPU from the same seeds (a prediction from the model, not a capture).
+    recompute it on CPU from the same RNG seeds (a prediction from the model, not a capture).
     """
 
     def __init__(self, dim: int, experts: int, topk: int):

@@ -1,8 +1,8 @@
 """Pipeline schedules as pure functions: the ordered F/B actions of one stage, and its P2P program.
 
-The seed ("GPipe 与 1F1B"): GPipe is fill-drain (every microbatch forward, then every backward);
-1F1B splits into warmup, a steady one-forward-one-backward phase and a cooldown, which bounds the
-activations a stage keeps. Both the runtime and the predictor walk the SAME list returned here, so the
+The chapter's GPipe and 1F1B (docs/chapter.md, Q16 and Q17): GPipe is fill-drain (every microbatch forward, then
+every backward); 1F1B splits into warmup, a steady one-forward-one-backward phase and a cooldown, which bounds
+the activations a stage keeps. Both the runtime and the predictor walk the SAME list returned here, so the
 captured P2P ledger and the predicted one cannot drift apart.
 
 P2P program. A stage's actions imply its messages: F_i receives activation i from stage s-1 before
@@ -17,8 +17,9 @@ Why that is deadlock-free for any pp and M with blocking calls: `check_matched` 
 boundary both stages issue the identical sequence of exchanges. A stage blocked in an exchange waits
 on one neighbour only, and the stages form a path, so a cycle of waits would have to be two
 neighbours waiting on each other; but both sit at the same position of their common exchange
-sequence, i.e. in the same exchange, which then completes. The seed's "PP hang" row (send/recv
-order or shapes differing between stages) is exactly what this rules out.
+sequence, i.e. in the same exchange, which then completes. The chapter's "PP hang" rows (send/recv
+order or shapes differing between stages; docs/chapter.md, Faults the doctor names) are exactly what this
+rules out.
 """
 
 from __future__ import annotations
@@ -42,8 +43,8 @@ class Action:
 def gpipe(pp: int, stage: int, microbatches: int) -> list[Action]:
     """Fill-drain: all forwards, then all backwards in microbatch order (torch's ScheduleGPipe).
 
-    The seed's measured rank-0 timeline drained B7..B0; draining in order instead makes the weight
-    gradient accumulate in the same order as 1F1B, so the two schedules train bit-identically.
+    The chapter's measured rank-0 timeline drained B7..B0 (docs/chapter.md, Q16); draining in order instead
+    makes the weight gradient accumulate in the same order as 1F1B, so the two schedules train bit-identically.
     """
     return [Action("F", i) for i in range(microbatches)] + [Action("B", i) for i in range(microbatches)]
 
@@ -79,7 +80,7 @@ def peak_stash(acts: list[Action]) -> int:
 
 
 def stash_bound(schedule: str, pp: int, stage: int, microbatches: int) -> int:
-    """The seed's figure: GPipe keeps all M; 1F1B keeps min(M, pp - stage)."""
+    """The chapter's figure (docs/chapter.md, Q17): GPipe keeps all M; 1F1B keeps min(M, pp - stage)."""
     return microbatches if schedule == "gpipe" else min(microbatches, pp - stage)
 
 

@@ -1,6 +1,6 @@
 """One pipeline stage and its boundaries: where plain P2P cuts the autograd graph, and how it is rejoined.
 
-The seed ("Pipeline Parallel 的通信边界"): ``dist.send``/``dist.recv`` move bytes, not graphs. So
+Chapter Q14 (the pipeline's communication boundary): ``dist.send``/``dist.recv`` move bytes, not graphs. So
 
   forward : the upstream stage sends ``h.detach()``; the downstream stage makes the received tensor a
             NEW LEAF with ``requires_grad_(True)`` and builds its own local graph on it;
@@ -46,9 +46,10 @@ class StageBoundary:
         self.send_first_with = send_first_with
         """Fault knob: the neighbour stage with which this stage completes each blocking send before
         posting its receives. Done on both ends of a boundary, an exchange with messages in both
-        directions deadlocks (seed, "PP hang": send/recv顺序不一致)."""
+        directions deadlocks (the chapter's "PP hang": send/recv order mismatch)."""
         self.drop_gradients = drop_gradients
-        """Fault knob: this stage never sends activation gradients upstream (seed: PP反向无gradient)."""
+        """Fault knob: this stage never sends activation gradients upstream (chapter Q14, Q15: no gradient in
+        PP backward)."""
 
     def shape(self, msg: Message) -> tuple[int, int]:
         """[b, width of the boundary]: an activation and its gradient have the same shape."""
@@ -111,7 +112,7 @@ class StageBoundary:
 
 
 def chain_stage(w_OI: torch.Tensor, target_mbO, last: bool, microbatches: int):
-    """forward(i, x) of the seed's chain for `run_program`: Linear (+ GELU), and on the last stage the
+    """forward(i, x) of the chapter's chain for `run_program`: Linear (+ GELU), and on the last stage the
     MSE loss of microbatch i divided by M, so the accumulated gradient is that of the batch mean."""
 
     def forward(i: int, x_bI: torch.Tensor):
@@ -126,7 +127,7 @@ def run_program(prog, boundary: StageBoundary, forward, inputs, recorder=None) -
 
     forward(i, x) -> (y, out): microbatch i's stage output y (recorded) and `out`, the tensor sent
     downstream or, on the last stage, microbatch i's loss. x is inputs[i] on the first stage and the
-    received activation, made a fresh leaf, elsewhere (seed: send/recv move bytes, not graphs). Every
+    received activation, made a fresh leaf, elsewhere (chapter Q14: send/recv move bytes, not graphs). Every
     collective the stage computation issues carries region ``stage<s>`` and microbatch i. `recorder`
     (a `timeline.Recorder`), if given, records each F and B span.
     """

@@ -1,11 +1,11 @@
 """Pipeline timelines: per-rank F/B spans of one step, the bubble they leave, Chrome trace and Gantt PNG.
 
-The seed ("Microbatch 参数实验", rank0's pp_mb8 timeline F0..F7 then B7..B0) reads a schedule off the
-start/end times of each microbatch's forward and backward on each rank. `Recorder` takes them: the host
-clock on CPU, CUDA events on GPU (host timestamps of asynchronous kernels would show launch times, not
-execution). Every rank starts its clock right after a barrier, so times are comparable across ranks
-(and across hosts, within the barrier's skew). On GPU it also takes the step's peak memory above what
-was allocated at its start: the issue's "peak allocated memory" next to the stash count.
+The chapter's microbatch experiment (rank0's pp_mb8 timeline F0..F7 then B7..B0; docs/chapter.md Q16) reads a
+schedule off the start/end times of each microbatch's forward and backward on each rank. `Recorder` takes them:
+the host clock on CPU, CUDA events on GPU (host timestamps of asynchronous kernels would show launch times, not
+execution). Every rank starts its clock right after a barrier, so times are comparable across ranks (and across
+hosts, within the barrier's skew). On GPU it also takes the step's peak memory above what was allocated at its
+start: the issue's "peak allocated memory" next to the stash count.
 
 Bubble: the fraction of the step a rank's compute leaves idle, averaged over ranks, next to the ideal
 pipeline's (p - 1) / (m + p - 1) (equal F and B cost on every stage, free communication). On a tiny CPU
