@@ -29,6 +29,17 @@ WRAPPER_PREFIXES = re.compile(r"(^|\.)(module|_fsdp_wrapped_module|_checkpoint_w
 """Path components that wrappers insert (DDP, FSDP1, activation checkpointing, torch.compile)."""
 
 
+WRAPPERS = ("DistributedDataParallel", "FullyShardedDataParallel", "OptimizedModule")
+
+
+def _root_name(module) -> str:
+    """A root's label: its class, or for a wrapper (DDP, FSDP1, torch.compile) the wrapped model's."""
+    inner = getattr(module, "module", None) or getattr(module, "_orig_mod", None)
+    if type(module).__name__ in WRAPPERS and inner is not None:
+        return type(inner).__name__
+    return type(module).__name__
+
+
 def clean_name(name: str) -> str:
     """A module's qualified name without the components wrappers add."""
     return WRAPPER_PREFIXES.sub("", name).strip(".")
@@ -71,7 +82,6 @@ class JobContext:
             optim.register_optimizer_step_pre_hook(self._pre_step),
             optim.register_optimizer_step_post_hook(self._post_step),
             nn_module.register_module_forward_pre_hook(self._pre_forward),
-            nn_module.register_module_forward_hook(self._post_forward, always_call=True),
         ]
 
     def remove(self) -> None:
@@ -107,12 +117,20 @@ class JobContext:
         if name is None:
             if not self._stack:  # a root: name it and everything under it
                 for n, m in module.named_modules():
-                    self._names.setdefault(id(m), clean_name(n) or type(m).__name__)
-                name = self._names[id(module)]
+                    self._name(m, clean_name(n) or _root_name(m))
             else:  # built after its root ran: named under its caller
-                name = f"{self._stack[-1]}.{type(module).__name__}"
-                self._names[id(module)] = name
+                self._name(module, f"{self._stack[-1]}.{type(module).__name__}")
+            name = self._names[id(module)]
         self._stack.append(name)
+
+    def _name(self, module, name: str) -> None:
+        """Name `module` and pop it off the stack after its own forward hooks: torch runs global
+        forward hooks before a module's own, and the output redistribution of a parallelized module
+        (DTensor's RowwiseParallel) is one of its own hooks, so a global post hook would pop too early."""
+        if id(module) in self._names:
+            return
+        self._names[id(module)] = name
+        self._handles.append(module.register_forward_hook(self._post_forward, always_call=True))
 
     def _post_forward(self, module, args, output) -> None:
         if threading.get_ident() == self._main and self._stack:

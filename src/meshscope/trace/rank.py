@@ -115,7 +115,7 @@ class RankTrace:
 
     @staticmethod
     def axis(group: GroupInfo) -> str:
-        return axis_of(group.desc)
+        return MESH_DIMS.get(group.name) or axis_of(group.desc)
 
     # -- writing -----------------------------------------------------------------------------------
     def _flush_loop(self) -> None:
@@ -154,6 +154,31 @@ class RankTrace:
                "decode_errors": decode_errors[:10], "time": time.time(),
                **({"error": error} if error else {}), **({"note": note} if note else {})}
         (self.run_dir / "ranks" / f"rank{self.rank}.json").write_text(json.dumps(doc, indent=1))
+
+
+MESH_DIMS: dict[str, str] = {}
+"""Process-group name -> the DeviceMesh dim name it serves. A 1-D mesh over the whole world reuses
+the default group (whose description stays ``default_pg``), so only the mesh knows it is ``tp``."""
+
+
+def _label_device_meshes() -> None:
+    """Remember the dim name of every group of every DeviceMesh the job builds."""
+    from torch.distributed import device_mesh
+
+    original = device_mesh.DeviceMesh.__init__
+
+    def init(mesh, *args, **kwargs):
+        original(mesh, *args, **kwargs)
+        names = getattr(mesh, "mesh_dim_names", None)
+        if not names:
+            return
+        for i, name in enumerate(names):
+            try:
+                MESH_DIMS.setdefault(mesh.get_group(i).group_name, name)
+            except (RuntimeError, ValueError, AttributeError):  # a dim without a group on this rank
+                continue
+
+    device_mesh.DeviceMesh.__init__ = init
 
 
 class StopTrace(BaseException):
@@ -233,6 +258,7 @@ def main(argv: list[str]) -> int:
     if not module:
         sys.path.insert(0, str(Path(target).resolve().parent))  # as `python SCRIPT` puts the script's folder first
     context.install()
+    _label_device_meshes()
     trace.start()
     status, error, code = "ok", None, 0
     try:
