@@ -9,7 +9,8 @@ Contract (all pure Python except `run_rank`):
   layout(cfg)         -> the mesh `Layout` it runs on
   predict(cfg)        -> every CommEvent every rank must issue in one training step
   run_rank(ctx, cfg)  -> this rank's `RankOutput` (captured events of one step, numerics, checks)
-  summarize(cfg, outs)-> mode-specific sections of result.json (e.g. ``experts``, ``timeline``)
+  label(overrides)    -> the name of a run's files (the experiment's, plus the options given)
+  summarize(cfg, outs, label) -> mode-specific sections of result.json (e.g. ``experts``, ``timeline``)
   step_fn(ctx, cfg)   -> one training step as a callable (the suite times and profiles it)
 """
 

@@ -202,7 +202,7 @@ class ExpertParallel(Experiment):
         return RankOutput(ctx.rank, events, checks, numerics, replicas,
                           {**ep_records.rank_extra(layer, first_routing, records, step_s), "losses": losses})
 
-    def summarize(self, cfg: EPConfig, outputs: list[RankOutput]) -> dict:
+    def summarize(self, cfg: EPConfig, outputs: list[RankOutput], label: str) -> dict:
         """The seed's production records per EP group and rank (`ep_records`), and why the step has
         the all_to_alls it has."""
         return {"experts": ep_records.summarize(cfg, cfg.layout, outputs) | {"note": backward_note(cfg)}}

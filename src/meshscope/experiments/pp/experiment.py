@@ -105,7 +105,7 @@ class Pipeline(Experiment):
                                 f"{len(losses)} losses, last {losses[-1]:.6g}"))
         replicas = {"stage weights": (dp_g.ranks, digest([w_OI]))} if dp_g.size > 1 else {}
         extra = {"stage": stage, "spans": spans, "peak_stash": peak, "stash_bound": want, "losses": losses,
-                 "weights_digest": digest([w_OI]), "clock": recorder.clock, "run_dir": str(ctx.run_dir)}
+                 "weights_digest": digest([w_OI]), "clock": recorder.clock}
         if step_bytes is not None:
             extra["peak_step_bytes"] = step_bytes
         return RankOutput(ctx.rank, events, checks=checks, replicas=replicas, extra=extra,
@@ -127,10 +127,11 @@ class Pipeline(Experiment):
 
         return step
 
-    def summarize(self, cfg, outputs: list[RankOutput]) -> dict:
+    def summarize(self, cfg, outputs: list[RankOutput], label: str) -> dict:
         """The ``timeline`` section (one step's spans per rank, bubble vs theory, peak stash, and each
-        stage's weight digest so runs under different schedules can be compared), and its files
-        (Chrome trace, Gantt PNG) written into rank 0's run directory."""
+        stage's weight digest so runs under different schedules can be compared) and the files it is
+        drawn in (`timeline.paths`: Chrome trace and Gantt PNG under ``figures/``, named after the
+        run's label), which the report layer writes: the ranks only measure."""
         keys = ("stage", "peak_stash", "stash_bound", "peak_step_bytes", "spans")
         ranks = [{"rank": o.rank, **{k: o.extra[k] for k in keys if k in o.extra}}
                  for o in sorted(outputs, key=lambda o: o.rank)]
@@ -143,8 +144,7 @@ class Pipeline(Experiment):
             "weights_digest": [next(o.extra["weights_digest"] for o in outputs if o.extra["stage"] == s)
                                for s in range(cfg.pp)],
         }
-        stem = self.name if cfg == self.config({}) else f"{self.name}-pp{cfg.pp}-dp{cfg.dp}-{cfg.schedule}-mb{cfg.microbatches}"
-        section["files"] = timeline.write_files(outputs[0].extra["run_dir"], stem, section)
+        section["files"] = timeline.paths(label)
         return {"timeline": section}
 
 
