@@ -228,6 +228,8 @@ def test_bubble_theory_and_measure(tmp_path):
     section = {"schedule": "gpipe", "pp": 2, "microbatches": 2, "clock": "test", "bubble_fraction": 1 / 3,
                "bubble_theory": 1 / 3, "ranks": [{"rank": r, "stage": r, "spans": s} for r, s in enumerate(spans)]}
     trace_path, png_path = timeline.write_files(tmp_path, "t", section)
+    assert [trace_path, png_path] == [str(tmp_path / p) for p in timeline.paths("t")]
+    assert timeline.paths("t") == ["figures/t.timeline.json", "figures/t.timeline.png"]
     trace = json.loads(open(trace_path).read())
     xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert len(xs) == 8 and {e["tid"] for e in xs} == {0, 1} and xs[0]["name"] == "F0"
@@ -264,13 +266,42 @@ def test_runs_pass_with_predicted_counts_and_stash(world4, key):
         assert sorted((s["kind"], s["microbatch"]) for s in r["spans"]) == sorted((k, i) for k in "FB" for i in range(m))
     assert tl["bubble_theory"] == pytest.approx((pp - 1) / (m + pp - 1))
     assert 0 <= tl["bubble_fraction"] < 1
-    assert all(open(p, "rb").read(1) for p in tl["files"])
+    if (pp, schedule, m) == (2, "gpipe", 8):  # pp_mb8 as registered: its own name, no suffix
+        assert result["label"] == "pp_mb8"
+    assert tl["files"] == [f"figures/{result['label']}.timeline.json", f"figures/{result['label']}.timeline.png"]
 
 
 @pytest.mark.parametrize("pp,m", [(2, 1), (2, 3), (2, 8), (4, 3), (4, 8)])
 def test_gpipe_and_1f1b_train_identical_weights(world4, pp, m):
     runs = world4[1]
     assert runs[(pp, "gpipe", m)]["timeline"]["weights_digest"] == runs[(pp, "1f1b", m)]["timeline"]["weights_digest"]
+
+
+def test_run_labels_name_the_changed_options(world4):
+    assert len({r["label"] for r in world4[1].values()}) == len(RUNS)  # no two runs share their files
+    exp = experiments.get("pp_mb1")
+    assert exp.label({}) == exp.label({"schedule": "gpipe"}) == "pp_mb1"  # the preset's own value changes nothing
+    assert exp.label({"schedule": "1f1b"}) == "pp_mb1-schedule-1f1b"
+    assert experiments.get("pp_mb8").label({"microbatches": 4, "pp": 4}) == "pp_mb8-pp-4-microbatches-4"
+    assert experiments.get("ep_skewed").label({"skew": "3:1", "input_grad": False}) == "ep_skewed-skew-3_1-no-input-grad"
+
+
+def test_a_run_keeps_its_timeline_once_under_figures_and_report_redraws_it(tmp_path):
+    """`meshscope run` draws the timeline once, under figures/ and named after the run's label (the
+    experiment plus the options given); the ranks write none; `meshscope report` redraws it."""
+    out = tmp_path / "run"
+    proc = cli("run", "pp_mb1", "--schedule", "1f1b", "--out", out, timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    want = ["figures/pp_mb1-schedule-1f1b.timeline.json", "figures/pp_mb1-schedule-1f1b.timeline.png"]
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*.timeline.*")) == want
+    assert json.loads((out / "result.json").read_text())["timeline"]["files"] == want
+    assert "figures/pp_mb1-schedule-1f1b.timeline.png" in " ".join(proc.stdout.split())
+    for name in want:
+        (out / name).unlink()
+    proc = cli("report", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*.timeline.*")) == want
+    assert all((out / name).stat().st_size > 0 for name in want)
 
 
 def test_chapter_pp_mb8_1f1b_interleaves(world4):

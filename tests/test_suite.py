@@ -93,7 +93,7 @@ def test_report_rerenders_a_saved_run(suite_run):
         (out / name).unlink()
     proc = cli("report", out)
     assert proc.returncode == 0, proc.stderr
-    assert doc["summary"]["line"] in proc.stdout
+    assert doc["summary"]["line"] in " ".join(proc.stdout.split())  # the terminal may wrap it
     for name in ("report.md", "figures/performance.png", "figures/expert_load.png", "figures/pp_mb8.timeline.png"):
         assert (out / name).stat().st_size > 0
     lines = (out / "records/communication.jsonl").read_text().splitlines()
@@ -123,6 +123,32 @@ def test_failed_suite_launch_still_prints_one_json_document(tmp_path):
     assert proc.returncode == 1
     doc = json.loads(proc.stdout)
     assert doc["kind"] == "suite" and doc["passed"] is False and doc["run_dir"] == str(tmp_path) and doc["error"]
+
+
+def test_suite_keeps_each_timeline_once_under_figures_named_after_its_config(tmp_path):
+    """One place, one name per file: each PP configuration's trace and Gantt chart are in figures/,
+    named after the suite label (not the experiment with its options), nowhere else; result.json
+    lists them and `meshscope report` redraws them there."""
+    out = tmp_path / "suite"
+    proc = cli("suite", "--configs", "pp_mb1,pp_1f1b_mb1", "--rounds", 1, "--iters", 2, "--warmup", 1, "--out", out,
+               timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    want = {label: [f"figures/{label}.timeline.json", f"figures/{label}.timeline.png"]
+            for label in ("pp_mb1", "pp_1f1b_mb1")}
+
+    def timelines():
+        return sorted(str(p.relative_to(out)) for p in out.rglob("*timeline*") if p.parent.name != "records")
+
+    assert timelines() == sorted(f for files in want.values() for f in files)
+    doc = json.loads((out / "result.json").read_text())
+    assert {label: r["timeline"]["files"] for label, r in doc["results"].items()} == want
+    for files in want.values():
+        for name in files:
+            (out / name).unlink()
+    proc = cli("report", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert timelines() == sorted(f for files in want.values() for f in files)
+    assert all((out / f).stat().st_size > 0 for files in want.values() for f in files)
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import io
 import re
 import tokenize
 from pathlib import Path

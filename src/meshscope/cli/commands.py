@@ -89,6 +89,8 @@ def cmd_run(args) -> int:
     run_dir = args.out or Path("runs") / f"{exp.name}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     doc = launch_spec(run_dir, spec, layout.world, args.timeout)
     result = RunResult.from_json(doc) if doc is not None else None
+    if result is not None:
+        _write_figures(result, run_dir)
     report = _auto_doctor(run_dir) if result is None or not result.passed else None
     if args.json:  # one document, on failure too, with the doctor's findings when the run failed
         out = doc if doc is not None else {"experiment": exp.name, "passed": False, "error": first_failure_line(run_dir),
@@ -205,6 +207,7 @@ def cmd_report(args) -> int:
         from ..report.terminal import print_result
 
         result = RunResult.from_json(doc)
+        _write_figures(result, args.run_dir)
         print_result(result, args.run_dir)
         return 0 if result.passed else 1
     suite = SuiteResult.from_json(doc)
@@ -242,6 +245,7 @@ def _run_as_rank(args, spec) -> int:
         return code
     doc = json.loads((run_dir / "result.json").read_text())
     result = RunResult.from_json(doc)
+    _write_figures(result, run_dir)
     if args.json:
         print(json.dumps(doc))
     else:
@@ -249,6 +253,14 @@ def _run_as_rank(args, spec) -> int:
 
         print_result(result, run_dir)
     return 0 if result.passed else 1
+
+
+def _write_figures(result: RunResult, run_dir: Path) -> None:
+    """A run's files derived from its result.json (the PP timeline under figures/), drawn here once
+    rather than by the ranks, so that `meshscope report` redraws them the same way."""
+    from ..report.timelines import write_run
+
+    write_run(result, run_dir)
 
 
 def _check_backend(backend: str, world: int) -> None:

@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="a saved `meshscope sweep` result: predicted vs measured communication time (with --profile)")
     _add_launch_options(suite, 120.0, "runs/suite-<time>")
 
-    rep = sub.add_parser("report", help="re-render a suite run directory's tables, report.md and figures")
+    rep = sub.add_parser("report", help="re-render a run directory's tables, report.md and figures")
     rep.add_argument("run_dir", type=Path)
 
     doc = sub.add_parser("doctor", help="diagnose a run directory's flight logs")

@@ -12,7 +12,8 @@ Contract (`template.Experiment`; all pure Python except `run_rank` and `step_fn`
   predict(cfg)        -> every CommEvent every rank must issue in one training step
   run_rank(ctx, cfg)  -> this rank's `RankOutput` (captured events of one step, numerics, checks);
                          a trained mode fills in `template.RankTrainer` and inherits the loop
-  summarize(cfg, outs)-> mode-specific sections of result.json (e.g. ``experts``, ``timeline``)
+  label(overrides)    -> the name of a run's files (the experiment's, plus the options given)
+  summarize(cfg, outs, label) -> mode-specific sections of result.json (e.g. ``experts``, ``timeline``)
   step_fn(ctx, cfg)   -> one training step as a callable (the suite times and profiles it)
 """
 

@@ -11,6 +11,7 @@ EP and the N-D composition differ only in their model, their reference and their
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass, field, fields, replace
 
 from ..capture.recorder import Capture
@@ -75,6 +76,21 @@ class Experiment:
                 out.append((f"--{flag}" if value else f"--no-{flag}") if isinstance(value, bool) else f"--{flag} {value}")
         return out
 
+    def label(self, overrides: dict) -> str:
+        """The name a run under `overrides` gives its files (``figures/LABEL.timeline.png``): the
+        experiment's, plus each given option that differs from the preset, as typed
+        (``pp_mb1-schedule-1f1b``), so that runs of one experiment under different options do not
+        take each other's names. Only the options given count, not the sizes derived from them
+        (`changed` lists those too), so that the name says what was asked."""
+        preset = self.config({})
+        parts = [self.name]
+        for f in fields(preset):
+            value = overrides.get(f.name, getattr(preset, f.name))
+            if value != getattr(preset, f.name):
+                flag = f.name.replace("_", "-")
+                parts.append((flag if value else f"no-{flag}") if isinstance(value, bool) else f"{flag}-{value}")
+        return re.sub(r"[^A-Za-z0-9._-]+", "_", "-".join(parts))
+
     def validate(self, cfg) -> None:
         """Raise `UsageError` for inconsistent parameters."""
 
@@ -85,7 +101,9 @@ class Experiment:
     def run_rank(self, ctx, cfg) -> RankOutput:
         raise NotImplementedError
 
-    def summarize(self, cfg, outputs: list[RankOutput]) -> dict:
+    def summarize(self, cfg, outputs: list[RankOutput], label: str) -> dict:
+        """Mode-specific sections of the result. `label` is the name the run's files take: the
+        suite configuration's, or `label` of the options a run was given."""
         return {}
 
     def step_fn(self, ctx, cfg):

@@ -19,6 +19,7 @@ from ..core.events import OPS, human_bytes
 from ..core.result import SuiteResult
 from ..suite.verdicts import CLOCKS, verdict_clock
 from .table import make_console, print_table
+from .timelines import write_timelines
 
 KERNEL_FAMILIES = ("AllReduce", "AllGather", "ReduceScatter", "SendRecv", "Broadcast")
 
@@ -206,14 +207,9 @@ def write_figures(doc: SuiteResult, run_dir: Path) -> list[str]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ..models.pipeline.timeline import write_files
-
     fig_dir = run_dir / "figures"
     fig_dir.mkdir(exist_ok=True)
-    written = []
-    for label, r in doc.results.items():
-        if r.sections.get("timeline"):  # the same files the pipeline experiment writes: Chrome trace and Gantt PNG
-            written += write_files(fig_dir, label, r.sections["timeline"])
+    written = write_timelines(run_dir, doc.results)  # each PP configuration's, named after its label
     # tokens_per_expert lists one row per EP group; the figure shows the first group's experts
     experts = {label: r.sections["experts"]["tokens_per_expert"][0] for label, r in doc.results.items()
                if r.sections.get("experts", {}).get("tokens_per_expert")}

@@ -38,7 +38,8 @@ _RULE = 1
 
 
 def make_console() -> Console:
-    """The console of every printer: the terminal's width (or COLUMNS), else `PIPE_WIDTH`."""
+    """The console of every printer: the terminal's width, or COLUMNS where it is set (for a pipe
+    too: a width asked for is kept), else `PIPE_WIDTH`."""
     wide = not Console().is_terminal and "COLUMNS" not in os.environ
     return Console(highlight=False, width=PIPE_WIDTH if wide else None)
 
@@ -77,14 +78,15 @@ def _longest_line(text: str) -> int:
     return max((cell_len(line) for line in text.split("\n")), default=0)
 
 
-def _parts(need: list[int], key: int, width: int) -> list[list[int]]:
-    """Column indices of each part: the key columns, then as many of the others, in order, as fit."""
+def _parts(widths: list[int], key: int, width: int) -> list[list[int]]:
+    """Column indices of each part at these column widths: the key columns, then as many of the
+    others, in order, as fit in `width`."""
     def cost(cols):
-        return sum(need[i] + _PAD + _RULE for i in cols) + _RULE
+        return sum(widths[i] + _PAD + _RULE for i in cols) + _RULE
 
     keys = list(range(key))
     parts, current = [], list(keys)
-    for i in range(key, len(need)):
+    for i in range(key, len(widths)):
         if len(current) > key and cost(current + [i]) > width:
             parts.append(current)
             current = [*keys]

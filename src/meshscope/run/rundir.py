@@ -1,8 +1,9 @@
 """The run directory: what a run writes into it, and how a directory is taken for a new run.
 
 A run directory holds ``spec.json`` (what was asked), ``flight/`` (per-rank flight logs, appended to),
-``errors/``, ``launcher.log``, ``result.json`` and, for the suite, ``report.md``, ``records/``,
-``figures/`` and ``traces/``. A directory given with ``--out`` must be new, empty, or an earlier
+``errors/``, ``launcher.log``, ``result.json``, ``figures/`` (a pipeline run's timeline, and the
+suite's charts; drawn from result.json, `report.timelines`) and, for the suite, ``report.md``,
+``records/`` and ``traces/``. A directory given with ``--out`` must be new, empty, or an earlier
 meshscope run directory (it has ``spec.json``): the earlier run's files are removed first, so that the
 doctor never reads two runs' logs mixed, and nothing else of the user's is ever touched.
 """

@@ -36,7 +36,8 @@ def run_experiments(ctx: RankContext, spec: dict) -> list[dict] | None:
     results = []
     for i, item in enumerate(spec["experiments"]):
         exp = experiments.get(item["name"])
-        cfg = exp.config(item.get("overrides", {}))
+        overrides = item.get("overrides", {})
+        cfg = exp.config(overrides)
         ctx.progress(f"{exp.name} ({i + 1}/{len(spec['experiments'])}): running")  # also a flight-log mark
         out = exp.run_rank(ctx, cfg)
         outs = ctx.gather(out)
@@ -45,7 +46,7 @@ def run_experiments(ctx: RankContext, spec: dict) -> list[dict] | None:
             ctx.progress(f"{exp.name}: profiling {spec['profile']} steps")
             kernels = profile_config(ctx, exp, cfg, exp.name, spec["profile"], warmup=3)
         if ctx.rank == 0:
-            result = build_result(exp, cfg, ctx.backend, outs, kernels)
+            result = build_result(exp, cfg, ctx.backend, outs, kernels, label=exp.label(overrides))
             ctx.progress(f"{exp.name}: {'passed' if result.passed else 'FAILED'}")
             results.append(result.to_json())
     return results if ctx.rank == 0 else None

@@ -37,8 +37,8 @@ def run_suite_rank(ctx, options: SuiteOptions) -> SuiteResult | None:
         ctx.progress(f"verify {entry.label} ({i + 1}/{len(plan)})")
         outs = ctx.gather(exp.run_rank(ctx, cfg))
         if ctx.rank == 0:
-            result = build_result(exp, cfg, ctx.backend, outs)
-            result.sections |= {"label": entry.label, "losses": {o.rank: o.extra.get("losses") for o in outs}}
+            result = build_result(exp, cfg, ctx.backend, outs, label=entry.label)
+            result.sections["losses"] = {o.rank: o.extra.get("losses") for o in outs}
             results[entry.label] = result
     host: dict[str, list[list[float]]] = {e.label: [] for e, _, _ in plan}
     gpu: dict[str, list[list[float]]] = {e.label: [] for e, _, _ in plan}

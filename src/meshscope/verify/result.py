@@ -53,9 +53,12 @@ def replica_checks(outputs: list[RankOutput]) -> list[Check]:
     return checks
 
 
-def build_result(exp: Experiment, cfg, backend: str, outputs: list[RankOutput], kernels: dict | None = None) -> RunResult:
+def build_result(exp: Experiment, cfg, backend: str, outputs: list[RankOutput], kernels: dict | None = None, *,
+                 label: str) -> RunResult:
     """The typed result of one experiment run (docs/design.md: `run --json`); `kernels` is the section
-    of `timing.profiling.profile_config` when the run was profiled (its checks join the others)."""
+    of `timing.profiling.profile_config` when the run was profiled (its checks join the others).
+    `label` names the run and its files (the suite configuration's, or `Experiment.label` for a
+    run); the result carries it as its ``label`` section."""
     predicted = exp.predict(cfg)
     captured = [e for out in outputs for e in out.events]
     problems = diff(predicted, captured)
@@ -71,7 +74,7 @@ def build_result(exp: Experiment, cfg, backend: str, outputs: list[RankOutput], 
         experiment=exp.name, backend=backend, world=layout.world, config=asdict(cfg), layout=layout,
         checks=checks, predicted=predicted, captured=captured, diff=problems, numerics=numerics,
         axis_labels={axis: layout.label(axis, exp.has_experts(cfg)) for axis in layout.aliases()},
-        sections=exp.summarize(cfg, outputs))
+        sections={"label": label, **exp.summarize(cfg, outputs, label)})
     if kernels:
         add_kernels(result, kernels)
     return result

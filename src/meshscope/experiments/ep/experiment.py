@@ -127,7 +127,7 @@ class ExpertParallel(TrainedExperiment):
     def trainer(self, ctx, cfg: EPConfig) -> EPTrainer:
         return EPTrainer(ctx, cfg)
 
-    def summarize(self, cfg: EPConfig, outputs: list[RankOutput]) -> dict:
+    def summarize(self, cfg: EPConfig, outputs: list[RankOutput], label: str) -> dict:
         """The chapter's production records per EP group and rank (`ep_records`), and why the step has
         the all_to_alls it has."""
         return {"experts": ep_records.summarize(cfg, cfg.layout, outputs) | {"note": backward_note(cfg)}}

@@ -77,7 +77,7 @@ class NDParallel(TrainedExperiment):
             return "the MoE stage packs each microbatch's routing, reading per-expert counts on the host"
         return None
 
-    def summarize(self, cfg, outputs: list[RankOutput]) -> dict:
+    def summarize(self, cfg, outputs: list[RankOutput], label: str) -> dict:
         """``axes``: rank 0's collectives per mesh axis (count, logical bytes), its group on each axis,
         and the other dimensions each communicator serves (``aliases``: with ep = dp the MoE
         all_to_alls run on the dp communicator), so that a slow or hung collective is placed on its

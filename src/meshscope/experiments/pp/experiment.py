@@ -70,10 +70,11 @@ class Pipeline(TrainedExperiment):
 
         return step
 
-    def summarize(self, cfg, outputs: list[RankOutput]) -> dict:
+    def summarize(self, cfg, outputs: list[RankOutput], label: str) -> dict:
         """The ``timeline`` section (one step's spans per rank, bubble vs theory, peak stash, and each
-        stage's weight digest so runs under different schedules can be compared), and its files
-        (Chrome trace, Gantt PNG) written into rank 0's run directory."""
+        stage's weight digest so runs under different schedules can be compared) and the files it is
+        drawn in (`timeline.paths`: Chrome trace and Gantt PNG under ``figures/``, named after the
+        run's label), which the report layer writes: the ranks only measure."""
         keys = ("stage", "peak_stash", "stash_bound", "peak_step_bytes", "spans")
         ranks = [{"rank": o.rank, **{k: o.extra[k] for k in keys if k in o.extra}}
                  for o in sorted(outputs, key=lambda o: o.rank)]
@@ -86,8 +87,7 @@ class Pipeline(TrainedExperiment):
             "weights_digest": [next(o.extra["weights_digest"] for o in outputs if o.extra["stage"] == s)
                                for s in range(cfg.pp)],
         }
-        stem = self.name if cfg == self.config({}) else f"{self.name}-pp{cfg.pp}-dp{cfg.dp}-{cfg.schedule}-mb{cfg.microbatches}"
-        section["files"] = timeline.write_files(outputs[0].extra["run_dir"], stem, section)
+        section["files"] = timeline.paths(label)
         return {"timeline": section}
 
 
@@ -152,7 +152,7 @@ class PPTrainer(RankTrainer):
 
     def extra(self) -> dict:
         extra = {"stage": self.stage, "spans": self.spans, "peak_stash": self.peak, "stash_bound": self.want,
-                 "weights_digest": digest([self.w_OI]), "clock": self.recorder.clock, "run_dir": str(self.ctx.run_dir)}
+                 "weights_digest": digest([self.w_OI]), "clock": self.recorder.clock}
         if self.step_bytes is not None:
             extra["peak_step_bytes"] = self.step_bytes
         return extra

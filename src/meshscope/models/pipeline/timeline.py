@@ -11,8 +11,11 @@ Bubble: the fraction of the step a rank's compute leaves idle, averaged over ran
 pipeline's (p - 1) / (m + p - 1) (equal F and B cost on every stage, free communication). On a tiny CPU
 model P2P dominates, so the measured figure exceeds the theory; it is reported, not asserted.
 
-`write_files(run_dir, stem, section)` renders a result's ``timeline`` section: ``STEM.timeline.json``
-(Chrome trace format; opens in Perfetto or chrome://tracing) and ``STEM.timeline.png``.
+Files: a result's ``timeline`` section has one place and one name per file, `paths(label)`:
+``figures/LABEL.timeline.json`` (Chrome trace format; opens in Perfetto or chrome://tracing) and
+``figures/LABEL.timeline.png`` under the run directory, LABEL being the run's (the suite
+configuration, or the experiment plus the options it was given). The section lists them; the report layer
+writes them with `write_files`, once, after the run and again on ``meshscope report``.
 """
 
 from __future__ import annotations
@@ -131,11 +134,16 @@ def write_png(section: dict, path: Path) -> None:
     plt.close(fig)
 
 
-def write_files(run_dir: Path, stem: str, section: dict) -> list[str]:
-    """Write STEM.timeline.json (Chrome trace) and STEM.timeline.png into `run_dir`; return their paths."""
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    trace, png = run_dir / f"{stem}.timeline.json", run_dir / f"{stem}.timeline.png"
+def paths(label: str) -> list[str]:
+    """Where a run labelled `label` keeps its timeline, relative to its run directory: the Chrome
+    trace, then the Gantt PNG."""
+    return [f"figures/{label}.timeline.json", f"figures/{label}.timeline.png"]
+
+
+def write_files(run_dir: Path, label: str, section: dict) -> list[str]:
+    """Write the timeline of `section` to `paths(label)` under `run_dir`; return the paths written."""
+    trace, png = (Path(run_dir) / p for p in paths(label))
+    trace.parent.mkdir(parents=True, exist_ok=True)
     trace.write_text(json.dumps(chrome_trace(section)))
     write_png(section, png)
     return [str(trace), str(png)]
