@@ -58,12 +58,15 @@ step hooks: init = ``c10d::scatter_`` 3, ``c10d::broadcast_`` 1; each step =
 """
 
 import argparse
+import contextlib
+import json
 import os
 import sys
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.tensor.debug import CommDebugMode
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import (
@@ -81,6 +84,8 @@ def parse_args():
     p.add_argument("--seq", type=int, default=8)
     p.add_argument("--hidden", type=int, default=32)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--comm-debug", action="store_true",
+                   help="print torch's CommDebugMode counts of every step (rank 0)")
     p.add_argument("--sequence-parallel", action="store_true")
     return p.parse_args()
 
@@ -147,10 +152,15 @@ def main():
             x = x.chunk(world, dim=1)[tp_rank]
             y = y.chunk(world, dim=1)[tp_rank]
         x, y = x.to(device), y.to(device)
-        opt.zero_grad(set_to_none=True)
-        loss = nn.functional.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
+        with CommDebugMode() if args.comm_debug else contextlib.nullcontext() as comm:
+            opt.zero_grad(set_to_none=True)
+            loss = nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+        if args.comm_debug and dist.get_rank() == 0:
+            # torch's own count of this step's collectives, keyed by the op's name
+            counts = {str(op).split(".")[-1]: n for op, n in comm.get_comm_counts().items()}
+            print("comm_debug " + json.dumps(counts), flush=True)
 
     dist.destroy_process_group()
 

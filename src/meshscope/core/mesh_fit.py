@@ -40,6 +40,11 @@ class Fit:
     def describe(self) -> str:
         if not self.ok:
             return self.reason
+        if self.layout is not None:  # as `meshscope layout` would be asked for it
+            sizes = ", ".join(f"{a} {n}" for a, n in self.sizes.items())
+            return f"{sizes} (order {self.layout.order}; meshscope layout --world {self.layout.world}" + "".join(
+                f" --{a} {self.layout.size(a)}" for a in ("tp", "cp", "ep", "etp", "pp") if self.layout.size(a) > 1) + (
+                f" --order {self.layout.order})")
         return " x ".join(f"{a} {self.sizes[a]}" for a in self.order) + f" (order {'-'.join(self.order)})"
 
 
@@ -88,7 +93,11 @@ def fit_layout(world: int, axes: dict[str, list[list[int]]]) -> Fit:
         except UsageError:
             continue
         if all(layout.groups(a) == gs for a, gs in known.items()):
-            shown = tuple(a for a in order if layout.size(a) > 1) or ("dp",)
-            return Fit(shown, {a: layout.size(a) for a in LAYOUT_AXES if layout.size(a) > 1}, layout)
+            experts = any(a in known for a in ("ep", "etp", "edp"))
+            shown = {a for a in known if layout.size(a) > 1}
+            shown |= {"dp"} if layout.dp > 1 else set()
+            shown |= {"edp"} if experts and layout.edp > 1 else set()
+            sizes = {a: layout.size(a) for a in LAYOUT_AXES if a in shown}
+            return Fit(tuple(a for a in order if a in sizes), sizes, layout)
     return Fit(reason=f"the groups of {', '.join(sorted(known))} fit no tp-cp-ep-dp-pp order of a {world}-rank "
                       f"layout with sizes {sizes}")

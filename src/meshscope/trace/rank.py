@@ -244,7 +244,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], on_end=None) -> int:
+    """Run the traced script as this rank; `on_end` runs after its ledger is written."""
     args = parse(argv)
     rank = int(os.environ.get("RANK", "0"))
     context = JobContext(args.step_optimizer)
@@ -280,6 +281,8 @@ def main(argv: list[str]) -> int:
         context.remove()
     note = None if context.optimizers_seen else "the script stepped no torch.optim optimizer: one step holds everything"
     trace.finish(status, error, note)
+    if on_end is not None:
+        on_end()
     if status == "stopped":
         sys.stdout.flush()
         sys.stderr.flush()

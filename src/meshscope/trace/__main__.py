@@ -1,0 +1,68 @@
+"""``torchrun [torchrun's flags] -m meshscope.trace SCRIPT [ARGS...]``: the trace inside a launch the
+user already has (multi-node included), the same as `meshscope trace` does inside its own.
+
+Each rank writes into the run directory ``$MESHSCOPE_TRACE_DIR`` (default
+``traces/<TORCHELASTIC_RUN_ID>``); on several nodes each node has its own unless that path is on a
+shared file system. When the job ends, rank 0 waits (in the job's own store) for every rank's ledger
+and writes ``result.json`` and ``report.md``; ``meshscope report DIR`` does the same afterwards.
+Environment: ``MESHSCOPE_TRACE_STEPS``, ``MESHSCOPE_TRACE_TIMEOUT`` and ``MESHSCOPE_STEP_OPTIMIZER``
+stand for the options of `meshscope trace`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from . import rank
+
+
+def _run_dir() -> Path:
+    return Path(os.environ.get("MESHSCOPE_TRACE_DIR") or Path("traces") / os.environ.get("TORCHELASTIC_RUN_ID", "torchrun"))
+
+
+def main(argv: list[str]) -> int:
+    if not argv:
+        print("usage: torchrun ... -m meshscope.trace SCRIPT [ARGS...]  (or -m MODULE [ARGS...])", file=sys.stderr)
+        return 2
+    run_dir = _run_dir()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    if os.environ.get("LOCAL_RANK", "0") == "0":  # one writer per node
+        spec = {"kind": "trace", "world": world, "traced": local, "command": argv, "nproc_per_node": local}
+        (run_dir / "spec.json").write_text(json.dumps(spec, indent=1))
+    flags = [*(["--steps", os.environ["MESHSCOPE_TRACE_STEPS"]] if os.environ.get("MESHSCOPE_TRACE_STEPS") else []),
+             *(["--timeout", os.environ["MESHSCOPE_TRACE_TIMEOUT"]] if os.environ.get("MESHSCOPE_TRACE_TIMEOUT") else []),
+             *(["--step-optimizer", os.environ["MESHSCOPE_STEP_OPTIMIZER"]]
+               if os.environ.get("MESHSCOPE_STEP_OPTIMIZER") else [])]
+    code = rank.main([str(run_dir), *flags, "--", *argv], on_end=_assemble_on_local_zero(run_dir, local))
+    return code
+
+
+def _assemble_on_local_zero(run_dir: Path, local: int):
+    """After the script: local rank 0 waits for this node's ledgers, then writes the node's result."""
+    def on_end() -> None:
+        if os.environ.get("LOCAL_RANK", "0") != "0":
+            return
+        import time
+
+        deadline = time.monotonic() + 60
+        while len(list((run_dir / "ranks").glob("rank*.json"))) < local and time.monotonic() < deadline:
+            time.sleep(0.1)
+        from ..core.result import TraceResult
+        from ..report.trace import write_files
+        from .assemble import assemble
+
+        result = assemble(run_dir)
+        (run_dir / "result.json").write_text(json.dumps(result.to_json()))
+        write_files(TraceResult.from_json(result.to_json()), run_dir)
+        print(f"meshscope trace: {'passed' if result.passed else 'FAILED'}: {run_dir}/result.json", file=sys.stderr)
+
+    return on_end
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,249 @@
+"""`meshscope trace` on real, unmodified jobs (tests/jobs/), each ledger checked against a source
+independent of meshscope: DDP's own bucket sizes, FSDP2's one collective per unit, torch's
+CommDebugMode, the pipeline schedule's order counted by hand, the MoE job's skew counted by hand,
+Megatron-core's own group getters."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from meshscope.core.result import TraceResult
+
+from .helpers import ROOT, cli
+
+JOBS = ROOT / "tests" / "jobs"
+
+RUNS = {
+    # name: (nproc, job args)
+    "ddp": (2, ["ddp.py", "--steps", "4", "--print-buckets"]),
+    "fsdp2": (2, ["fsdp2.py", "--steps", "3"]),
+    "tp": (2, ["dtensor_tp.py", "--steps", "3", "--comm-debug"]),
+    "sp": (2, ["dtensor_tp.py", "--steps", "3", "--comm-debug", "--sequence-parallel"]),
+    "fsdp_tp": (4, ["fsdp_tp.py", "--steps", "3"]),
+    "gpipe": (2, ["pipelining.py", "--steps", "3", "--schedule", "gpipe"]),
+    "1f1b": (2, ["pipelining.py", "--steps", "3", "--schedule", "1f1b"]),
+    "moe": (2, ["moe_a2a.py", "--steps", "3"]),
+}
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    """name -> (completed `meshscope trace --json` process, its document), two launches at a time."""
+    def run(name):
+        nproc, job = RUNS[name]
+        out = tmp_path_factory.mktemp(name)
+        proc = cli("trace", "--nproc-per-node", nproc, "--out", out / "run", "--json", "--",
+                   str(JOBS / job[0]), *job[1:], timeout=240)
+        return name, (proc, json.loads(proc.stdout) if proc.stdout.strip() else None)
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(pool.map(run, RUNS))
+
+
+def _result(traced, name) -> TraceResult:
+    proc, doc = traced[name]
+    assert proc.returncode == 0 and doc is not None, proc.stderr[-3000:]
+    assert doc["passed"], [c for c in doc["checks"] if not c["passed"]]
+    return TraceResult.from_json(doc)
+
+
+def _steady(result: TraceResult, rank: int, step: int, **match) -> list:
+    return [e for e in result.steps_of(rank).get(step, []) if all(getattr(e, k) == v for k, v in match.items())]
+
+
+def test_ddp_bucket_all_reduces_are_ddps_own_buckets(traced):
+    """Backward all-reduces from DDP's C++ Reducer, one per bucket, with the sizes DDP reports."""
+    result = _result(traced, "ddp")
+    proc, _ = traced["ddp"]
+    sizes = re.search(r"rebuilt_bucket_sizes=([\d, ]+)", proc.stderr + proc.stdout).group(1)
+    buckets = sorted(int(s) for s in sizes.split(","))
+    for rank in (0, 1):
+        for step in (2, 3):  # after the rebuild in step 1
+            calls = _steady(result, rank, step, op="all_reduce")
+            assert sorted(e.bytes_in for e in calls) == buckets
+            assert {e.phase for e in calls} == {"backward"} and {e.axis for e in calls} == {"world"}
+    assert result.layout["sizes"] == {"dp": 2}
+
+
+def test_fsdp2_one_all_gather_and_one_reduce_scatter_per_unit(traced):
+    result = _result(traced, "fsdp2")
+    blocks = 4  # the job's default --blocks; units = blocks + the root
+    for step in (1, 2):
+        ops = Counter((e.op, e.phase) for e in result.steps_of(0)[step])
+        assert ops[("all_gather", "forward")] == blocks + 1
+        assert ops[("reduce_scatter", "backward")] == blocks + 1
+        # blocks are resharded after forward and gathered again in backward; the root is not
+        assert ops[("all_gather", "backward")] == blocks
+
+
+@pytest.mark.parametrize("name", ["tp", "sp"])
+def test_dtensor_tp_matches_comm_debug_mode(traced, name):
+    """Per step, the trace's counts on the tp axis equal what torch's CommDebugMode counted."""
+    result = _result(traced, name)
+    proc, _ = traced[name]
+    debug = [json.loads(line.split("comm_debug ", 1)[1]) for line in proc.stderr.splitlines() if "comm_debug " in line]
+    names = {"all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter", "all_reduce": "all_reduce"}
+    assert len(debug) == 3
+    for step, counts in enumerate(debug):
+        want = {names[k]: v for k, v in counts.items()}
+        got = Counter(e.op for e in result.steps_of(0)[step] if e.phase in ("forward", "backward", "optimizer"))
+        assert dict(got) == want, (step, result.steps_of(0)[step])
+    assert result.axes == {"tp": [[0, 1]]} and result.layout["sizes"] == {"tp": 2}
+
+
+def test_fsdp_tp_labels_both_mesh_axes_and_reconstructs_the_layout(traced):
+    result = _result(traced, "fsdp_tp")
+    assert result.axes["tp"] == [[0, 1], [2, 3]] and result.axes["dp"] == [[0, 2], [1, 3]]
+    assert result.layout["text"].startswith("tp 2, dp 2") and result.layout["sizes"] == {"tp": 2, "dp": 2}
+    blocks = 2
+    for rank in range(4):
+        ops = Counter((e.axis, e.op) for e in result.steps_of(rank)[2])
+        assert ops[("tp", "all_reduce")] == 2 * blocks  # RowwiseParallel output fwd, ColwiseParallel input grad bwd
+        assert ops[("dp", "all_gather")] == 2 * blocks + 1 and ops[("dp", "reduce_scatter")] == blocks + 1
+
+
+@pytest.mark.parametrize("schedule, rank0, rank1", [
+    ("gpipe", "s s s s r r r r", "r r r r s s s s"),
+    ("1f1b", "s s r s r s r r", "r s r s r s r s"),
+])
+def test_pipelining_p2p_follows_the_schedule(traced, schedule, rank0, rank1):
+    """M = 4 microbatches on 2 stages: the order of sends and receives is the schedule's (by hand)."""
+    result = _result(traced, schedule)
+    for rank, want in ((0, rank0), (1, rank1)):
+        for step in (1, 2):
+            calls = [e for e in result.steps_of(rank)[step] if e.op in ("send", "recv")]
+            assert " ".join(e.op[0] for e in calls) == want
+            assert {e.peer for e in calls} == {1 - rank} and {e.bytes_in or e.bytes_out for e in calls} == {256}
+    assert next(c for c in result.checks if c.name == "every send has its recv").detail.startswith("16 sends")
+
+
+def test_moe_all_to_all_splits_are_the_jobs_skew(traced):
+    """7:1 routing at world 2: rank 0 sends [14, 2] tokens, receives [14, 14]; rank 1 sends [14, 2],
+    receives [2, 2]; the backward exchanges mirror them (hand count of the job's routing)."""
+    result = _result(traced, "moe")
+    want = {0: [((1, 1), (1, 1)), ((14, 2), (14, 14)), ((14, 14), (14, 2)), ((14, 2), (14, 14)), ((14, 14), (14, 2))],
+            1: [((1, 1), (1, 1)), ((14, 2), (2, 2)), ((2, 2), (14, 2)), ((14, 2), (2, 2)), ((2, 2), (14, 2))]}
+    for rank, splits in want.items():
+        calls = result.steps_of(rank)[1]
+        assert [(e.input_splits, e.output_splits) for e in calls] == splits
+        assert [e.phase for e in calls][3:] == ["backward", "backward"] and calls[0].dtype == "int64"
+    assert next(c for c in result.checks if c.name == "all-to-all splits mirror").passed
+
+
+def test_megatron_groups_are_labelled_by_megatrons_own_getters(tmp_path):
+    pytest.importorskip("megatron.core")
+    proc = cli("trace", "--nproc-per-node", 4, "--out", tmp_path / "run", "--json", "--",
+               str(JOBS / "megatron_groups.py"), "--steps", 2, "--print-groups", timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    names = {"tp": "tp", "pp": "pp", "dp": "dp", "dp_cp": "dp-cp", "cp": "cp", "mp": "tp-pp", "tp_dp": "tp-dp",
+             "tp_dp_cp": "tp-dp-cp", "tp_cp": "tp-cp", "ep": "ep", "etp": "etp", "etp_ep": "etp-ep",
+             "etp_ep_pp": "etp-ep-pp", "edp": "edp"}
+    for line in proc.stderr.splitlines():
+        m = re.search(r"rank (\d+): (.*)", line)
+        if not m or "=" not in m.group(2):
+            continue
+        rank = int(m.group(1))
+        for name, ranks in re.findall(r"(\w+)=\[([\d, ]*)\]", m.group(2)):
+            group = [int(r) for r in ranks.split(",")]
+            assert group in doc["axes"][names[name]], (rank, name, group, doc["axes"].get(names[name]))
+    assert doc["layout"]["layout"]["sizes"]["tp"] == 2 and doc["layout"]["layout"]["sizes"]["ep"] == 2
+
+
+def test_steps_ends_a_long_job_cleanly_on_every_rank(tmp_path):
+    proc = cli("trace", "--nproc-per-node", 2, "--steps", 2, "--out", tmp_path / "run", "--json", "--",
+               str(JOBS / "ddp.py"), "--steps", "100000", timeout=180)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert [r["status"] for r in doc["ranks"]] == ["stopped", "stopped"] and [r["steps"] for r in doc["ranks"]] == [2, 2]
+    assert max(s["step"] for r in doc["per_rank"] for s in r["steps"]) <= 2
+
+
+def test_a_hung_collective_ends_within_the_timeout_and_the_doctor_names_it(tmp_path):
+    job = tmp_path / "skip.py"
+    job.write_text(SKIPPING_JOB)
+    proc = cli("trace", "--nproc-per-node", 2, "--timeout", 5, "--out", tmp_path / "run", "--json", "--", job,
+               timeout=120)
+    assert proc.returncode == 1
+    doc = json.loads(proc.stdout)
+    assert not doc["passed"] and not doc["complete"]
+    first = doc["doctor"]["findings"][0]
+    assert first["root_cause"] and first["kind"] == "missing" and first["axis"] == "world" and 1 in first["ranks"]
+    assert subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True).returncode == 1
+
+
+SKIPPING_JOB = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+x = torch.ones(4)
+dist.all_reduce(x)
+if dist.get_rank() == 0:   # rank 1 skips the second all-reduce: rank 0 waits for it forever
+    dist.all_reduce(x)
+dist.barrier()
+"""
+
+
+def test_the_scripts_own_traceback_and_a_failed_trace(tmp_path):
+    job = tmp_path / "raises.py"
+    job.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\n"
+                   "def train():\n    raise ValueError('bad batch 7')\ntrain()\n")
+    proc = cli("trace", "--nproc-per-node", 2, "--out", tmp_path / "run", "--", job, timeout=120)
+    assert proc.returncode == 1
+    assert f'File "{job}", line 4, in train' in proc.stderr and "ValueError: bad batch 7" in proc.stderr
+    assert "meshscope/trace" not in proc.stderr.split("Traceback")[1].split("ValueError")[0]
+    doc = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert not doc["passed"] and "ValueError: bad batch 7" in doc["ranks"][0]["error"]
+
+
+def test_a_script_without_a_process_group_gets_an_empty_ledger_and_a_note(tmp_path):
+    job = tmp_path / "plain.py"
+    job.write_text("print('no distributed here')\n")
+    proc = cli("trace", "--out", tmp_path / "run", "--json", "--", job, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert doc["per_rank"][0]["steps"] == [] and any("never initialised a process group" in n for n in doc["notes"])
+    assert any("no torch.optim optimizer" in n for n in doc["notes"])
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("trace", "tests/jobs/ddp.py"), "needs '--' before the job"),
+    (("trace", "--", "no/such/script.py"), "script 'no/such/script.py' does not exist"),
+    (("trace", "--steps", 0, "--", "tests/jobs/ddp.py"), "--steps 0 must be a positive number"),
+    (("trace", "--nproc-per-node", 0, "--", "tests/jobs/ddp.py"), "--nproc-per-node 0 must be a positive integer"),
+    (("trace", "--"), "needs the job after '--'"),
+])
+def test_trace_bad_input_is_one_line_exit_2(args, needle, tmp_path):
+    proc = cli(*args[:1], "--out", tmp_path / "x", *args[1:])
+    assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+    assert not (tmp_path / "x").exists()
+
+
+def test_inside_the_users_own_torchrun(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "meshscope.trace", str(JOBS / "ddp.py"), "--steps", "2"],
+                          capture_output=True, text=True, timeout=180, cwd=ROOT,
+                          env={**__import__("os").environ, "MESHSCOPE_TRACE_DIR": str(tmp_path / "run")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert doc["passed"] and doc["world"] == 2 and len(doc["per_rank"]) == 2
+    assert (tmp_path / "run" / "report.md").exists() and (tmp_path / "run" / "trace.json").exists()
+
+
+def test_report_and_doctor_read_a_trace_directory(traced, tmp_path):
+    run_dir = Path(traced["ddp"][1]["run_dir"])
+    (run_dir / "report.md").unlink()
+    proc = cli("report", run_dir)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (run_dir / "report.md").read_text().count("| world | all_reduce | backward |") >= 3
+    proc = cli("doctor", run_dir, "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["healthy"], proc.stdout[-2000:]
+    chrome = json.loads((run_dir / "trace.json").read_text())
+    assert {e["pid"] for e in chrome["traceEvents"]} == {0, 1}

@@ -1,0 +1,100 @@
+"""The pure parts of `meshscope trace`: axis labels, the layout behind groups, and each check caught
+on a synthetic ledger (so that none of them can pass vacuously)."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshscope.core.axes import axis_of, is_mesh_axis
+from meshscope.core.events import CommEvent
+from meshscope.core.mesh import Layout
+from meshscope.core.mesh_fit import dims, fit_layout
+from meshscope.trace import checks
+
+
+@pytest.mark.parametrize("desc, axis", [
+    ("default_pg", "world"), ("mesh_tp", "tp"), ("mesh_dp_cp", "dp_cp"), ("mesh_dp_shard", "dp_shard"),
+    ("mesh_dim_0", "dim_0"), ("TENSOR_MODEL_PARALLEL_GROUP", "tp"), ("PIPELINE_MODEL_PARALLEL_GROUP", "pp"),
+    ("DATA_PARALLEL_GROUP", "dp"), ("DATA_PARALLEL_GROUP_GLOO", "dp"), ("DATA_PARALLEL_GROUP_WITH_CP", "dp-cp"),
+    ("CONTEXT_PARALLEL_GROUP", "cp"), ("MODEL_PARALLEL_GROUP", "tp-pp"), ("TENSOR_AND_DATA_PARALLEL_GROUP", "tp-dp"),
+    ("EXPERT_MODEL_PARALLEL_GROUP", "ep"), ("EXPERT_TENSOR_PARALLEL_GROUP", "etp"),
+    ("EXPERT_DATA_PARALLEL_GROUP", "edp"), ("EXPERT_DATA_PARALLEL_GROUP_GLOO", "edp"),
+    ("EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", "etp-ep"), ("EMBEDDING_GROUP", "embedding"),
+    ("HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L1", "cp.l1"), ("something_else", "group"), ("", "group"),
+])
+def test_axis_labels(desc, axis):
+    assert axis_of(desc) == axis
+
+
+def test_mesh_axes_and_named_groups():
+    assert is_mesh_axis("tp") and is_mesh_axis("tp-pp") and is_mesh_axis("dp_shard")
+    assert not any(map(is_mesh_axis, ("world", "group", "embedding", "cp.l1")))
+
+
+def test_fit_finds_the_golden_layouts_and_refuses_what_fits_none():
+    golden = Layout(8, tp=2, pp=2)
+    found = fit_layout(8, {a: golden.groups(a) for a in ("tp", "dp", "pp")})
+    assert found.ok and all(found.layout.groups(a) == golden.groups(a) for a in ("tp", "dp", "pp"))
+    assert found.sizes == {"tp": 2, "dp": 2, "pp": 2}
+    # pp fastest (the pipeline experiment's order) is found too
+    pp_first = Layout(4, pp=2, order="pp-tp-cp-ep-dp")
+    assert fit_layout(4, {"pp": pp_first.groups("pp"), "dp": pp_first.groups("dp")}).layout.groups("pp") == [[0, 1], [2, 3]]
+    bad = fit_layout(4, {"tp": [[0, 3], [1, 2]]})
+    assert not bad.ok and "fit no tp-cp-ep-dp-pp order" in bad.reason
+    assert dims(4, {"dp_shard": [[0, 2], [1, 3]], "tp": [[0, 1], [2, 3]]}).order == ("tp", "dp_shard")
+    assert "missing" in dims(8, {"tp": [[0, 1], [2, 3], [4, 5], [6, 7]], "pp": [[0, 4], [1, 5], [2, 6], [3, 7]]}).reason
+
+
+def _e(rank, seq, op, group=(0, 1), *, step=2, b=64, ins=None, outs=None, peer=None, axis="tp", t=0.0):
+    return CommEvent(rank, seq, op, axis, tuple(group), "forward", "float32", b if op != "recv" else 0,
+                     b if op != "send" else 0, "", None, ins, outs, peer, step, t)
+
+
+def test_group_agreement_catches_a_size_and_a_missing_call():
+    same = [_e(r, 0, "all_reduce") for r in (0, 1)]
+    assert checks.group_agreement(same, {0, 1}).passed
+    sizes = [_e(0, 0, "all_reduce", b=64), _e(1, 0, "all_reduce", b=32)]
+    c = checks.group_agreement(sizes, {0, 1})
+    assert not c.passed and "call #0" in c.detail and "32->32" in c.detail
+    missing = same + [_e(0, 1, "all_gather")]
+    c = checks.group_agreement(missing, {0, 1})
+    assert not c.passed and "rank 1 issued no call #1" in c.detail
+
+
+def test_p2p_pairs_catch_an_unanswered_send_and_a_size():
+    ok = [_e(0, 0, "send", peer=1, axis="world"), _e(1, 0, "recv", peer=0, axis="world")]
+    assert checks.p2p_pairs(ok, {0, 1}).passed
+    c = checks.p2p_pairs(ok[:1], {0, 1})
+    assert not c.passed and "never receives" in c.detail
+    c = checks.p2p_pairs([ok[0], _e(1, 0, "recv", peer=0, axis="world", b=32)], {0, 1})
+    assert not c.passed and "64 B sent, 32 B expected" in c.detail
+
+
+def test_a2a_mirror_catches_splits_computed_differently():
+    good = [_e(0, 0, "all_to_all", ins=(3, 1), outs=(3, 2)), _e(1, 0, "all_to_all", ins=(2, 5), outs=(1, 5))]
+    assert checks.a2a_mirror(good, {0, 1}).passed
+    bad = [good[0], _e(1, 0, "all_to_all", ins=(2, 5), outs=(4, 5))]
+    c = checks.a2a_mirror(bad, {0, 1})
+    assert not c.passed and "rank 0 sends 1 rows to rank 1, which expects 4" in c.detail
+
+
+def test_steady_steps_report_a_change_and_accept_routing():
+    def step(k, b=64, ins=(1, 1)):
+        return [_e(0, 2 * k, "all_reduce", step=k, b=b), _e(0, 2 * k + 1, "all_to_all", step=k, ins=ins, outs=ins)]
+    same = step(2) + step(3) + step(4)
+    assert checks.steady_steps(same, {0: 5}).passed
+    routed = step(2) + step(3, ins=(2, 0)) + step(4)
+    c = checks.steady_steps(routed, {0: 5})
+    assert c.passed and "routing" in c.detail
+    grown = step(2) + step(3, b=128) + step(4)
+    c = checks.steady_steps(grown, {0: 5})
+    assert not c.passed and "step 3 call 0" in c.detail
+    assert "fewer than two steady steps" in checks.steady_steps(step(2), {0: 3}).detail
+
+
+def test_axes_partition_catches_overlap_and_a_gap():
+    assert checks.axes_partition({"tp": [[0, 1], [2, 3]], "world": [[0, 1, 2, 3]]}, {0, 1, 2, 3}, 4).passed
+    c = checks.axes_partition({"tp": [[0, 1], [1, 2]]}, {0, 1, 2}, 3)
+    assert not c.passed and "rank 1 is in two tp groups" in c.detail
+    c = checks.axes_partition({"tp": [[0, 1]]}, {0, 1, 2, 3}, 4)
+    assert not c.passed and "leave out ranks [2, 3]" in c.detail
