@@ -337,5 +337,12 @@ def cmd_trace(args) -> int:
     return run(args)
 
 
+def cmd_diff(args) -> int:
+    from .trace_command import cmd_diff as run
+
+    return run(args)
+
+
 COMMANDS = {"layout": cmd_layout, "list": cmd_list, "predict": cmd_predict, "run": cmd_run, "suite": cmd_suite,
-            "report": cmd_report, "doctor": cmd_doctor, "sweep": cmd_sweep, "place": cmd_place, "trace": cmd_trace}
+            "report": cmd_report, "doctor": cmd_doctor, "sweep": cmd_sweep, "place": cmd_place, "trace": cmd_trace,
+            "diff": cmd_diff}

@@ -124,6 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--out", type=Path, default=None, help="run directory (default traces/<script>-<time>)")
     tr.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
 
+    df = sub.add_parser("diff", help="compare two traces (or a trace and a run): per step, axis and op, and each rank's first divergent call")
+    df.add_argument("dir_a", type=Path)
+    df.add_argument("dir_b", type=Path)
+    df.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
+
     pl = sub.add_parser("place", help="rank the placements of the axes on nodes by predicted communication time")
     pl.add_argument("--world", type=int, required=True)
     pl.add_argument("--gpus-per-node", type=int, default=8, help="NVLink domain size (default %(default)s)")

@@ -49,3 +49,26 @@ def report_trace(run_dir) -> int:
     write_files(result, run_dir)
     print_trace(result)
     return 0 if result.passed else 1
+
+
+def cmd_diff(args) -> int:
+    """`meshscope diff A B`: exit 0 when the two ledgers are the same, 1 when they differ."""
+    from ..core.events import human_bytes
+    from ..report.table import make_console, print_table
+    from ..trace.diff import diff
+
+    doc = diff(args.dir_a, args.dir_b)
+    if args.json:
+        print(json.dumps(doc))
+        return 0 if doc["same"] else 1
+    console = make_console()
+    if doc["same"]:
+        console.print(f"same ledgers on ranks {doc['ranks']}: {doc['a']} ({doc['kinds'][0]}) and {doc['b']} ({doc['kinds'][1]})")
+        return 0
+    print_table(console, f"differences per step, axis and op ({doc['kinds'][0]} A vs {doc['kinds'][1]} B, ranks "
+                f"{doc['ranks']})", ["step", "axis", "op", "calls A", "calls B", "bytes A", "bytes B"],
+                [[str(r["step"]), r["axis"], r["op"], str(r["count_a"]), str(r["count_b"]), human_bytes(r["bytes_a"]),
+                  human_bytes(r["bytes_b"])] for r in doc["rows"]], key=3)
+    for rank, d in doc["first_divergence"].items():
+        console.print(f"rank {rank}, call #{d['index']}: A {d['a']}; B {d['b']}")
+    return 1
