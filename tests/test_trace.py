@@ -272,7 +272,37 @@ def test_diff_shows_what_sequence_parallel_changed(traced, tmp_path):
     assert proc.returncode == 1
     doc = json.loads(proc.stdout)
     rows = {(r["step"], r["axis"], r["op"]): (r["count_a"], r["count_b"]) for r in doc["rows"]}
-    assert rows[(1, "tp", "all_gather")] == (0, 2) and rows[(1, "tp", "reduce_scatter")] == (0, 2)
+    # summed over the 2 ranks: SP adds 2 all-gathers and 2 reduce-scatters per rank and step
+    assert rows[(1, "tp", "all_gather")] == (0, 4) and rows[(1, "tp", "reduce_scatter")] == (0, 4)
     assert set(doc["first_divergence"]) == {"0", "1"}  # JSON keys: the ranks
     missing = cli("diff", tp, tmp_path / "missing")
     assert missing.returncode == 2 and "is not a directory" in missing.stderr
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_elastic_agents_on_one_host(tmp_path):
+    """Multi-node as torchrun does it: one `meshscope trace` per node, c10d rendezvous on 127.0.0.1;
+    each node's directory holds its own rank and says how much of the world it traced."""
+    port = _free_port()
+    cmds = [[sys.executable, "-m", "meshscope", "trace", "--nnodes", "2", "--nproc-per-node", "1",
+             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-agents",
+             "--out", str(tmp_path / f"node{k}"), "--json", "--", str(JOBS / "ddp.py"), "--steps", "2"]
+            for k in range(2)]
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT) for c in cmds]
+    outs = [p.communicate(timeout=240) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    docs = [json.loads(out) for out, _ in outs]
+    assert sorted(r["rank"] for d in docs for r in d["ranks"]) == [0, 1]
+    for d in docs:
+        assert d["passed"] and d["world"] == 2 and len(d["per_rank"]) == 1
+        assert any("ranks traced: 1 of 2" in n for n in d["notes"])
+        # the bucket all-reduces of both ranks are seen on the world group of 2
+        assert {tuple(e["group"]) for s in d["per_rank"][0]["steps"] for e in s["events"]} == {(0, 1)}

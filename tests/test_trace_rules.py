@@ -98,3 +98,36 @@ def test_axes_partition_catches_overlap_and_a_gap():
     assert not c.passed and "rank 1 is in two tp groups" in c.detail
     c = checks.axes_partition({"tp": [[0, 1]]}, {0, 1, 2, 3}, 4)
     assert not c.passed and "leave out ranks [2, 3]" in c.detail
+
+
+def test_step_boundaries_count_the_outermost_step_of_the_first_optimizer():
+    import torch
+
+    from meshscope.capture.job_context import JobContext
+
+    class Wrapper(torch.optim.Optimizer):
+        """Steps an inner optimizer created before it, as ZeroRedundancyOptimizer does."""
+
+        def __init__(self, params):
+            self.inner = torch.optim.SGD(params, lr=0.1)
+            super().__init__(self.inner.param_groups, {})
+
+        def step(self, closure=None):
+            self.inner.step()
+
+    seen = []
+    ctx = JobContext(on_step=seen.append)
+    ctx.install()
+    try:
+        w = torch.nn.Parameter(torch.ones(2))
+        wrapped, other = Wrapper([w]), torch.optim.Adam([torch.nn.Parameter(torch.ones(1))])
+        for _ in range(3):
+            w.grad = torch.ones(2)
+            wrapped.step()      # one boundary: inner and outer step are one call
+            other.step()        # not the first optimizer created: no boundary
+        assert seen == [1, 2, 3] and ctx.optimizers_seen == 9
+        named = JobContext(step_optimizer="Adam", on_step=seen.append)
+        assert named._is_boundary(other) and not named._is_boundary(wrapped.inner)
+    finally:
+        ctx.remove()
+    assert ctx.phase() == "other" and ctx.region() == ""

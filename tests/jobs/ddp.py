@@ -46,8 +46,8 @@ own logging data (rank 0) as a cross-check.
 """
 
 import argparse
-import gc
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -123,11 +123,14 @@ def main():
             "ddp bucket_sizes=%s rebuilt_bucket_sizes=%s"
             % (data.get("bucket_sizes"), data.get("rebuilt_bucket_sizes"))
         )
-    # Free DDP (its C++ reducer holds the process group) before destroying
-    # the group: left to interpreter exit, gloo teardown can abort with
-    # "terminate called without an active exception" (seen ~1 in 3 at world 4).
-    del ddp, model, opt
-    gc.collect()
+    # torch 2.13 + gloo: a gloo worker thread frees each finished work
+    # (whose saved thread-local state holds a Python object) only once it
+    # gets the GIL; if the interpreter is already finalizing by then, the
+    # process aborts with "terminate called without an active exception"
+    # (seen in ~1 of 3 runs at world 4 on a loaded 2-core box). Releasing
+    # the GIL for a moment before teardown lets the workers finish.
+    if dist.get_backend() == "gloo":
+        time.sleep(0.5)
     dist.destroy_process_group()
 
 

@@ -59,6 +59,7 @@ class JobContext:
         self._created: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._boundary = None
         self._optimizer_depth = 0
+        self._boundary_stepped = False
         self._stack: list[str] = []
         self._names: dict[int, str] = {}
         self._main = threading.get_ident()
@@ -103,9 +104,13 @@ class JobContext:
         self._optimizer_depth += 1
 
     def _post_step(self, opt, args, kwargs) -> None:
+        """A boundary when the outermost step returns and the boundary optimizer stepped in it (itself,
+        or wrapped: ZeroRedundancyOptimizer creates and steps an inner optimizer)."""
         self._optimizer_depth -= 1
         self.optimizers_seen += 1
-        if self._optimizer_depth == 0 and self._is_boundary(opt):
+        self._boundary_stepped = self._boundary_stepped or self._is_boundary(opt)
+        if self._optimizer_depth == 0 and self._boundary_stepped:
+            self._boundary_stepped = False
             self.step += 1
             if self.on_step is not None:
                 self.on_step(self.step)

@@ -1,7 +1,7 @@
 """What a traced job shows: the layout its groups imply, per step x axis x op the calls of each rank
 (count, logical bytes in and out, phase), the modules that moved the most bytes, and the checks;
-``report.md``, a Chrome trace (``trace.json``: one row per rank, one slice per call) and a PNG of the
-bytes per axis per step."""
+``report.md``, a Chrome trace (``trace.json``: one row per rank, one slice per call) and PNGs of the
+bytes per axis per step and per module."""
 
 from __future__ import annotations
 
@@ -100,7 +100,29 @@ def write_files(result: TraceResult, run_dir: Path) -> list[str]:
     written = [str(run_dir / "report.md"), str(run_dir / "trace.json")]
     if result.events:
         written.append(_bytes_figure(result, run_dir / "figures" / "bytes_per_axis.png"))
+        written.append(_modules_figure(result, run_dir / "figures" / "bytes_per_module.png"))
     return written
+
+
+def _modules_figure(result: TraceResult, path: Path) -> str:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = module_rows(result)[::-1]
+    total: dict[str, int] = defaultdict(int)
+    for e in result.events:
+        total[e.region or f"({e.phase}, no module)"] += max(e.bytes_in, e.bytes_out)
+    fig, ax = plt.subplots(figsize=(7, 0.4 * len(rows) + 1.2))
+    ax.barh([r[0] for r in rows], [total[r[0]] / 2**20 for r in rows])
+    ax.set_xlabel("MiB moved, all ranks, all steps")
+    ax.set_title(f"top {len(rows)} modules by logical bytes")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
 
 
 def _bytes_figure(result: TraceResult, path: Path) -> str:

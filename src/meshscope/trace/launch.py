@@ -89,7 +89,7 @@ def trace(options: TraceOptions, echo=None) -> tuple[Path, dict]:
     options.validate()
     run_dir = options.run_dir()
     rundir.check(run_dir)
-    spec = {"kind": "trace", "world": options.world, "traced": options.world, "command": list(options.target),
+    spec = {"kind": "trace", "world": options.world, "traced": options.nproc_per_node, "command": list(options.target),
             "nproc_per_node": options.nproc_per_node, "nnodes": options.nnodes, "steps": options.steps,
             "timeout": options.timeout}
     rundir.start(run_dir, spec)

@@ -23,6 +23,7 @@ A script that raises gets its own traceback printed (without meshscope's frames)
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import runpy
@@ -283,11 +284,14 @@ def main(argv: list[str], on_end=None) -> int:
     trace.finish(status, error, note)
     if on_end is not None:
         on_end()
-    if status == "stopped":
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)  # the rest of the script (and its teardown) is what --steps asked to skip
-    return code
+    if status != "stopped":
+        atexit._run_exitfuncs()  # the script's own exit handlers run as they would have; --steps skips them
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip the interpreter's teardown: gloo's C++ threads have been seen to abort ("terminate called
+    # without an active exception") in static destructors of a process that did not destroy its
+    # process group, which would turn a clean job into a failed rank.
+    os._exit(code)
 
 
 if __name__ == "__main__":
