@@ -71,7 +71,7 @@ def test_ddp_bucket_all_reduces_are_ddps_own_buckets(traced):
             calls = _steady(result, rank, step, op="all_reduce")
             assert sorted(e.bytes_in for e in calls) == buckets
             assert {e.phase for e in calls} == {"backward"} and {e.axis for e in calls} == {"world"}
-    assert result.layout["sizes"] == {"dp": 2}
+    assert result.layout["sizes"] == {"world": 2}
 
 
 def test_fsdp2_one_all_gather_and_one_reduce_scatter_per_unit(traced):

@@ -37,9 +37,9 @@ def _end(run_dir: Path, rank: int) -> RankEnd:
 
 def layout_section(world: int, axes: dict[str, list[list[int]]]) -> dict:
     """The layout the groups imply, as `meshscope layout` names it where it can (`core.mesh_fit`)."""
-    if set(axes) <= {"world"}:
-        return {"fits": True, "order": "dp", "sizes": {"dp": world},
-                "text": f"dp {world}: every call is on the default group (data parallel over the world)"}
+    if set(axes) <= {"world"}:  # DDP, a pipeline over the world, a plain script: nothing to reconstruct
+        return {"fits": True, "order": None, "sizes": {"world": world},
+                "text": f"world {world}: every call is on the default group, so there is no mesh axis to reconstruct"}
     fit = fit_layout(world, axes)
     if fit.ok:
         return {"fits": True, "order": fit.layout.order, "sizes": fit.sizes, "text": fit.describe(),
