@@ -121,6 +121,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="stop the job and diagnose it once a collective has waited this many seconds (default: the job's own)")
     tr.add_argument("--step-optimizer", default=None,
                     help="class name of the optimizer whose step() marks the step boundary (default: the first created)")
+    tr.add_argument("--fake-world", type=int, default=None,
+                    help="trace ranks of a world of this many on torch's fake backend, one CPU process each")
+    tr.add_argument("--ranks", default="auto",
+                    help="with --fake-world: auto (one rank per class, the default) or a comma list such as 0,7,1023")
     tr.add_argument("--out", type=Path, default=None, help="run directory (default traces/<script>-<time>)")
     tr.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
 

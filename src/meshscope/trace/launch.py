@@ -47,11 +47,28 @@ class TraceOptions:
     """Class name of the optimizer whose steps mark the boundaries; None: the first one created."""
     out: Path | None = None
     """Run directory; None: ``traces/<script>-<time>-<pid>``."""
+    fake_world: int | None = None
+    """Trace ranks of a world of this many on torch's fake backend (`trace.fake`), a few processes at a time."""
+    ranks: str = "auto"
+    """Fake world: ``auto`` (one rank per class, `fake.rank_classes`) or a comma list such as ``0,7,1023``."""
     env: dict = field(default_factory=dict)
 
     @property
     def world(self) -> int:
-        return self.nnodes * self.nproc_per_node
+        return self.fake_world or self.nnodes * self.nproc_per_node
+
+    def chosen_ranks(self) -> list[int] | None:
+        """The fake world's ranks to trace, None for ``auto``; UsageError on a bad list."""
+        if self.ranks == "auto":
+            return None
+        try:
+            ranks = sorted({int(r) for r in self.ranks.split(",") if r.strip()})
+        except ValueError:
+            raise UsageError(f"--ranks {self.ranks!r} must be 'auto' or a comma list of ranks, e.g. 0,7") from None
+        bad = [r for r in ranks if not 0 <= r < self.world]
+        if not ranks or bad:
+            raise UsageError(f"--ranks {self.ranks!r}: ranks must lie in [0, {self.world - 1}] (world {self.world})")
+        return ranks
 
     def validate(self) -> None:
         if not self.target:
@@ -65,6 +82,12 @@ class TraceOptions:
         for name, value in (("--nproc-per-node", self.nproc_per_node), ("--nnodes", self.nnodes)):
             if value < 1:
                 raise UsageError(f"{name} {value} must be a positive integer")
+        if self.fake_world is not None:
+            if self.fake_world < 1:
+                raise UsageError(f"--fake-world {self.fake_world} must be a positive number of ranks")
+            if self.nnodes != 1 or self.rendezvous:
+                raise UsageError("--fake-world runs every rank on this machine: leave out --nnodes and the rendezvous flags")
+            self.chosen_ranks()
         if self.steps is not None and self.steps < 1:
             raise UsageError(f"--steps {self.steps} must be a positive number of steps (leave it out to run the "
                              f"script to its end)")
@@ -78,7 +101,7 @@ class TraceOptions:
         return Path("traces") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
     def rank_program(self, run_dir: Path) -> list[str]:
-        flags = [*(["--steps", str(self.steps)] if self.steps else []),
+        flags = [*(["--steps", str(self.steps)] if self.steps else []), *(["--fake"] if self.fake_world else []),
                  *(["--timeout", str(self.timeout)] if self.timeout else []),
                  *(["--step-optimizer", self.step_optimizer] if self.step_optimizer else [])]
         return ["-m", "meshscope.trace.rank", str(run_dir), *flags, "--", *self.target]
@@ -87,6 +110,10 @@ class TraceOptions:
 def trace(options: TraceOptions, echo=None) -> tuple[Path, dict]:
     """Run the traced job; returns its run directory and the result document (also result.json)."""
     options.validate()
+    if options.fake_world:
+        from .fake_world import trace_fake_world
+
+        return trace_fake_world(options, echo)
     run_dir = options.run_dir()
     rundir.check(run_dir)
     spec = {"kind": "trace", "world": options.world, "traced": options.nproc_per_node, "command": list(options.target),

@@ -39,6 +39,7 @@ from ..capture.dispatch import errors as decode_errors
 from ..capture.job_context import JobContext
 from ..core.axes import axis_of
 from ..core.events import CommEvent
+from . import fake
 
 FLUSH_S = 0.5
 """How often the flusher thread writes new calls to the flight log."""
@@ -148,7 +149,7 @@ class RankTrace:
         tmp = self.run_dir / "ledgers" / f"rank{self.rank}.jsonl.tmp"
         tmp.write_text("".join(json.dumps(e.to_json()) + "\n" for e in self.events))
         tmp.replace(self.run_dir / "ledgers" / f"rank{self.rank}.jsonl")
-        doc = {"rank": self.rank, "status": status, "steps": self.context.step,
+        doc = {"rank": self.rank, "status": status, "steps": self.context.step, "created_groups": fake.CREATED,
                "optimizer_steps": self.context.optimizers_seen, "events": len(self.events),
                "groups": [{"name": g.name, "desc": g.desc, "axis": self.axis(g), "ranks": list(g.ranks)}
                           for g in self.groups.values()],
@@ -204,12 +205,15 @@ def _limit_timeouts(seconds: float) -> None:
         setattr(dist, name, wrapped)
 
 
-def _stop_when_all_done(trace: RankTrace, steps: int):
-    """The `JobContext.on_step` that ends the job once every rank has finished `steps` steps."""
+def _stop_when_all_done(trace: RankTrace, steps: int, alone: bool = False):
+    """The `JobContext.on_step` that ends the job once every rank has finished `steps` steps (`alone`:
+    a fake world's rank, which has no peer to wait for)."""
     def on_step(step: int) -> None:
         trace.step_done(step)
         if step < steps:
             return
+        if alone:
+            raise StopTrace
         import torch.distributed as dist
 
         store = dist.distributed_c10d._get_default_store()
@@ -240,6 +244,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--timeout", type=float, default=None)
     p.add_argument("--step-optimizer", default=None)
+    p.add_argument("--fake", action="store_true", help="a rank of a fake world (trace.fake)")
     args = p.parse_args(argv[:cut])
     args.target = argv[cut + 1:]
     return args
@@ -251,7 +256,9 @@ def main(argv: list[str], on_end=None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     context = JobContext(args.step_optimizer)
     trace = RankTrace(args.run_dir, rank, context)
-    context.on_step = _stop_when_all_done(trace, args.steps) if args.steps else trace.step_done
+    if args.fake:
+        fake.use_fake_backend()
+    context.on_step = _stop_when_all_done(trace, args.steps, alone=args.fake) if args.steps else trace.step_done
     if args.timeout:
         _limit_timeouts(args.timeout)
     module = args.target[0] == "-m"

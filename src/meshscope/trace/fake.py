@@ -1,0 +1,87 @@
+"""A rank of a large world on one CPU: torch's ``fake`` process-group backend under a traced script.
+
+``meshscope trace --fake-world N`` runs each chosen rank r in a process of its own, with ``RANK``,
+``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and ``GROUP_RANK`` set as torchrun would for N
+ranks on nodes of G, and swaps whatever backend the script asks ``init_process_group`` for with
+``fake`` (and a store that needs no peer): its collectives return at once with their input as
+output, so the script runs alone while issuing every call it would issue at N ranks, each seen by
+the dispatcher recorder as usual. Values received from other ranks are not there: all-to-all split
+sizes exchanged at run time come back as this rank's own (the ledger marks such a job's splits as
+assumed), and a P2P receive gets no data, so ``torch.distributed.pipelining`` needs static stage
+shapes (``input_args``).
+
+Every ``new_group`` call is noted with its ranks, member or not: group creation is a global protocol,
+so rank 0's process sees every group of every axis, which `rank_classes` turns into classes of ranks
+that should issue the same ledger up to relabelling.
+"""
+
+from __future__ import annotations
+
+import os
+
+CREATED: list[tuple[str, list[int]]] = []
+"""(group description, ranks) of every group the script created, in order, member or not."""
+
+
+def use_fake_backend() -> None:
+    """Make the script's ``init_process_group`` a fake one of the world the environment names."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    original_init, original_new = c10d.init_process_group, c10d.new_group
+
+    def init_process_group(*args, **kwargs):
+        kwargs.pop("device_id", None)  # the fake backend binds no device
+        kwargs.pop("init_method", None)
+        kwargs.update(backend="fake", store=FakeStore(), rank=int(os.environ["RANK"]),
+                      world_size=int(os.environ["WORLD_SIZE"]))
+        return original_init(**{k: v for k, v in kwargs.items() if k != "_ranks"})
+
+    def new_group(ranks=None, *args, **kwargs):
+        world = int(os.environ["WORLD_SIZE"])
+        CREATED.append((kwargs.get("group_desc") or "", sorted(ranks) if ranks is not None else list(range(world))))
+        kwargs.pop("device_id", None)
+        return original_new(ranks, *args, **kwargs)
+
+    from torch.distributed import device_mesh  # imported new_group by name: patched there too
+
+    for module in (c10d, dist):
+        module.init_process_group = init_process_group
+    for module in (c10d, dist, device_mesh):
+        if hasattr(module, "new_group"):
+            module.new_group = new_group
+
+
+def environment(rank: int, world: int, per_node: int) -> dict[str, str]:
+    """What torchrun sets for `rank` of `world` ranks on nodes of `per_node`."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank % per_node),
+            "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(rank // per_node), "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+            "TORCHELASTIC_RUN_ID": "meshscope-fake-world", "MESHSCOPE_FAKE_WORLD": str(world)}
+
+
+def rank_classes(world: int, groups: list[tuple[str, list[int]]]) -> dict[tuple, list[int]]:
+    """Ranks grouped by their place in every group they belong to.
+
+    A rank's key is, for each group description (each kind of group: an axis), whether it is the
+    first, a middle or the last member of its group there, and the group's size. Ranks with equal
+    keys hold the same position everywhere (the same pipeline end, the same root of a broadcast),
+    which is what makes two ledgers equal up to relabelling in the parallel APIs torch and
+    Megatron-core provide. A script that branches on the rank number itself can defeat this; the
+    claim is verified on small worlds by tracing every rank (tests/test_fake_world.py).
+    """
+    by_desc: dict[str, list[list[int]]] = {}
+    for desc, ranks in groups:
+        by_desc.setdefault(desc, []).append(ranks)
+    key: dict[int, list] = {r: [] for r in range(world)}
+    for desc in sorted(by_desc):
+        for ranks in by_desc[desc]:
+            for i, r in enumerate(ranks):
+                place = "first" if i == 0 else "last" if i == len(ranks) - 1 else "middle"
+                if r in key:
+                    key[r].append((desc, place, len(ranks)))
+    classes: dict[tuple, list[int]] = {}
+    for r in range(world):
+        classes.setdefault(tuple(sorted(key[r])), []).append(r)
+    return classes

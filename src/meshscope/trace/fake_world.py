@@ -1,0 +1,93 @@
+"""`meshscope trace --fake-world N`: what every rank of an N-rank job issues, before booking a GPU.
+
+Each chosen rank runs the script in a process of its own on the fake backend (`trace.fake`), a few
+at a time (one per core). With ``--ranks auto`` rank 0 runs first; the groups it created (all of
+them: creation is a global protocol) give the classes of ranks (`fake.rank_classes`), and one rank
+per class is traced: the lowest. Cross-rank checks then run among the ranks traced, and the result
+says which ranks stand for which.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from ..run import rundir
+from .assemble import assemble
+from .fake import environment, rank_classes
+
+
+def _run_rank(options, run_dir: Path, rank: int, per_node: int) -> int:
+    (run_dir / "logs").mkdir(exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **environment(rank, options.world, per_node)}
+    with open(run_dir / "logs" / f"rank{rank}.log", "w") as log:
+        return subprocess.run([sys.executable, *options.rank_program(run_dir)], stdout=log, stderr=subprocess.STDOUT,
+                              env=env).returncode
+
+
+def trace_fake_world(options, echo=None) -> tuple[Path, dict]:
+    echo = echo or (lambda line: sys.stderr.write(line))
+    world = options.world
+    per_node = min(8, world) if options.nproc_per_node == 1 else options.nproc_per_node
+    run_dir = options.run_dir()
+    rundir.check(run_dir)
+    chosen = options.chosen_ranks()
+    spec = {"kind": "trace", "world": world, "fake_world": True, "command": list(options.target),
+            "nproc_per_node": per_node, "steps": options.steps, "ranks": options.ranks}
+    rundir.start(run_dir, {**spec, "traced": len(chosen) if chosen else 1})
+    (run_dir / "INCOMPLETE").write_text("the traced job has not finished; result.json is written when it has\n")
+    classes = None
+    if chosen is None:  # auto: rank 0 first, then one representative per class of its groups
+        echo(f"meshscope trace: fake world of {world}: tracing rank 0 to find the classes of ranks\n")
+        codes = {0: _run_rank(options, run_dir, 0, per_node)}
+        record = run_dir / "ranks" / "rank0.json"
+        created = json.loads(record.read_text()).get("created_groups", []) if record.exists() else []
+        classes = rank_classes(world, [(d, r) for d, r in created])
+        chosen = sorted(min(members) for members in classes.values())
+    else:
+        codes = {}
+    todo = [r for r in chosen if r not in codes]
+    echo(f"meshscope trace: fake world of {world}: tracing ranks {chosen}\n")
+    with ThreadPoolExecutor(max(1, min(len(todo) or 1, os.cpu_count() or 1))) as pool:
+        codes.update(zip(todo, pool.map(lambda r: _run_rank(options, run_dir, r, per_node), todo)))
+    spec["traced"] = len(chosen)
+    (run_dir / "spec.json").write_text(json.dumps(spec, indent=1))
+    result = assemble(run_dir)
+    doc = result.to_json()
+    doc["fake_world"] = {"world": world, "traced": chosen,
+                         "classes": [{"representative": min(m), "ranks": _ranges(m), "size": len(m)}
+                                     for m in sorted(classes.values(), key=min)] if classes else None,
+                         "how": ("one rank per class of rank 0's group creations: ranks in the same place (first, "
+                                 "middle or last member, group size) of every kind of group; a script that "
+                                 "branches on its rank number can defeat this") if classes else "the ranks given"}
+    doc["notes"].append("fake backend: collectives return their input, so split sizes exchanged at run time are "
+                        "assumed (this rank's own) and received P2P data is absent")
+    failed = {r: c for r, c in codes.items() if c}
+    if failed:
+        first = min(failed)
+        tail = (run_dir / "logs" / f"rank{first}.log").read_text().splitlines()[-15:]
+        doc["error"] = f"rank {first} exited with code {failed[first]}"
+        echo("\n".join(tail) + "\n")
+    (run_dir / "result.json").write_text(json.dumps(doc))
+    (run_dir / "INCOMPLETE").unlink()
+    return run_dir, doc
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out, start, prev = [], None, None
+    for r in sorted(ranks):
+        if start is None:
+            start = prev = r
+        elif r == prev + 1:
+            prev = r
+        else:
+            out.append(f"{start}-{prev}" if prev > start else str(start))
+            start = prev = r
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev > start else str(start))
+    return ",".join(out)
