@@ -64,6 +64,18 @@ def register(pg, axis: str, ranks) -> None:
         _BY_NAME[name] = (axis, ranks)
 
 
+def forget_all() -> None:
+    """Drop the registry, and with it the references that keep every registered ProcessGroup alive.
+
+    Called after ``destroy_process_group`` (`RankContext.close`): for gloo that call does not stop a
+    group's threads (its ``shutdown`` is a no-op); only the group's destructor joins them, and it runs
+    when the last Python reference goes. The ids of destroyed groups may be reused, so the entries are
+    meaningless afterwards anyway.
+    """
+    _BY_ID.clear()
+    _BY_NAME.clear()
+
+
 def describe(group) -> tuple[str, tuple[int, ...]]:
     """(axis, ranks) of a ProcessGroup, a group name, or None (the default group)."""
     if group is None:

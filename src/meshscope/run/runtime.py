@@ -9,6 +9,7 @@ through its watchdog with async error handling on).
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import sys
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.faults import FAULT_RANK
-from ..core.groups import MeshGroups, create_groups
+from ..core.groups import MeshGroups, create_groups, forget_all
 from ..core.mesh import Layout
 
 PROGRESS_PREFIX = "[meshscope] "
@@ -88,6 +89,66 @@ class RankContext:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def close(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    def close(self, barrier: bool = True) -> None:
+        """Tear torch.distributed down so that no communication thread outlives this call.
+
+        Why (observed with two torch elastic agents on one host, c10d rendezvous, ``torchrun -m
+        meshscope run tp_ar_b32``: 2 of 7, then 2 of 8, runs lost one rank with "terminate called
+        without an active exception", exit -6, after rank 0 had written a passing result): a
+        terminate handler preloaded into the ranks caught the aborting thread. It was a gloo worker,
+        ``pt_gloo_runloop``, in ``ProcessGroupGloo::runLoop``, dropping its reference to the work it
+        had just finished; that was the last reference to a tensor Python had already let go of, so
+        ``TensorImpl::decref_pyobject`` took the GIL (``PyEval_AcquireThread``) - while the main thread
+        was already finalising the interpreter. Python ends such a thread with ``pthread_exit``, whose
+        forced unwind through torch's noexcept frames is a ``std::terminate``. The thread was still
+        alive at exit because ``destroy_process_group`` does not stop gloo (its ``shutdown`` is a
+        no-op; only ``~ProcessGroupGloo`` joins the workers) and meshscope kept every group referenced
+        (``ctx.meshes``, ``ctx.control``, the registry of `core.groups`): at ``atexit`` each rank still
+        ran 4 groups' threads (4 x ``gloo_tcp_loop`` + 8 x ``pt_gloo_runloop``). A plain script holds
+        no other reference, so its groups die, and their threads are joined, inside
+        ``destroy_process_group``; the standalone worker hid the race by leaving through ``os._exit``.
+
+        So: a barrier first (when this rank succeeded), so no peer is still inside a collective with
+        us; then ``destroy_process_group``; then every reference goes and the groups' destructors join
+        their threads here, while the interpreter is fully alive (torch's ProcessGroup holder drops
+        the GIL while it destructs, so a worker that needs the GIL gets it: no run hung). Afterwards
+        no gloo thread is left at ``atexit``, and `benchmarks/soak_multinode.py` went from 10/12
+        clean runs (the same 'terminate called') to 20/20. `live_comm_threads` reports any survivor.
+        """
+        if not dist.is_initialized():
+            return
+        if barrier:
+            try:
+                dist.barrier(group=self.control)
+            except Exception as exc:  # noqa: BLE001 - a peer that died after its last collective
+                print(f"{PROGRESS_PREFIX}rank {self.rank}: barrier before teardown failed: "
+                      f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}",
+                      file=sys.stderr, flush=True)
+        dist.destroy_process_group()
+        self.meshes.clear()
+        self.control = None
+        forget_all()
+        gc.collect()  # groups reachable only through reference cycles (models, closures) go now too
+        left = live_comm_threads()
+        if left:
+            print(f"{PROGRESS_PREFIX}rank {self.rank}: {len(left)} communication threads outlived "
+                  f"destroy_process_group ({', '.join(sorted(set(left)))}): a ProcessGroup is still referenced",
+                  file=sys.stderr, flush=True)
+
+
+COMM_THREAD_PREFIXES = ("pt_gloo", "gloo_")
+"""Names (Linux ``comm``) of the threads a gloo ProcessGroup runs: ``pt_gloo_runloop`` (its workers)
+and ``gloo_tcp_loop`` (its transport's event loop)."""
+
+
+def live_comm_threads() -> list[str]:
+    """Names of this process's threads that belong to a gloo ProcessGroup ([] where /proc is absent)."""
+    names = []
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            name = (task / "comm").read_text().strip()
+        except OSError:
+            continue
+        if name.startswith(COMM_THREAD_PREFIXES):
+            names.append(name)
+    return names

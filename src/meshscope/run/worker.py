@@ -63,6 +63,7 @@ def execute(run_dir: Path, spec: dict, program: Program = run_experiments) -> in
     On failure the rank records ``errors/rank<R>.json`` and returns 1.
     """
     ctx = None
+    ok = False
     try:
         ctx = RankContext.start(spec["backend"], spec["timeout"], run_dir)
         ctx.flight = FlightLog(run_dir, ctx.rank)
@@ -74,6 +75,7 @@ def execute(run_dir: Path, spec: dict, program: Program = run_experiments) -> in
             ctx.flight.close()
         if results is not None:
             write_json(run_dir / "result.json", results[0] if len(results) == 1 else {"results": results})
+        ok = True
         return 0
     except Exception as exc:  # noqa: BLE001 - every failure is reported, then the rank exits non-zero
         rank = int(os.environ.get("RANK", -1))
@@ -84,6 +86,6 @@ def execute(run_dir: Path, spec: dict, program: Program = run_experiments) -> in
         print(f"rank {rank} failed: {message}", file=sys.stderr, flush=True)
         return 1
     finally:
-        if ctx is not None:
-            ctx.close()
+        if ctx is not None:  # joins the communication threads now, not during interpreter teardown
+            ctx.close(barrier=ok)  # a failed rank does not wait for peers that may never come
 
