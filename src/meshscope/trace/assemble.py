@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from ..capture.flightlog import read
+from ..core.axes import axis_of
 from ..core.errors import UsageError
 from ..core.events import CommEvent
 from ..core.mesh_fit import dims, fit_layout
@@ -33,6 +34,11 @@ def _end(run_dir: Path, rank: int) -> RankEnd:
         return RankEnd(rank, "missing", error="no record: the rank was killed or never finished")
     d = json.loads(path.read_text())
     return RankEnd(rank, d["status"], d.get("steps", 0), d.get("error", ""), d.get("note", ""))
+
+
+def _created(run_dir: Path) -> list[tuple[str, list[int]]]:
+    path = run_dir / "ranks" / "rank0.json"
+    return [tuple(g) for g in json.loads(path.read_text()).get("created_groups", [])] if path.exists() else []
 
 
 def layout_section(world: int, axes: dict[str, list[list[int]]]) -> dict:
@@ -64,6 +70,10 @@ def assemble(run_dir: Path) -> TraceResult:
     for e in events:
         if e.op not in ("send", "recv") or e.axis != "world":
             axes.setdefault(e.axis, set()).add(e.group)
+    for desc, members in _created(run_dir):  # a fake world's rank 0 saw every group created, member or not
+        axis = axis_of(desc)
+        if axis not in ("world", "group"):
+            axes.setdefault(axis, set()).add(tuple(members))
     axes_sorted = {a: sorted(map(list, gs)) for a, gs in sorted(axes.items())}
     traced = set(present)
     complete = {r.rank: r.steps for r in ranks}

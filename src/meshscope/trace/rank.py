@@ -269,7 +269,7 @@ def main(argv: list[str], on_end=None) -> int:
     context.install()
     _label_device_meshes()
     trace.start()
-    status, error, code = "ok", None, 0
+    status, error, code, note = "ok", None, 0, None
     try:
         with Recorder(trace.sink):
             if module:
@@ -283,11 +283,17 @@ def main(argv: list[str], on_end=None) -> int:
         if code:
             status, error = "error", f"the script exited with code {exc.code}"
     except BaseException as exc:  # noqa: BLE001 - the script's failure is reported as the script's
-        sys.stderr.write(_script_traceback(exc))
+        text = _script_traceback(exc)
+        sys.stderr.write(text)
         status, error, code = "error", f"{type(exc).__name__}: {exc}".splitlines()[0], 1
+        if args.fake and "recv_object_list" in "".join(traceback.format_tb(exc.__traceback__)):
+            note = ("the script receives Python objects over P2P (recv_object_list), which a fake world cannot "
+                    "deliver: torch.distributed.pipelining does so for shape inference; give every PipelineStage "
+                    "static shapes (input_args and output_args)")
     finally:
         context.remove()
-    note = None if context.optimizers_seen else "the script stepped no torch.optim optimizer: one step holds everything"
+    if not context.optimizers_seen and status != "error":
+        note = "the script stepped no torch.optim optimizer: one step holds everything"
     trace.finish(status, error, note)
     if on_end is not None:
         on_end()

@@ -1,0 +1,78 @@
+"""`meshscope trace --fake-world N`: ranks of a large world on torch's fake backend, one process each;
+its ledger against a real trace of the same script, and the rank classes against every rank."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from meshscope.core.result import TraceResult
+
+from .helpers import ROOT, cli
+
+JOBS = ROOT / "tests" / "jobs"
+
+
+def _trace(tmp_path, name, *args, timeout=240):
+    proc = cli("trace", *args[:-1], "--out", tmp_path / name, "--json", "--", *args[-1], timeout=timeout)
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    return proc, json.loads(proc.stdout)
+
+
+def test_a_fake_world_issues_what_the_real_one_does(tmp_path):
+    """FSDP2 x TP at world 4: every rank on the fake backend issues exactly what a real gloo job does."""
+    job = [str(JOBS / "fsdp_tp.py"), "--steps", "2"]
+    real, _ = _trace(tmp_path, "real", "--nproc-per-node", 4, job)
+    fake, doc = _trace(tmp_path, "fake", "--fake-world", 4, "--ranks", "0,1,2,3", job)
+    assert real.returncode == 0 and fake.returncode == 0, fake.stderr[-3000:]
+    assert doc["fake_world"]["traced"] == [0, 1, 2, 3] and doc["passed"]
+    proc = cli("diff", tmp_path / "real", tmp_path / "fake", "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["same"], proc.stdout[-3000:]
+
+
+def _relabelled(result: TraceResult, rank: int) -> list[tuple]:
+    """A rank's ledger with group members replaced by positions and peers by offsets."""
+    return [(e.step, e.op, e.axis, e.phase, e.dtype, e.bytes_in, e.bytes_out, e.input_splits, e.output_splits,
+             len(e.group), e.group.index(rank), None if e.peer is None else e.peer - rank)
+            for _, events in sorted(result.steps_of(rank).items()) for e in events]
+
+
+def test_rank_classes_hold_on_a_world_traced_whole(tmp_path):
+    """World 8 = tp 2 x dp 4: auto traces one rank per class; tracing every rank shows that the members
+    of each class issue the same ledger up to relabelling, and that the classes are not all one."""
+    job = [str(JOBS / "fsdp_tp.py"), "--steps", "2"]
+    _, auto = _trace(tmp_path, "auto", "--fake-world", 8, job)
+    _, whole = _trace(tmp_path, "whole", "--fake-world", 8, "--ranks", ",".join(map(str, range(8))), job)
+    classes = auto["fake_world"]["classes"]
+    assert auto["passed"] and whole["passed"] and auto["fake_world"]["traced"] == [c["representative"] for c in classes]
+    assert auto["layout"]["sizes"] == {"tp": 2, "dp": 4}
+    result = TraceResult.from_json(whole)
+    members = {}
+    for c in classes:
+        ranks = []
+        for part in c["ranks"].split(","):
+            lo, _, hi = part.partition("-")
+            ranks += range(int(lo), int(hi or lo) + 1)
+        members[c["representative"]] = ranks
+    assert sorted(r for rs in members.values() for r in rs) == list(range(8))
+    for rep, ranks in members.items():
+        for r in ranks:
+            assert _relabelled(result, r) == _relabelled(result, rep), (rep, r)
+
+
+def test_pipelining_shape_inference_over_p2p_is_named(tmp_path):
+    proc, doc = _trace(tmp_path, "pp", "--fake-world", 4, "--ranks", "0", [str(JOBS / "pipelining.py"), "--steps", "1"])
+    assert proc.returncode == 1 and not doc["passed"]
+    assert any("recv_object_list" in n and "input_args" in n for n in doc["notes"])
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--fake-world", 0), "--fake-world 0 must be a positive number of ranks"),
+    (("--fake-world", 8, "--ranks", "3,9"), "--ranks '3,9': ranks must lie in [0, 7] (world 8)"),
+    (("--fake-world", 8, "--ranks", "a"), "must be 'auto' or a comma list"),
+    (("--fake-world", 8, "--nnodes", 2), "--fake-world runs every rank on this machine"),
+])
+def test_fake_world_bad_input(args, needle, tmp_path):
+    proc = cli("trace", *args, "--out", tmp_path / "x", "--", str(JOBS / "ddp.py"))
+    assert proc.returncode == 2 and needle in proc.stderr and not (tmp_path / "x").exists(), proc.stderr
