@@ -32,10 +32,15 @@ def test_a_fake_world_issues_what_the_real_one_does(tmp_path):
 
 
 def _relabelled(result: TraceResult, rank: int) -> list[tuple]:
-    """A rank's ledger with group members replaced by positions and peers by offsets."""
+    """A rank's ledger with each group replaced by its positions (so only its size is left), a P2P peer
+    by its offset from the rank and a root by its position in the group."""
+    def peer(e):
+        if e.peer is None:
+            return None
+        return e.peer - rank if e.op in ("send", "recv") else e.group.index(e.peer)
+
     return [(e.step, e.op, e.axis, e.phase, e.dtype, e.bytes_in, e.bytes_out, e.input_splits, e.output_splits,
-             len(e.group), e.group.index(rank), None if e.peer is None else e.peer - rank)
-            for _, events in sorted(result.steps_of(rank).items()) for e in events]
+             len(e.group), peer(e)) for _, events in sorted(result.steps_of(rank).items()) for e in events]
 
 
 def test_rank_classes_hold_on_a_world_traced_whole(tmp_path):
