@@ -86,9 +86,13 @@ class JobContext:
         ]
 
     def remove(self) -> None:
+        """Undo `install`: every hook, the per-module ones too, and what they knew (a later `install`
+        names the modules again and re-registers their post hooks)."""
         for h in self._handles:
             h.remove()
         self._handles = []
+        self._names.clear()
+        self._stack.clear()
         if hasattr(self, "_restore_init"):
             torch.optim.Optimizer.__init__ = self._restore_init
 
