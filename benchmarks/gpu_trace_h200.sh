@@ -5,11 +5,12 @@
 set -uo pipefail
 source benchmarks/gpu_common.sh
 for job in "ddp.py --steps 5 --print-buckets" "compiled.py --backend inductor" "compiled.py"; do
-  name=$(echo "$job" | tr ' ' '_' | tr -d '-')
-  LIMIT=300 step $ms trace --nproc-per-node 1 --out "$RUNS/$name" --json -- tests/jobs/$job > "$OUT/$name.json" 2> "$OUT/$name.err"
-  cp "$RUNS/$name/report.md" "$OUT/$name.report.md" 2>/dev/null
+  name=$(echo "$job" | cut -d' ' -f1,2 | tr ' ' '_' | tr -d '-')
+  # the JSON document alone in its file (step's own log lines go to the terminal and commands.log)
+  LIMIT=300 step bash -c "$ms trace --nproc-per-node 1 --out $RUNS/$name --json -- tests/jobs/$job > $OUT/$name.json 2> $RUNS/$name.err"
+  grep -h "rebuilt_bucket_sizes" "$RUNS/$name.err" >> "$OUT/summary.txt"
 done
-python3 - "$OUT" <<'PY' > "$OUT/summary.txt"
+python3 - "$OUT" <<'PY' >> "$OUT/summary.txt"
 import json, sys, glob, collections
 for path in sorted(glob.glob(sys.argv[1] + "/*.json")):
     try:
