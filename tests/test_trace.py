@@ -249,6 +249,7 @@ def test_inside_the_users_own_torchrun(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((tmp_path / "run" / "result.json").read_text())
     assert doc["passed"] and doc["world"] == 2 and len(doc["per_rank"]) == 2
+    assert cli("report", tmp_path / "run").returncode == 0
     assert (tmp_path / "run" / "report.md").exists() and (tmp_path / "run" / "trace.json").exists()
 
 

@@ -3,8 +3,9 @@ user already has (multi-node included), the same as `meshscope trace` does insid
 
 Each rank writes into the run directory ``$MESHSCOPE_TRACE_DIR`` (default
 ``traces/<TORCHELASTIC_RUN_ID>``); on several nodes each node has its own unless that path is on a
-shared file system. When the job ends, rank 0 waits (in the job's own store) for every rank's ledger
-and writes ``result.json`` and ``report.md``; ``meshscope report DIR`` does the same afterwards.
+shared file system. When the job ends, local rank 0 of each node waits for its node's ledgers and
+writes ``result.json``; ``meshscope report DIR`` renders the tables, ``report.md`` and the Chrome
+trace from it (the renderers sit above this layer).
 Environment: ``MESHSCOPE_TRACE_STEPS``, ``MESHSCOPE_TRACE_TIMEOUT`` and ``MESHSCOPE_STEP_OPTIMIZER``
 stand for the options of `meshscope trace`.
 """
@@ -52,14 +53,12 @@ def _assemble_on_local_zero(run_dir: Path, local: int):
         deadline = time.monotonic() + 60
         while len(list((run_dir / "ranks").glob("rank*.json"))) < local and time.monotonic() < deadline:
             time.sleep(0.1)
-        from ..core.result import TraceResult
-        from ..report.trace import write_files
         from .assemble import assemble
 
         result = assemble(run_dir)
         (run_dir / "result.json").write_text(json.dumps(result.to_json()))
-        write_files(TraceResult.from_json(result.to_json()), run_dir)
-        print(f"meshscope trace: {'passed' if result.passed else 'FAILED'}: {run_dir}/result.json", file=sys.stderr)
+        print(f"meshscope trace: {'passed' if result.passed else 'FAILED'}: {run_dir}/result.json "
+              f"(meshscope report {run_dir} for the tables)", file=sys.stderr)
 
     return on_end
 
