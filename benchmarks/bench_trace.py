@@ -1,7 +1,7 @@
-"""What `meshscope trace` costs a training step: no trace / the trace / torch's CommDebugMode.
+"""What `meshscope trace` costs a training step: no trace / the trace / --cheap / torch's CommDebugMode.
 
 Launches 2 gloo ranks through torch's elastic agent (``torch.distributed.run --standalone``) and
-times, in one run, three steps under three modes:
+times, in one run, three steps under four modes:
 
 steps
   ``tp``       the chapter's TP step: MLP D 512, H 1024, batch 128, DTensor ColwiseParallel fc1 /
@@ -23,6 +23,8 @@ modes
   ``trace``      what ``meshscope.trace.rank`` installs: a JobContext with its hooks, a RankTrace whose
                  flusher thread writes the flight log to a temporary directory, the Recorder on, the
                  DeviceMesh labels (its ``__init__`` patch; the meshes themselves are built once, labelled);
+  ``cheap``      ``meshscope trace --cheap``: the same without module hooks and without the streamed
+                 flight log (its records are built and written at the end);
   ``commdebug``  ``torch.distributed.tensor.debug.CommDebugMode`` entered around every step.
 
 A sample is K back-to-back steps (--steps-per-sample) of one step under one mode: the mode is set up
@@ -56,7 +58,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-MODES = ("none", "trace", "commdebug")
+MODES = ("none", "trace", "cheap", "commdebug")
 STEPS = ("tp", "ddp", "fsdp_tp")
 DEFAULT_K = {"tp": 16, "ddp": 4, "fsdp_tp": 3}
 """Steps per sample when --steps-per-sample is not given (a sample of about 0.1-0.5 s on 2 cores under load)."""
@@ -179,6 +181,8 @@ class NoneMode:
 class TraceMode:
     """What trace/rank.py's `main` sets up around the script (a fresh one per sample)."""
 
+    cheap = False
+
     def __init__(self, run_dir: Path, rank: int, label_init, **_):
         self.run_dir, self.rank, self.label_init = run_dir, rank, label_init
 
@@ -189,8 +193,8 @@ class TraceMode:
         from meshscope.capture.job_context import JobContext
         from meshscope.trace.rank import RankTrace
 
-        self.context = JobContext(None)
-        self.trace = RankTrace(self.run_dir, self.rank, self.context)
+        self.context = JobContext(None, modules=not self.cheap)
+        self.trace = RankTrace(self.run_dir, self.rank, self.context, stream=not self.cheap)
         self.context.on_step = self.trace.step_done
         self.context.install()
         self._mesh_init = device_mesh.DeviceMesh.__init__
@@ -216,6 +220,19 @@ class TraceMode:
         self.context.remove()
         device_mesh.DeviceMesh.__init__ = self._mesh_init
         self.trace.finish("ok")
+
+
+class CheapMode(TraceMode):
+    """`meshscope trace --cheap`: no module hooks, nothing written until the end."""
+
+    cheap = True
+
+    def end_window(self):
+        pass
+
+    def calls(self):
+        self.trace._drain()  # builds the events that --cheap leaves as tuples until the end
+        return [(e.axis, tuple(e.group), e.op) for e in self.trace.events]
 
 
 class CommDebugModeMode:
@@ -287,7 +304,7 @@ def worker(args) -> None:
     cpu = {(s, m): [] for s in args.steps for m in MODES}  # this process's CPU seconds (all its threads)
     calls: dict[str, Counter] = {}
     flush_s = {s: [] for s in args.steps}
-    modes = {"none": NoneMode, "trace": TraceMode, "commdebug": CommDebugModeMode}
+    modes = {"none": NoneMode, "trace": TraceMode, "cheap": CheapMode, "commdebug": CommDebugModeMode}
     n = 0
     t_start = time.perf_counter()
     for rnd in range(args.samples + 1):  # round 0 is warm-up
@@ -298,11 +315,11 @@ def worker(args) -> None:
                 n += 1
                 mode = modes[m](run_dir=tmp / f"sample{n}", rank=rank, label_init=label_init)
                 mode.enter()
-                if m != "trace" and hooks() != clean:
+                if m not in ("trace", "cheap") and hooks() != clean:
                     raise RuntimeError(f"a {m} sample found state left by the trace: {hooks()} != {clean}")
                 mode.run(steps[s])  # untimed: first-use costs of this sample's mode
-                if m == "trace":
-                    mode.trace.flush()
+                if m in ("trace", "cheap"):
+                    mode.trace.flush() if m == "trace" else None
                     before = len(mode.calls())
                 dist.barrier()
                 c0, t0 = time.process_time(), time.perf_counter()
@@ -314,11 +331,11 @@ def worker(args) -> None:
                 if rnd:
                     times[s, m].append(t2 - t0)
                     cpu[s, m].append(c2 - c0)
-                if m == "trace":
+                if m in ("trace", "cheap"):
                     ops = [c for c in mode.calls()[before:] if c[2] != "barrier"]  # the sample's own barrier
                     calls[s] = Counter(ops)
                     calls[s] = Counter({op: c / K[s] for op, c in calls[s].items()})
-                    if rnd:
+                    if rnd and m == "trace":
                         flush_s[s].append(t2 - t1)
                 mode.exit()
     loop_s = time.perf_counter() - t_start

@@ -307,3 +307,16 @@ def test_two_elastic_agents_on_one_host(tmp_path):
         assert any("ranks traced: 1 of 2" in n for n in d["notes"])
         # the bucket all-reduces of both ranks are seen on the world group of 2
         assert {tuple(e["group"]) for s in d["per_rank"][0]["steps"] for e in s["events"]} == {(0, 1)}
+
+
+def test_cheap_mode_sees_the_same_calls_without_modules(traced, tmp_path):
+    """--cheap drops the module hooks and the streamed flight log: the same calls, no forward phase."""
+    proc = cli("trace", "--cheap", "--nproc-per-node", 2, "--out", tmp_path / "run", "--json", "--",
+               str(JOBS / "ddp.py"), "--steps", "4", timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cheap, full = TraceResult.from_json(json.loads(proc.stdout)), _result(traced, "ddp")
+    def calls(r, phases=False):
+        return [(e.step, e.op, e.bytes_in) + ((e.phase, e.region) if phases else ()) for e in r.events if e.rank == 0]
+    assert calls(cheap) == calls(full)
+    assert {e.region for e in cheap.events} == {""} and "forward" not in {e.phase for e in cheap.events}
+    assert "forward" in {e.phase for e in full.events}

@@ -51,8 +51,10 @@ class JobContext:
     `install` registers the hooks once; `on_step` is called with the new step number after each
     boundary (the trace flushes and, with ``--steps``, stops there)."""
 
-    def __init__(self, step_optimizer: str | None = None, on_step=None):
+    def __init__(self, step_optimizer: str | None = None, on_step=None, modules: bool = True):
         self.step = 0
+        self.modules = modules
+        """False (`meshscope trace --cheap`): no module hooks, so no forward phase and no region."""
         self.step_optimizer = step_optimizer
         self.on_step = on_step
         self.optimizers_seen = 0
@@ -82,7 +84,7 @@ class JobContext:
         self._handles = [
             optim.register_optimizer_step_pre_hook(self._pre_step),
             optim.register_optimizer_step_post_hook(self._post_step),
-            nn_module.register_module_forward_pre_hook(self._pre_forward),
+            *([nn_module.register_module_forward_pre_hook(self._pre_forward)] if self.modules else []),
         ]
 
     def remove(self) -> None:

@@ -121,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="stop the job and diagnose it once a collective has waited this many seconds (default: the job's own)")
     tr.add_argument("--step-optimizer", default=None,
                     help="class name of the optimizer whose step() marks the step boundary (default: the first created)")
+    tr.add_argument("--cheap", action="store_true",
+                    help="no module hooks (no forward phase or module) and no flight log streamed while the job runs")
     tr.add_argument("--fake-world", type=int, default=None,
                     help="trace ranks of a world of this many on torch's fake backend, one CPU process each")
     tr.add_argument("--ranks", default="auto",

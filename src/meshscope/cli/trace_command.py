@@ -14,7 +14,7 @@ def cmd_trace(args) -> int:
     options = TraceOptions(target=tuple(args.job), nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
                            rendezvous=rendezvous, steps=args.steps, timeout=args.timeout,
                            step_optimizer=args.step_optimizer, out=args.out, fake_world=args.fake_world,
-                           ranks=args.ranks)
+                           ranks=args.ranks, cheap=args.cheap)
     run_dir, doc = trace(options)
     _write_report(run_dir, doc)
     if args.json:

@@ -49,6 +49,9 @@ class TraceOptions:
     """Run directory; None: ``traces/<script>-<time>-<pid>``."""
     fake_world: int | None = None
     """Trace ranks of a world of this many on torch's fake backend (`trace.fake`), a few processes at a time."""
+    cheap: bool = False
+    """No module hooks (no forward phase, no region) and no flight log streamed while the job runs (a
+    hang leaves only what the rank wrote when it failed): the cheaper mode of docs/trace.md."""
     ranks: str = "auto"
     """Fake world: ``auto`` (one rank per class, `fake.rank_classes`) or a comma list such as ``0,7,1023``."""
     env: dict = field(default_factory=dict)
@@ -102,6 +105,7 @@ class TraceOptions:
 
     def rank_program(self, run_dir: Path) -> list[str]:
         flags = [*(["--steps", str(self.steps)] if self.steps else []), *(["--fake"] if self.fake_world else []),
+                 *(["--cheap"] if self.cheap else []),
                  *(["--timeout", str(self.timeout)] if self.timeout else []),
                  *(["--step-optimizer", self.step_optimizer] if self.step_optimizer else [])]
         return ["-m", "meshscope.trace.rank", str(run_dir), *flags, "--", *self.target]

@@ -49,8 +49,8 @@ class RankTrace:
     """This rank's calls as they happen: recorded as tuples (cheap), turned into CommEvents and
     written by the flusher."""
 
-    def __init__(self, run_dir: Path, rank: int, context: JobContext):
-        self.run_dir, self.rank, self.context = run_dir, rank, context
+    def __init__(self, run_dir: Path, rank: int, context: JobContext, stream: bool = True):
+        self.run_dir, self.rank, self.context, self.stream = run_dir, rank, context, stream
         self.t0 = time.perf_counter()
         self.wall0 = time.time()
         self.raw: list[tuple] = []
@@ -58,7 +58,6 @@ class RankTrace:
         self.groups: dict[str, GroupInfo] = {}
         self._seq: dict[str, int] = {}
         self._open: dict[str, int] = {}  # group name -> index in `events` of its last, unfinished call
-        self._written = 0
         (run_dir / "flight").mkdir(parents=True, exist_ok=True)
         self._flight = open(run_dir / "flight" / f"rank{rank}.jsonl", "w", buffering=1)
         self._lock = threading.Lock()
@@ -132,7 +131,8 @@ class RankTrace:
                 self._flight.flush()
 
     def start(self) -> None:
-        self._flusher.start()
+        if self.stream:  # --cheap writes everything at the end instead
+            self._flusher.start()
 
     def finish(self, status: str, error: str | None = None, note: str | None = None) -> None:
         """Last flush, the ledger and how the rank ended."""
@@ -245,6 +245,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--timeout", type=float, default=None)
     p.add_argument("--step-optimizer", default=None)
     p.add_argument("--fake", action="store_true", help="a rank of a fake world (trace.fake)")
+    p.add_argument("--cheap", action="store_true", help="no module hooks, no streamed flight log")
     args = p.parse_args(argv[:cut])
     args.target = argv[cut + 1:]
     return args
@@ -254,8 +255,8 @@ def main(argv: list[str], on_end=None) -> int:
     """Run the traced script as this rank; `on_end` runs after its ledger is written."""
     args = parse(argv)
     rank = int(os.environ.get("RANK", "0"))
-    context = JobContext(args.step_optimizer)
-    trace = RankTrace(args.run_dir, rank, context)
+    context = JobContext(args.step_optimizer, modules=not args.cheap)
+    trace = RankTrace(args.run_dir, rank, context, stream=not args.cheap)
     if args.fake:
         fake.use_fake_backend()
     context.on_step = _stop_when_all_done(trace, args.steps, alone=args.fake) if args.steps else trace.step_done
