@@ -131,3 +131,14 @@ def test_step_boundaries_count_the_outermost_step_of_the_first_optimizer():
     finally:
         ctx.remove()
     assert ctx.phase() == "other" and ctx.region() == ""
+
+
+def test_a_flattened_dim_does_not_break_the_mesh_and_classes_keep_places_apart():
+    from meshscope.trace.fake import rank_classes
+
+    axes = {"tp": [[0, 1], [2, 3], [4, 5], [6, 7]], "cp": [[0, 2], [1, 3], [4, 6], [5, 7]],
+            "dp": [[0, 4], [1, 5], [2, 6], [3, 7]], "dp_cp": [[0, 2, 4, 6], [1, 3, 5, 7]]}
+    assert dims(8, axes).order == ("tp", "cp", "dp")
+    # groups without descriptions: rank 1 is last in tp and first in dp, rank 2 the other way round
+    classes = rank_classes(4, [("", [0, 1]), ("", [2, 3]), ("", [0, 2]), ("", [1, 3])])
+    assert sorted(classes.values()) == [[0], [1], [2], [3]]

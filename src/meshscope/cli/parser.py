@@ -111,7 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     tr = sub.add_parser("trace", help="trace an unmodified torchrun job: every collective of every rank, per step",
                         usage="meshscope trace [options] -- SCRIPT [ARGS...]  (or -- -m MODULE [ARGS...])")
-    tr.add_argument("--nproc-per-node", type=int, default=1, help="workers on this node, as torchrun's (default 1)")
+    tr.add_argument("--nproc-per-node", type=int, default=None,
+                    help="workers on this node, as torchrun's (default 1; with --fake-world, ranks per node: min(8, N))")
     tr.add_argument("--nnodes", type=int, default=1, help="nodes, each running its own meshscope trace (default 1)")
     for flag in RENDEZVOUS_FLAGS:
         tr.add_argument(f"--{flag}", default=None, help="passed to torchrun unchanged")

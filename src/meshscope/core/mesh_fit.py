@@ -67,7 +67,9 @@ def dims(world: int, axes: dict[str, list[list[int]]]) -> Fit:
     if not atomic:
         return Fit(reason="no axis with groups of two or more ranks")
     order, sizes, expect = [], {}, 1
-    for name, (stride, size) in sorted(atomic.items(), key=lambda kv: (kv[1][0], kv[0])):
+    for name, (stride, size) in sorted(atomic.items(), key=lambda kv: (kv[1][0], kv[1][1], kv[0])):
+        if stride < expect and stride * size <= expect * (expect // stride):
+            continue  # a flattened dim (torch's mesh_dp_cp): a product of dims already in the order
         if stride != expect:
             return Fit(reason=f"axis {name} has stride {stride} where {expect} was expected: the axes seen "
                               f"({', '.join(sorted(atomic))}) do not form one mesh (another dimension is missing "

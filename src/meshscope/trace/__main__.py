@@ -33,6 +33,7 @@ def main(argv: list[str]) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     if os.environ.get("LOCAL_RANK", "0") == "0":  # one writer per node
+        _clear_earlier_runs(run_dir)
         spec = {"kind": "trace", "world": world, "traced": local, "command": argv, "nproc_per_node": local}
         (run_dir / "spec.json").write_text(json.dumps(spec, indent=1))
     flags = [*(["--steps", os.environ["MESHSCOPE_TRACE_STEPS"]] if os.environ.get("MESHSCOPE_TRACE_STEPS") else []),
@@ -41,6 +42,24 @@ def main(argv: list[str]) -> int:
                if os.environ.get("MESHSCOPE_STEP_OPTIMIZER") else [])]
     code = rank.main([str(run_dir), *flags, "--", *argv], on_end=_assemble_on_local_zero(run_dir, local))
     return code
+
+
+STALE_S = 30.0
+"""Files older than this when a node's local rank 0 starts belong to an earlier job: torchrun's
+default ``--rdzv-id`` is ``none``, so the default directory ``traces/none`` is reused by every
+launch without ``--standalone`` (set MESHSCOPE_TRACE_DIR to keep runs apart)."""
+
+
+def _clear_earlier_runs(run_dir: Path) -> None:
+    import time
+
+    cutoff = time.time() - STALE_S
+    for path in [*run_dir.glob("*/rank*.json*"), *run_dir.glob("*.json"), run_dir / "report.md"]:
+        try:
+            if path.is_file() and path.stat().st_mtime < cutoff:
+                path.unlink()
+        except OSError:  # another node's rank 0 removed it first
+            continue
 
 
 def _assemble_on_local_zero(run_dir: Path, local: int):

@@ -83,7 +83,8 @@ def assemble(run_dir: Path) -> TraceResult:
         notes.append(f"ranks traced: {len(traced)} of {world}; cross-rank checks ran among the traced ranks only")
     if not events:
         notes.append("no collective was issued: the script never initialised a process group, or used none")
-    done = all(r.status in ("ok", "stopped") for r in ranks) and len(ranks) == spec.get("traced", world)
+    # >=: with a directory shared by several nodes, each node's spec counts only its own ranks
+    done = all(r.status in ("ok", "stopped") for r in ranks) and len(ranks) >= spec.get("traced", world)
     return TraceResult(world=world, command=spec["command"], events=events, axes=axes_sorted,
                        layout=layout_section(world, axes_sorted), checks=checks, ranks=ranks, run_dir=str(run_dir),
                        notes=notes, complete=done)

@@ -83,5 +83,5 @@ def rank_classes(world: int, groups: list[tuple[str, list[int]]]) -> dict[tuple,
                     key[r].append((desc, place, len(ranks)))
     classes: dict[tuple, list[int]] = {}
     for r in range(world):
-        classes.setdefault(tuple(sorted(key[r])), []).append(r)
+        classes.setdefault(tuple(key[r]), []).append(r)  # built in one fixed order: sorting would merge places
     return classes

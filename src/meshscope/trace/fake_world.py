@@ -32,7 +32,7 @@ def _run_rank(options, run_dir: Path, rank: int, per_node: int) -> int:
 def trace_fake_world(options, echo=None) -> tuple[Path, dict]:
     echo = echo or (lambda line: sys.stderr.write(line))
     world = options.world
-    per_node = min(8, world) if options.nproc_per_node == 1 else options.nproc_per_node
+    per_node = options.nproc_per_node or min(8, world)
     run_dir = options.run_dir()
     rundir.check(run_dir)
     chosen = options.chosen_ranks()
@@ -70,7 +70,7 @@ def trace_fake_world(options, echo=None) -> tuple[Path, dict]:
     if failed:
         first = min(failed)
         tail = (run_dir / "logs" / f"rank{first}.log").read_text().splitlines()[-15:]
-        doc["error"] = f"rank {first} exited with code {failed[first]}"
+        doc["error"], doc["passed"] = f"rank {first} exited with code {failed[first]}", False
         echo("\n".join(tail) + "\n")
     (run_dir / "result.json").write_text(json.dumps(doc))
     (run_dir / "INCOMPLETE").unlink()

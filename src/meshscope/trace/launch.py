@@ -33,8 +33,9 @@ class TraceOptions:
 
     target: tuple[str, ...]
     """``SCRIPT ARGS...`` or ``-m MODULE ARGS...``, as after torchrun's own flags."""
-    nproc_per_node: int = 1
-    """Workers on this node (torchrun's ``--nproc-per-node``)."""
+    nproc_per_node: int | None = None
+    """Workers on this node (torchrun's ``--nproc-per-node``; None: 1, or min(8, N) ranks per node of a
+    fake world)."""
     nnodes: int = 1
     """Nodes, each started with its own ``meshscope trace`` (torchrun's ``--nnodes``)."""
     rendezvous: tuple[str, ...] = ()
@@ -58,7 +59,12 @@ class TraceOptions:
 
     @property
     def world(self) -> int:
-        return self.fake_world or self.nnodes * self.nproc_per_node
+        return self.fake_world or self.nnodes * self.local
+
+    @property
+    def local(self) -> int:
+        """Workers on this node."""
+        return self.nproc_per_node if self.nproc_per_node is not None else 1
 
     def chosen_ranks(self) -> list[int] | None:
         """The fake world's ranks to trace, None for ``auto``; UsageError on a bad list."""
@@ -82,7 +88,7 @@ class TraceOptions:
         elif not Path(self.target[0]).is_file():
             raise UsageError(f"script {self.target[0]!r} does not exist; give the path of a Python script or "
                              f"-m MODULE")
-        for name, value in (("--nproc-per-node", self.nproc_per_node), ("--nnodes", self.nnodes)):
+        for name, value in (("--nproc-per-node", self.local), ("--nnodes", self.nnodes)):
             if value < 1:
                 raise UsageError(f"{name} {value} must be a positive integer")
         if self.fake_world is not None:
@@ -120,19 +126,19 @@ def trace(options: TraceOptions, echo=None) -> tuple[Path, dict]:
         return trace_fake_world(options, echo)
     run_dir = options.run_dir()
     rundir.check(run_dir)
-    spec = {"kind": "trace", "world": options.world, "traced": options.nproc_per_node, "command": list(options.target),
-            "nproc_per_node": options.nproc_per_node, "nnodes": options.nnodes, "steps": options.steps,
+    spec = {"kind": "trace", "world": options.world, "traced": options.local, "command": list(options.target),
+            "nproc_per_node": options.local, "nnodes": options.nnodes, "steps": options.steps,
             "timeout": options.timeout}
     rundir.start(run_dir, spec)
     (run_dir / "INCOMPLETE").write_text("the traced job has not finished; result.json is written when it has\n")
     rendezvous = list(options.rendezvous) or ["--standalone"]
-    outcome = launch(run_dir, options.nproc_per_node, None, program=options.rank_program(run_dir),
+    outcome = launch(run_dir, options.local, None, program=options.rank_program(run_dir),
                      rendezvous=[f"--nnodes={options.nnodes}", *rendezvous] if options.nnodes > 1 else rendezvous,
                      echo=echo or (lambda line: sys.stderr.write(line)), env=options.env)
     result = assemble(run_dir)
     doc = result.to_json()
     if not result.complete or outcome.returncode != 0:
-        doc["error"] = outcome.error or "a rank did not finish"
+        doc["error"], doc["passed"] = outcome.error or "a rank did not finish", False
         doc["doctor"] = _doctor(run_dir)
     (run_dir / "result.json").write_text(json.dumps(doc))
     (run_dir / "INCOMPLETE").unlink()

@@ -58,6 +58,7 @@ class RankTrace:
         self.groups: dict[str, GroupInfo] = {}
         self._seq: dict[str, int] = {}
         self._open: dict[str, int] = {}  # group name -> index in `events` of its last, unfinished call
+        self._group_of: list[str] = []  # group name of each event, to label it again at the end
         (run_dir / "flight").mkdir(parents=True, exist_ok=True)
         self._flight = open(run_dir / "flight" / f"rank{rank}.jsonl", "w", buffering=1)
         self._lock = threading.Lock()
@@ -99,6 +100,7 @@ class RankTrace:
                           ins, outs, peer, step, t - self.t0)
             self._open[group.name] = len(self.events)
             self.events.append(e)
+            self._group_of.append(group.name)
             lines.append(json.dumps({"t": self.wall0 + t - self.t0, "kind": "issued", **e.to_json()}))
         return lines
 
@@ -144,6 +146,10 @@ class RankTrace:
             if lines:
                 self._flight.write("\n".join(lines) + "\n")
             self._flight.close()
+        # Label every event once more: a DeviceMesh built after a group's first calls names its dim late
+        self.events = [e if e.axis == (axis := self.axis(self.groups[name])) else
+                       CommEvent(**{**{f: getattr(e, f) for f in e.__dataclass_fields__}, "axis": axis})
+                       for e, name in zip(self.events, self._group_of)]
         for d in ("ledgers", "ranks"):
             (self.run_dir / d).mkdir(exist_ok=True)
         tmp = self.run_dir / "ledgers" / f"rank{self.rank}.jsonl.tmp"
@@ -189,25 +195,39 @@ class StopTrace(BaseException):
 
 
 def _limit_timeouts(seconds: float) -> None:
-    """Every process group the job creates waits at most `seconds` in a collective."""
+    """Every process group the job creates waits at most `seconds` in a collective: the c10d entry
+    points and DeviceMesh's, which imported them by name."""
+    import inspect
+
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
+    from torch.distributed import device_mesh
 
     limit = timedelta(seconds=seconds)
-    for name in ("init_process_group", "new_group"):
-        original = getattr(c10d, name)
+    for name in ("init_process_group", "new_group", "split_group"):
+        original = getattr(c10d, name, None)
+        if original is None:
+            continue
+        signature = inspect.signature(original)
 
-        def wrapped(*args, _original=original, **kwargs):
-            kwargs["timeout"] = min(kwargs.get("timeout") or limit, limit)
-            return _original(*args, **kwargs)
+        def wrapped(*args, _original=original, _signature=signature, **kwargs):
+            bound = _signature.bind_partial(*args, **kwargs)  # a timeout given by position too
+            bound.arguments["timeout"] = min(bound.arguments.get("timeout") or limit, limit)
+            return _original(*bound.args, **bound.kwargs)
 
-        setattr(c10d, name, wrapped)
-        setattr(dist, name, wrapped)
+        for module in (c10d, dist, device_mesh):
+            if getattr(module, name, None) is original:
+                setattr(module, name, wrapped)
 
 
-def _stop_when_all_done(trace: RankTrace, steps: int, alone: bool = False):
+STEPS_DONE = "meshscope/trace/steps_done"
+"""Store key every rank adds 1 to when it reached its K-th step, or ended before it."""
+
+
+def _stop_when_all_done(trace: RankTrace, steps: int, alone: bool = False, wait_s: float | None = None):
     """The `JobContext.on_step` that ends the job once every rank has finished `steps` steps (`alone`:
-    a fake world's rank, which has no peer to wait for)."""
+    a fake world's rank, which has no peer to wait for). A rank whose script ends first counts as done
+    (`count_done`); with ``--timeout`` the wait gives up after that long."""
     def on_step(step: int) -> None:
         trace.step_done(step)
         if step < steps:
@@ -217,13 +237,24 @@ def _stop_when_all_done(trace: RankTrace, steps: int, alone: bool = False):
         import torch.distributed as dist
 
         store = dist.distributed_c10d._get_default_store()
-        world = dist.get_world_size()
-        store.add("meshscope/trace/steps_done", 1)
-        while store.add("meshscope/trace/steps_done", 0) < world:  # every rank reached its K-th step
+        world, deadline = dist.get_world_size(), time.monotonic() + (wait_s or float("inf"))
+        store.add(STEPS_DONE, 1)
+        while store.add(STEPS_DONE, 0) < world and time.monotonic() < deadline:  # every rank reached its K-th step
             time.sleep(0.01)
         raise StopTrace
 
     return on_step
+
+
+def count_done() -> None:
+    """A rank whose script ended before ``--steps`` steps: let the ranks waiting for it go."""
+    import torch.distributed as dist
+
+    try:
+        if dist.is_available() and dist.is_initialized():
+            dist.distributed_c10d._get_default_store().add(STEPS_DONE, 1)
+    except (RuntimeError, ValueError):  # its process group is gone: nobody can be waiting in it
+        pass
 
 
 def _script_traceback(exc: BaseException) -> str:
@@ -259,7 +290,8 @@ def main(argv: list[str], on_end=None) -> int:
     trace = RankTrace(args.run_dir, rank, context, stream=not args.cheap)
     if args.fake:
         fake.use_fake_backend()
-    context.on_step = _stop_when_all_done(trace, args.steps, alone=args.fake) if args.steps else trace.step_done
+    context.on_step = (_stop_when_all_done(trace, args.steps, alone=args.fake, wait_s=args.timeout) if args.steps
+                       else trace.step_done)
     if args.timeout:
         _limit_timeouts(args.timeout)
     module = args.target[0] == "-m"
@@ -293,6 +325,8 @@ def main(argv: list[str], on_end=None) -> int:
                     "static shapes (input_args and output_args)")
     finally:
         context.remove()
+        if args.steps and status != "stopped" and not args.fake:
+            count_done()
     if not context.optimizers_seen and status != "error":
         note = "the script stepped no torch.optim optimizer: one step holds everything"
     trace.finish(status, error, note)
