@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import sys
 
+from ..core.result import TraceResult
+from ..report.trace import print_trace, write_files
 from ..trace.launch import RENDEZVOUS_FLAGS, TraceOptions, trace
 
 
@@ -16,14 +18,12 @@ def cmd_trace(args) -> int:
                            step_optimizer=args.step_optimizer, out=args.out, fake_world=args.fake_world,
                            ranks=args.ranks, cheap=args.cheap)
     run_dir, doc = trace(options)
-    _write_report(run_dir, doc)
+    result = TraceResult.from_json(doc)
+    write_files(result, run_dir)
     if args.json:
         print(json.dumps(doc))
     else:
-        from ..core.result import TraceResult
-        from ..report.trace import print_trace
-
-        print_trace(TraceResult.from_json(doc))
+        print_trace(result)
         if "doctor" in doc and doc["doctor"]:
             from ..doctor import render
 
@@ -34,16 +34,8 @@ def cmd_trace(args) -> int:
     return 0 if doc["passed"] else 1
 
 
-def _write_report(run_dir, doc: dict) -> None:
-    from ..core.result import TraceResult
-    from ..report.trace import write_files
-
-    write_files(TraceResult.from_json(doc), run_dir)
-
-
 def report_trace(run_dir) -> int:
     """`meshscope report TRACE_DIR`: assemble the directory again (a hung job's too) and re-render."""
-    from ..report.trace import print_trace, write_files
     from ..trace.assemble import assemble
 
     result = assemble(run_dir)

@@ -38,14 +38,18 @@ def step_rows(result: TraceResult) -> list[list[str]]:
     return rows
 
 
-def module_rows(result: TraceResult) -> list[list[str]]:
+def top_modules(result: TraceResult) -> list[tuple[str, int, int]]:
+    """(module, calls, logical bytes) of the `TOP_MODULES` modules that moved the most, all ranks."""
     total: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for e in result.events:
         slot = total[e.region or f"({e.phase}, no module)"]
         slot[0] += 1
         slot[1] += max(e.bytes_in, e.bytes_out)
-    top = sorted(total.items(), key=lambda kv: -kv[1][1])[:TOP_MODULES]
-    return [[name, str(n), human_bytes(b)] for name, (n, b) in top]
+    return [(name, n, b) for name, (n, b) in sorted(total.items(), key=lambda kv: -kv[1][1])[:TOP_MODULES]]
+
+
+def module_rows(result: TraceResult) -> list[list[str]]:
+    return [[name, str(n), human_bytes(b)] for name, n, b in top_modules(result)]
 
 
 def print_trace(result: TraceResult, console: Console | None = None) -> None:
@@ -110,12 +114,9 @@ def _modules_figure(result: TraceResult, path: Path) -> str:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = module_rows(result)[::-1]
-    total: dict[str, int] = defaultdict(int)
-    for e in result.events:
-        total[e.region or f"({e.phase}, no module)"] += max(e.bytes_in, e.bytes_out)
+    rows = top_modules(result)[::-1]
     fig, ax = plt.subplots(figsize=(7, 0.4 * len(rows) + 1.2))
-    ax.barh([r[0] for r in rows], [total[r[0]] / 2**20 for r in rows])
+    ax.barh([name for name, _, _ in rows], [b / 2**20 for _, _, b in rows])
     ax.set_xlabel("MiB moved, all ranks, all steps")
     ax.set_title(f"top {len(rows)} modules by logical bytes")
     fig.tight_layout()

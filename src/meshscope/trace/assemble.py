@@ -17,6 +17,7 @@ from ..core.errors import UsageError
 from ..core.events import CommEvent
 from ..core.mesh_fit import dims, fit_layout
 from ..core.result import RankEnd, TraceResult
+from ..run import rundir
 from .checks import run_all
 
 
@@ -88,3 +89,19 @@ def assemble(run_dir: Path) -> TraceResult:
     return TraceResult(world=world, command=spec["command"], events=events, axes=axes_sorted,
                        layout=layout_section(world, axes_sorted), checks=checks, ranks=ranks, run_dir=str(run_dir),
                        notes=notes, complete=done)
+
+
+INCOMPLETE = "INCOMPLETE"
+"""The marker of a trace directory whose job has not finished (or whose launcher was killed)."""
+
+
+def begin(run_dir: Path, spec: dict) -> None:
+    """Take `run_dir` for a trace: clear an earlier run's files, write the spec and the marker."""
+    rundir.start(run_dir, spec)
+    (run_dir / INCOMPLETE).write_text("the traced job has not finished; result.json is written when it has\n")
+
+
+def conclude(run_dir: Path, doc: dict) -> None:
+    """Write the result document and remove the marker."""
+    (run_dir / "result.json").write_text(json.dumps(doc))
+    (run_dir / INCOMPLETE).unlink()

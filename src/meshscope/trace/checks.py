@@ -22,10 +22,10 @@ from __future__ import annotations
 from collections import defaultdict
 
 from ..core.axes import is_mesh_axis
-from ..core.events import CommEvent
+from ..core.events import CommEvent, by_group
 from ..core.result import Check
+from ..doctor.evidence import P2P
 
-P2P = ("send", "recv")
 ROOTED = ("broadcast", "reduce", "gather", "scatter")
 
 
@@ -34,10 +34,12 @@ def _brief(e: CommEvent) -> str:
 
 
 def _by_group(events, p2p: bool) -> dict[tuple[str, tuple[int, ...]], dict[int, list[CommEvent]]]:
-    out: dict = defaultdict(lambda: defaultdict(list))
-    for e in sorted(events, key=lambda e: (e.rank, e.axis, e.group, e.seq)):
-        if (e.op in P2P) == p2p:
-            out[(e.axis, e.group)][e.rank].append(e)
+    """(axis, group) -> member rank -> its calls there in issue order (`events.by_group`), P2P or not."""
+    out: dict = defaultdict(dict)
+    for (rank, axis, group), calls in by_group(events).items():
+        calls = [e for e in calls if (e.op in P2P) == p2p]
+        if calls:
+            out[(axis, group)][rank] = calls
     return out
 
 

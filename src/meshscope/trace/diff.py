@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 from ..core.errors import UsageError
@@ -33,11 +34,7 @@ def load_events(run_dir: Path) -> tuple[str, list[CommEvent]]:
     if doc.get("kind") == "suite" or "experiment" not in doc:
         raise UsageError(f"{run_dir} is a {doc.get('kind', 'different')} directory; diff compares traces and runs")
     events = RunResult.from_json(doc).captured
-    return "run", [e if e.step is not None else _with_step(e, 0) for e in events]
-
-
-def _with_step(e: CommEvent, step: int) -> CommEvent:
-    return CommEvent(**{**{f: getattr(e, f) for f in e.__dataclass_fields__}, "step": step})
+    return "run", [e if e.step is not None else replace(e, step=0) for e in events]
 
 
 def _signature(e: CommEvent) -> tuple:

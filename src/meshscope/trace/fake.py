@@ -19,38 +19,36 @@ from __future__ import annotations
 
 import os
 
+from .entry_points import wrap
+
 CREATED: list[tuple[str, list[int]]] = []
 """(group description, ranks) of every group the script created, in order, member or not."""
 
 
 def use_fake_backend() -> None:
-    """Make the script's ``init_process_group`` a fake one of the world the environment names."""
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
+    """Make the script's ``init_process_group`` a fake one of the world the environment names, and
+    note every group it creates."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    original_init, original_new = c10d.init_process_group, c10d.new_group
+    def fake_init(original):
+        def init_process_group(*args, **kwargs):
+            kwargs.pop("device_id", None)  # the fake backend binds no device
+            kwargs.pop("init_method", None)
+            kwargs.update(backend="fake", store=FakeStore(), rank=int(os.environ["RANK"]),
+                          world_size=int(os.environ["WORLD_SIZE"]))
+            return original(**{k: v for k, v in kwargs.items() if k != "_ranks"})
+        return init_process_group
 
-    def init_process_group(*args, **kwargs):
-        kwargs.pop("device_id", None)  # the fake backend binds no device
-        kwargs.pop("init_method", None)
-        kwargs.update(backend="fake", store=FakeStore(), rank=int(os.environ["RANK"]),
-                      world_size=int(os.environ["WORLD_SIZE"]))
-        return original_init(**{k: v for k, v in kwargs.items() if k != "_ranks"})
+    def noted_new_group(original):
+        def new_group(ranks=None, *args, **kwargs):
+            world = int(os.environ["WORLD_SIZE"])
+            CREATED.append((kwargs.get("group_desc") or "", sorted(ranks) if ranks is not None else list(range(world))))
+            kwargs.pop("device_id", None)
+            return original(ranks, *args, **kwargs)
+        return new_group
 
-    def new_group(ranks=None, *args, **kwargs):
-        world = int(os.environ["WORLD_SIZE"])
-        CREATED.append((kwargs.get("group_desc") or "", sorted(ranks) if ranks is not None else list(range(world))))
-        kwargs.pop("device_id", None)
-        return original_new(ranks, *args, **kwargs)
-
-    from torch.distributed import device_mesh  # imported new_group by name: patched there too
-
-    for module in (c10d, dist):
-        module.init_process_group = init_process_group
-    for module in (c10d, dist, device_mesh):
-        if hasattr(module, "new_group"):
-            module.new_group = new_group
+    wrap("init_process_group", fake_init)
+    wrap("new_group", noted_new_group)
 
 
 def environment(rank: int, world: int, per_node: int) -> dict[str, str]:

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..run import rundir
-from .assemble import assemble
+from .assemble import assemble, begin, conclude
 from .fake import environment, rank_classes
 
 
@@ -38,8 +38,7 @@ def trace_fake_world(options, echo=None) -> tuple[Path, dict]:
     chosen = options.chosen_ranks()
     spec = {"kind": "trace", "world": world, "fake_world": True, "command": list(options.target),
             "nproc_per_node": per_node, "steps": options.steps, "ranks": options.ranks}
-    rundir.start(run_dir, {**spec, "traced": len(chosen) if chosen else 1})
-    (run_dir / "INCOMPLETE").write_text("the traced job has not finished; result.json is written when it has\n")
+    begin(run_dir, {**spec, "traced": len(chosen) if chosen else 1})
     classes = None
     if chosen is None:  # auto: rank 0 first, then one representative per class of its groups
         echo(f"meshscope trace: fake world of {world}: tracing rank 0 to find the classes of ranks\n")
@@ -72,8 +71,7 @@ def trace_fake_world(options, echo=None) -> tuple[Path, dict]:
         tail = (run_dir / "logs" / f"rank{first}.log").read_text().splitlines()[-15:]
         doc["error"], doc["passed"] = f"rank {first} exited with code {failed[first]}", False
         echo("\n".join(tail) + "\n")
-    (run_dir / "result.json").write_text(json.dumps(doc))
-    (run_dir / "INCOMPLETE").unlink()
+    conclude(run_dir, doc)
     return run_dir, doc
 
 

@@ -11,7 +11,6 @@ the doctor's findings when the job failed or hung.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 from ..core.errors import UsageError
 from ..run import rundir
 from ..run.launch import launch
-from .assemble import assemble
+from .assemble import assemble, begin, conclude
 
 RENDEZVOUS_FLAGS = ("node-rank", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "master-addr", "master-port")
 """torchrun's rendezvous flags that `meshscope trace` accepts and forwards unchanged."""
@@ -129,8 +128,7 @@ def trace(options: TraceOptions, echo=None) -> tuple[Path, dict]:
     spec = {"kind": "trace", "world": options.world, "traced": options.local, "command": list(options.target),
             "nproc_per_node": options.local, "nnodes": options.nnodes, "steps": options.steps,
             "timeout": options.timeout}
-    rundir.start(run_dir, spec)
-    (run_dir / "INCOMPLETE").write_text("the traced job has not finished; result.json is written when it has\n")
+    begin(run_dir, spec)
     rendezvous = list(options.rendezvous) or ["--standalone"]
     outcome = launch(run_dir, options.local, None, program=options.rank_program(run_dir),
                      rendezvous=[f"--nnodes={options.nnodes}", *rendezvous] if options.nnodes > 1 else rendezvous,
@@ -140,8 +138,7 @@ def trace(options: TraceOptions, echo=None) -> tuple[Path, dict]:
     if not result.complete or outcome.returncode != 0:
         doc["error"], doc["passed"] = outcome.error or "a rank did not finish", False
         doc["doctor"] = _doctor(run_dir)
-    (run_dir / "result.json").write_text(json.dumps(doc))
-    (run_dir / "INCOMPLETE").unlink()
+    conclude(run_dir, doc)
     return run_dir, doc
 
 

@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -40,6 +41,7 @@ from ..capture.job_context import JobContext
 from ..core.axes import axis_of
 from ..core.events import CommEvent
 from . import fake
+from .entry_points import wrap
 
 FLUSH_S = 0.5
 """How often the flusher thread writes new calls to the flight log."""
@@ -106,7 +108,7 @@ class RankTrace:
 
     def _complete(self, index: int, t: float) -> list[str]:
         e = self.events[index]
-        self.events[index] = CommEvent(**{**{f: getattr(e, f) for f in e.__dataclass_fields__}, "t_done": t - self.t0})
+        self.events[index] = replace(e, t_done=t - self.t0)
         return [json.dumps({"t": self.wall0 + t - self.t0, "kind": "completed", "axis": e.axis, "group": list(e.group),
                             "seq": e.seq})]
 
@@ -147,9 +149,7 @@ class RankTrace:
                 self._flight.write("\n".join(lines) + "\n")
             self._flight.close()
         # Label every event once more: a DeviceMesh built after a group's first calls names its dim late
-        self.events = [e if e.axis == (axis := self.axis(self.groups[name])) else
-                       CommEvent(**{**{f: getattr(e, f) for f in e.__dataclass_fields__}, "axis": axis})
-                       for e, name in zip(self.events, self._group_of)]
+        self.events = [replace(e, axis=self.axis(self.groups[name])) for e, name in zip(self.events, self._group_of)]
         for d in ("ledgers", "ranks"):
             (self.run_dir / d).mkdir(exist_ok=True)
         tmp = self.run_dir / "ledgers" / f"rank{self.rank}.jsonl.tmp"
@@ -195,29 +195,23 @@ class StopTrace(BaseException):
 
 
 def _limit_timeouts(seconds: float) -> None:
-    """Every process group the job creates waits at most `seconds` in a collective: the c10d entry
-    points and DeviceMesh's, which imported them by name."""
+    """Every process group the job creates waits at most `seconds` in a collective (`entry_points.wrap`:
+    DeviceMesh's bindings too)."""
     import inspect
 
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-    from torch.distributed import device_mesh
-
     limit = timedelta(seconds=seconds)
-    for name in ("init_process_group", "new_group", "split_group"):
-        original = getattr(c10d, name, None)
-        if original is None:
-            continue
+
+    def limited(original):
         signature = inspect.signature(original)
 
-        def wrapped(*args, _original=original, _signature=signature, **kwargs):
-            bound = _signature.bind_partial(*args, **kwargs)  # a timeout given by position too
+        def wrapped(*args, **kwargs):
+            bound = signature.bind_partial(*args, **kwargs)  # a timeout given by position too
             bound.arguments["timeout"] = min(bound.arguments.get("timeout") or limit, limit)
-            return _original(*bound.args, **bound.kwargs)
+            return original(*bound.args, **bound.kwargs)
+        return wrapped
 
-        for module in (c10d, dist, device_mesh):
-            if getattr(module, name, None) is original:
-                setattr(module, name, wrapped)
+    for name in ("init_process_group", "new_group", "split_group"):
+        wrap(name, limited)
 
 
 STEPS_DONE = "meshscope/trace/steps_done"
