@@ -1,7 +1,7 @@
 """What `meshscope trace` costs a training step: no trace / the trace / --cheap / torch's CommDebugMode.
 
-Launches 2 gloo ranks through torch's elastic agent (``torch.distributed.run --standalone``) and
-times, in one run, three steps under four modes:
+Launches 2 gloo ranks (``--nproc``; ``--backend nccl``: one rank per GPU) through torch's elastic agent
+(``torch.distributed.run --standalone``) and times, in one run, three steps under five modes:
 
 steps
   ``tp``       the chapter's TP step: MLP D 512, H 1024, batch 128, DTensor ColwiseParallel fc1 /
@@ -21,9 +21,11 @@ steps
 modes
   ``none``       ``capture.dispatch.uninstall()``, no hook: exactly torch;
   ``trace``      what ``meshscope.trace.rank`` installs: a JobContext with its hooks, a RankTrace whose
-                 flusher thread writes the flight log to a temporary directory, the Recorder on, the
-                 DeviceMesh labels (its ``__init__`` patch; the meshes themselves are built once, labelled);
-  ``cheap``      ``meshscope trace --cheap``: the same without module hooks and without the streamed
+                 flusher thread writes the flight log to a temporary directory, its C++ recorder on
+                 (``capture.native``, built before the ranks start), the DeviceMesh labels (its
+                 ``__init__`` patch; the meshes themselves are built once, labelled);
+  ``trace-py``   the same with the Python kernel (``meshscope trace --recorder python``);
+  ``cheap``      ``meshscope trace --cheap``: ``trace`` without module hooks and without the streamed
                  flight log (its records are built and written at the end);
   ``commdebug``  ``torch.distributed.tensor.debug.CommDebugMode`` entered around every step.
 
@@ -41,6 +43,7 @@ CPU time of the sample (``time.process_time`` of each rank process, all its thre
 ranks): under a loaded machine it moves less than the wall time. Nothing is asserted.
 
 Run: PYTHONPATH=src python benchmarks/bench_trace.py [--samples 30] [--steps-per-sample K]
+     PYTHONPATH=src python benchmarks/bench_trace.py --backend nccl --nproc 1 --steps ddp   (one GPU)
 """
 
 from __future__ import annotations
@@ -58,7 +61,10 @@ import time
 from collections import Counter
 from pathlib import Path
 
-MODES = ("none", "trace", "cheap", "commdebug")
+MODES = ("none", "trace", "trace-py", "cheap", "commdebug")
+TRACES = ("trace", "trace-py", "cheap")
+DEVICE = None
+"""Where the steps run: the CPU (gloo), or each rank's GPU (``--backend nccl``); set by `worker`."""
 STEPS = ("tp", "ddp", "fsdp_tp")
 DEFAULT_K = {"tp": 16, "ddp": 4, "fsdp_tp": 3}
 """Steps per sample when --steps-per-sample is not given (a sample of about 0.1-0.5 s on 2 cores under load)."""
@@ -84,11 +90,11 @@ def build_tp(world: int):
         def forward(self, x):
             return self.fc2(nn.functional.gelu(self.fc1(x)))
 
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    mesh = init_device_mesh(DEVICE.type, (world,), mesh_dim_names=("tp",))
     torch.manual_seed(0)
-    model = parallelize_module(MLP(), mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
+    model = parallelize_module(MLP().to(DEVICE), mesh, {"fc1": ColwiseParallel(), "fc2": RowwiseParallel()})
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(128, 512, generator=torch.Generator().manual_seed(1))
+    x = torch.randn(128, 512, generator=torch.Generator().manual_seed(1)).to(DEVICE)
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -107,9 +113,9 @@ def build_ddp(rank: int):
     layers = []
     for i in range(8):
         layers += [nn.Linear(512, 512, bias=False)] + ([nn.ReLU()] if i < 7 else [])
-    model = DDP(nn.Sequential(*layers), bucket_cap_mb=1)
+    model = DDP(nn.Sequential(*layers).to(DEVICE), bucket_cap_mb=1)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(64, 512, generator=torch.Generator().manual_seed(1 + rank))
+    x = torch.randn(64, 512, generator=torch.Generator().manual_seed(1 + rank)).to(DEVICE)
     params = sum(p.numel() * p.element_size() for p in model.parameters())
 
     def step():
@@ -132,19 +138,19 @@ def build_fsdp_tp(world: int, dp: int):
     )
 
     tp = world // dp
-    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    mesh = init_device_mesh(DEVICE.type, (dp, tp), mesh_dim_names=("dp", "tp"))
     torch.manual_seed(0)
     args = ModelArgs(n_layers=3, dropout_p=0.0)
     # local_output_for_attn: wq/wk/wv hand plain local tensors (their heads) to SDPA, whose CPU kernel
     # (aten._scaled_dot_product_flash_attention_for_cpu) has no DTensor sharding strategy in torch 2.13
-    model = Transformer.parallelize(Transformer(args), mesh["tp"], use_seq_parallel=True, local_output_for_attn=True)
+    model = Transformer.parallelize(Transformer(args).to(DEVICE), mesh["tp"], use_seq_parallel=True, local_output_for_attn=True)
     for m in model.modules():
         if isinstance(m, TransformerBlock):
             fully_shard(m, mesh=mesh["dp"])
     fully_shard(model, mesh=mesh["dp"])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     g = torch.Generator().manual_seed(1 + mesh["dp"].get_local_rank())
-    tokens = torch.randint(0, args.vocab_size, (8, args.max_seq_len), generator=g)
+    tokens = torch.randint(0, args.vocab_size, (8, args.max_seq_len), generator=g).to(DEVICE)
 
     def step():
         opt.zero_grad(set_to_none=True)
@@ -164,9 +170,10 @@ class NoneMode:
         pass
 
     def enter(self):
-        from meshscope.capture import dispatch
+        from meshscope.capture import dispatch, native
 
         dispatch.uninstall()
+        native.uninstall()
 
     def run(self, step):
         step()
@@ -182,6 +189,7 @@ class TraceMode:
     """What trace/rank.py's `main` sets up around the script (a fresh one per sample)."""
 
     cheap = False
+    recorder = "native"
 
     def __init__(self, run_dir: Path, rank: int, label_init, **_):
         self.run_dir, self.rank, self.label_init = run_dir, rank, label_init
@@ -189,19 +197,20 @@ class TraceMode:
     def enter(self):
         from torch.distributed import device_mesh
 
-        from meshscope.capture.dispatch import Recorder
         from meshscope.capture.job_context import JobContext
         from meshscope.trace.rank import RankTrace
 
         self.context = JobContext(None, modules=not self.cheap)
-        self.trace = RankTrace(self.run_dir, self.rank, self.context, stream=not self.cheap)
+        self.trace = RankTrace(self.run_dir, self.rank, self.context, stream=not self.cheap, recorder=self.recorder)
+        if self.trace.recorder != self.recorder:
+            raise RuntimeError(f"asked for the {self.recorder} recorder, got {self.trace.recorder}: {self.trace.recorder_note}")
         self.context.on_step = self.trace.step_done
         self.context.install()
         self._mesh_init = device_mesh.DeviceMesh.__init__
         device_mesh.DeviceMesh.__init__ = self.label_init  # _label_device_meshes's patch (built once)
         self.trace.start()
-        self.recorder = Recorder(self.trace.sink)
-        self.recorder.__enter__()  # registers the dispatcher kernels (after a none sample removed them)
+        self.recording = self.trace.recording()
+        self.recording.__enter__()  # registers the dispatcher kernels (after a none sample removed them)
 
     def run(self, step):
         step()
@@ -211,15 +220,21 @@ class TraceMode:
 
     def calls(self):
         """Collectives recorded so far (the flight log's "issued" events)."""
-        return [(e.axis, tuple(e.group), e.op) for e in self.trace.events]
+        return [(e.axis, tuple(e.group), e.op) for e in self.trace.ledger()]
 
     def exit(self):
         from torch.distributed import device_mesh
 
-        self.recorder.__exit__(None, None, None)
+        self.recording.__exit__(None, None, None)
         self.context.remove()
         device_mesh.DeviceMesh.__init__ = self._mesh_init
         self.trace.finish("ok")
+
+
+class PythonTraceMode(TraceMode):
+    """`meshscope trace --recorder python`: the Python kernel."""
+
+    recorder = "python"
 
 
 class CheapMode(TraceMode):
@@ -231,8 +246,8 @@ class CheapMode(TraceMode):
         pass
 
     def calls(self):
-        self.trace._drain()  # builds the events that --cheap leaves as tuples until the end
-        return [(e.axis, tuple(e.group), e.op) for e in self.trace.events]
+        self.trace._drain()  # numbers the calls that --cheap leaves as tuples until the end
+        return [(e.axis, tuple(e.group), e.op) for e in self.trace.ledger()]
 
 
 class CommDebugModeMode:
@@ -242,9 +257,10 @@ class CommDebugModeMode:
         self.cls = CommDebugMode
 
     def enter(self):
-        from meshscope.capture import dispatch
+        from meshscope.capture import dispatch, native
 
         dispatch.uninstall()
+        native.uninstall()
 
     def run(self, step):
         with self.cls():
@@ -265,11 +281,16 @@ def worker(args) -> None:
     import torch.distributed as dist
     from torch.distributed import device_mesh
 
-    from meshscope.capture import dispatch
+    from meshscope.capture import dispatch, native
     from meshscope.trace import rank as trace_rank
 
     warnings.filterwarnings("ignore")  # torch's UserWarnings about the jobs (view outputs, backward hooks)
-    dist.init_process_group("gloo")
+    global DEVICE
+    DEVICE = torch.device("cpu")
+    if args.backend == "nccl":  # one rank per GPU; the window ends when the GPU is done
+        DEVICE = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+        torch.cuda.set_device(DEVICE)
+    dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     # The meshes are built as in a traced job: with _label_device_meshes's patch on (it only acts in
     # DeviceMesh.__init__). Keep the patched __init__ for the trace samples, restore torch's.
@@ -293,7 +314,7 @@ def worker(args) -> None:
         return (len(nn_module._global_forward_pre_hooks), len(nn_module._global_forward_hooks),
                 len(optim._global_optimizer_pre_hooks), len(optim._global_optimizer_post_hooks),
                 sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for md in models.values() for m in md.modules()),
-                len(dispatch._libs), dispatch._sink, device_mesh.DeviceMesh.__init__ is original_init,
+                len(dispatch._libs), dispatch._sink, native.installed(), device_mesh.DeviceMesh.__init__ is original_init,
                 torch.optim.Optimizer.__init__)
 
     clean = hooks()
@@ -304,7 +325,8 @@ def worker(args) -> None:
     cpu = {(s, m): [] for s in args.steps for m in MODES}  # this process's CPU seconds (all its threads)
     calls: dict[str, Counter] = {}
     flush_s = {s: [] for s in args.steps}
-    modes = {"none": NoneMode, "trace": TraceMode, "cheap": CheapMode, "commdebug": CommDebugModeMode}
+    modes = {"none": NoneMode, "trace": TraceMode, "trace-py": PythonTraceMode, "cheap": CheapMode,
+             "commdebug": CommDebugModeMode}
     n = 0
     t_start = time.perf_counter()
     for rnd in range(args.samples + 1):  # round 0 is warm-up
@@ -315,23 +337,25 @@ def worker(args) -> None:
                 n += 1
                 mode = modes[m](run_dir=tmp / f"sample{n}", rank=rank, label_init=label_init)
                 mode.enter()
-                if m not in ("trace", "cheap") and hooks() != clean:
+                if m in ("none", "commdebug") and hooks() != clean:
                     raise RuntimeError(f"a {m} sample found state left by the trace: {hooks()} != {clean}")
                 mode.run(steps[s])  # untimed: first-use costs of this sample's mode
-                if m in ("trace", "cheap"):
-                    mode.trace.flush() if m == "trace" else None
+                if m in TRACES:
+                    mode.trace.flush() if m != "cheap" else None
                     before = len(mode.calls())
                 dist.barrier()
                 c0, t0 = time.process_time(), time.perf_counter()
                 for _ in range(K[s]):
                     mode.run(steps[s])
+                if DEVICE.type == "cuda":
+                    torch.cuda.synchronize()
                 t1 = time.perf_counter()
                 mode.end_window()
                 t2, c2 = time.perf_counter(), time.process_time()
                 if rnd:
                     times[s, m].append(t2 - t0)
                     cpu[s, m].append(c2 - c0)
-                if m in ("trace", "cheap"):
+                if m in TRACES:
                     ops = [c for c in mode.calls()[before:] if c[2] != "barrier"]  # the sample's own barrier
                     calls[s] = Counter(ops)
                     calls[s] = Counter({op: c / K[s] for op, c in calls[s].items()})
@@ -448,6 +472,8 @@ def main() -> None:
                    help="K steps per sample (default per step: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_K.items()) + ")")
     p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS))
     p.add_argument("--fsdp-mesh", choices=("1x2", "2x1"), default="1x2", help="dp x tp of the fsdp_tp step's mesh")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="nccl: one rank per GPU")
+    p.add_argument("--nproc", type=int, default=2, help="ranks (one per GPU with nccl)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
@@ -456,9 +482,13 @@ def main() -> None:
     print(" ".join([Path(sys.executable).name, *sys.argv]))
     print(machine())
     print("start " + load(), flush=True)
+    from meshscope.capture import native
+
+    native.build(log=print)  # as `meshscope trace` does before its ranks start
     t0 = time.time()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", __file__,
-           "--worker", "--samples", str(args.samples), "--steps", *args.steps, "--fsdp-mesh", args.fsdp_mesh]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc), __file__,
+           "--worker", "--samples", str(args.samples), "--steps", *args.steps, "--fsdp-mesh", args.fsdp_mesh,
+           "--backend", args.backend]
     if args.steps_per_sample:
         cmd += ["--steps-per-sample", str(args.steps_per_sample)]
     code = subprocess.run(cmd, check=False).returncode

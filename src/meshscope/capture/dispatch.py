@@ -47,11 +47,15 @@ class GroupInfo:
 
 
 _groups: dict = {}
+_by_name: dict[str, GroupInfo] = {}
 
 
 def group_info(pg) -> GroupInfo:
-    """The `GroupInfo` of a ProcessGroup (or its ScriptObject, or its group name), cached."""
+    """The `GroupInfo` of a ProcessGroup (or its ScriptObject, or its group name), cached; by name too,
+    so that the C++ recorder's calls (which carry the name) resolve after their group is destroyed."""
     if isinstance(pg, str):
+        if pg in _by_name:
+            return _by_name[pg]
         pg = torch._C._distributed_c10d._resolve_process_group(pg)
     elif isinstance(pg, torch.ScriptObject):  # a fresh box per call: key by the group itself
         pg = dist.ProcessGroup.unbox(pg)
@@ -63,8 +67,15 @@ def group_info(pg) -> GroupInfo:
     except (ValueError, RuntimeError):  # not in torch's bookkeeping (made in C++): the world, or unknown
         ranks = tuple(range(pg.size())) if pg.size() == dist.get_world_size() else ()
     info = GroupInfo(pg.group_name, getattr(pg, "group_desc", "") or "", ranks)
-    _groups[pg] = info
+    _groups[pg] = _by_name[info.name] = info
     return info
+
+
+def _size(pg) -> int:
+    """Members of a group whose global ranks torch does not know."""
+    if isinstance(pg, str):
+        pg = torch._C._distributed_c10d._resolve_process_group(pg)
+    return (dist.ProcessGroup.unbox(pg) if isinstance(pg, torch.ScriptObject) else pg).size()
 
 
 def _nbytes(tensors) -> int:
@@ -82,7 +93,7 @@ def _rows(t) -> int:
 def _alltoall_base(a):
     """output, input, pg, output_split_sizes, input_split_sizes: splits in rows of dim 0."""
     out, inp, pg = a[0], a[1], a[2]
-    n = len(group_info(pg).ranks) or dist.ProcessGroup.unbox(pg).size()
+    n = len(group_info(pg).ranks) or _size(pg)
     ins = tuple(int(s) for s in a[4]) if a[4] else (_rows(inp) // n,) * n
     outs = tuple(int(s) for s in a[3]) if a[3] else (_rows(out) // n,) * n
     return "all_to_all", pg, inp.dtype, inp.nbytes, out.nbytes, None, ins, outs
@@ -134,7 +145,23 @@ errors: list[tuple[str, str]] = []
 """(op, error) of calls that could not be decoded (the call itself still ran)."""
 
 
-def _kernel(op, name, decode):
+def decode(name: str, args) -> tuple | None:
+    """One call of c10d op `name` as ``(op, GroupInfo, dtype, bytes_in, bytes_out, global peer,
+    input_splits, output_splits)``; None (and the error counted in `errors`) if it cannot be decoded.
+    Both kernels use it: this module's with the real arguments, `native`'s with their summaries."""
+    try:
+        kind, pg, dtype, b_in, b_out, peer, ins, outs = DECODERS[name](args)
+        info = group_info(pg)
+        if peer is not None and peer >= 0 and info.ranks:
+            peer = info.ranks[peer]
+        return (kind, info, str(dtype).removeprefix("torch.") if dtype is not None else "none", b_in, b_out,
+                peer, ins, outs)
+    except Exception as exc:  # noqa: BLE001 - never break the job because of its tracer
+        errors.append((name, f"{type(exc).__name__}: {exc}"))
+        return None
+
+
+def _kernel(op, name):
     after = torch._C._dispatch_keyset_full_after(DispatchKey.BackendSelect)
     redispatch, meta = op.redispatch, DispatchKey.Meta
 
@@ -142,15 +169,9 @@ def _kernel(op, name, decode):
         sink = _sink
         if sink is None or _tls.busy or keyset.has(meta):
             return redispatch(keyset & after, *args, **kwargs)
-        try:
-            kind, pg, dtype, b_in, b_out, peer, ins, outs = decode(args)
-            info = group_info(pg)
-            if peer is not None and peer >= 0 and info.ranks:
-                peer = info.ranks[peer]
-            sink(kind, info, str(dtype).removeprefix("torch.") if dtype is not None else "none", b_in, b_out,
-                 peer, ins, outs)
-        except Exception as exc:  # noqa: BLE001 - never break the job because of its tracer
-            errors.append((name, f"{type(exc).__name__}: {exc}"))
+        call = decode(name, args)
+        if call is not None:
+            sink(*call)
         _tls.busy = True
         try:
             return redispatch(keyset & after, *args, **kwargs)
@@ -176,10 +197,9 @@ def install() -> None:
         return
     present = set(comm_ops())
     lib = torch.library.Library("c10d", "IMPL")
-    for name, decode in DECODERS.items():
+    for name in DECODERS:
         if name in present:
-            lib.impl(name, _kernel(getattr(torch.ops.c10d, name).default, name, decode), "BackendSelect",
-                     with_keyset=True)
+            lib.impl(name, _kernel(getattr(torch.ops.c10d, name).default, name), "BackendSelect", with_keyset=True)
     _libs.append(lib)
 
 

@@ -10,6 +10,12 @@ Line kinds: ``group`` (axis, ranks, index in the creation sequence), ``issued`` 
 group, op, group, phase, dtype, bytes, splits, peer, region, microbatch), ``completed`` (axis, group
 and seq of the issued call that returned),
 ``mark`` (free-form progress, e.g. an experiment starting).
+
+A traced job (`trace.rank`) writes its calls as compact JSON arrays instead, since its flusher runs
+inside the user's job: ``["i", t, rank, seq, step, group name, op, phase, dtype, bytes_in,
+bytes_out, region, input_splits, output_splits, peer]`` for an issued call and ``["c", t, group name,
+seq]`` for a completed one, the group named by an earlier ``group`` line (which then carries
+``name``). `read` returns them as the dict lines above, so readers see one format.
 """
 
 from __future__ import annotations
@@ -55,12 +61,36 @@ def read(path: Path) -> list[dict]:
     from ..core.errors import UsageError
 
     lines = Path(path).read_text().splitlines()
-    out = []
+    out, groups = [], {}
     for i, line in enumerate(lines):
         try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
+            record = json.loads(line)
+            if isinstance(record, list):
+                record = _expand(record, groups)
+            elif record.get("kind") == "group" and "name" in record:
+                groups[record["name"]] = record
+        except (json.JSONDecodeError, KeyError, ValueError, TypeError, IndexError):
             if i == len(lines) - 1:
                 continue
             raise UsageError(f"{path} line {i + 1} is not a flight-log record: {line[:60]!r}") from None
+        out.append(record)
     return out
+
+
+ISSUED = ("t", "rank", "seq", "step", "name", "op", "phase", "dtype", "bytes_in", "bytes_out", "region", "input_splits",
+          "output_splits", "peer")
+"""Fields of a compact ``"i"`` line after its tag."""
+
+
+def _expand(record: list, groups: dict) -> dict:
+    """A compact ``"i"`` or ``"c"`` line as the dict line it stands for (its group's axis and ranks filled in)."""
+    tag, *values = record
+    if tag == "c":
+        t, name, seq = values
+        g = groups[name]
+        return {"t": t, "kind": "completed", "axis": g["axis"], "group": g["ranks"], "seq": seq}
+    if tag != "i" or len(values) != len(ISSUED):
+        raise ValueError(f"unknown compact record {tag!r}")
+    d = dict(zip(ISSUED, values))
+    g = groups[d.pop("name")]
+    return {**d, "kind": "issued", "axis": g["axis"], "group": g["ranks"]}

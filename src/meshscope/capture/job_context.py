@@ -66,6 +66,8 @@ class JobContext:
         self._names: dict[int, str] = {}
         self._main = threading.get_ident()
         self._handles = []
+        self.listener = None
+        """Called with `state()` whenever it changes (the C++ recorder stamps calls with it)."""
 
     # -- hooks -----------------------------------------------------------------------------------
     def install(self) -> None:
@@ -108,11 +110,13 @@ class JobContext:
 
     def _pre_step(self, opt, args, kwargs) -> None:
         self._optimizer_depth += 1
+        self._changed()
 
     def _post_step(self, opt, args, kwargs) -> None:
         """A boundary when the outermost step returns and the boundary optimizer stepped in it (itself,
         or wrapped: ZeroRedundancyOptimizer creates and steps an inner optimizer)."""
         self._optimizer_depth -= 1
+        self._changed()
         self.optimizers_seen += 1
         self._boundary_stepped = self._boundary_stepped or self._is_boundary(opt)
         if self._optimizer_depth == 0 and self._boundary_stepped:
@@ -133,6 +137,7 @@ class JobContext:
                 self._name(module, f"{self._stack[-1]}.{type(module).__name__}")
             name = self._names[id(module)]
         self._stack.append(name)
+        self._changed()
 
     def _name(self, module, name: str) -> None:
         """Name `module` and pop it off the stack after its own forward hooks: torch runs global
@@ -146,16 +151,29 @@ class JobContext:
     def _post_forward(self, module, args, output) -> None:
         if threading.get_ident() == self._main and self._stack:
             self._stack.pop()
+            self._changed()
 
     # -- what the recorder asks ------------------------------------------------------------------
+    def state(self) -> tuple[bool, str]:
+        """(inside an optimizer's step, the innermost module running forward on the main thread)."""
+        return bool(self._optimizer_depth), self._stack[-1] if self._stack else ""
+
+    def _changed(self) -> None:
+        if self.listener is not None:
+            self.listener(self.state())
+
+    @staticmethod
+    def phase_of(backward: bool, optimizer: bool, region: str) -> tuple[str, str]:
+        """(phase, region) of a call: autograd's engine first (a backward inside a module's forward, as
+        activation checkpointing runs, is still backward), then the optimizer, then a module's forward."""
+        if backward:
+            return "backward", region
+        if optimizer:
+            return "optimizer", region
+        return ("forward" if region else "other"), region
+
     def phase(self) -> str:
-        if torch._C._current_graph_task_id() != -1:
-            return "backward"
-        if self._optimizer_depth:
-            return "optimizer"
-        if self._stack and threading.get_ident() == self._main:
-            return "forward"
-        return "other"
+        return self.phase_of(torch._C._current_graph_task_id() != -1, bool(self._optimizer_depth), self.region())[0]
 
     def region(self) -> str:
         return self._stack[-1] if self._stack and threading.get_ident() == self._main else ""

@@ -124,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="class name of the optimizer whose step() marks the step boundary (default: the first created)")
     tr.add_argument("--cheap", action="store_true",
                     help="no module hooks (no forward phase or module) and no flight log streamed while the job runs")
+    tr.add_argument("--recorder", choices=("native", "python"), default="native",
+                    help="native: the C++ recorder, built once per torch (the Python kernel where it cannot be "
+                         "built); python: the Python kernel")
     tr.add_argument("--fake-world", type=int, default=None,
                     help="trace ranks of a world of this many on torch's fake backend, one CPU process each")
     tr.add_argument("--ranks", default="auto",

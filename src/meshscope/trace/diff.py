@@ -38,7 +38,7 @@ def load_events(run_dir: Path) -> tuple[str, list[CommEvent]]:
 
 
 def _signature(e: CommEvent) -> tuple:
-    return (e.step, e.op, e.axis, e.group, e.phase, e.dtype, e.bytes_in, e.bytes_out, e.input_splits,
+    return (e.step, e.op, e.axis, e.group, e.phase, e.region, e.dtype, e.bytes_in, e.bytes_out, e.input_splits,
             e.output_splits, e.peer)
 
 

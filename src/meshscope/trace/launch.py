@@ -14,13 +14,16 @@ from __future__ import annotations
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..capture import native
 from ..core.errors import UsageError
 from ..run import rundir
 from ..run.launch import launch
 from .assemble import assemble, begin, conclude
+
+RECORDERS = ("native", "python")
 
 RENDEZVOUS_FLAGS = ("node-rank", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "master-addr", "master-port")
 """torchrun's rendezvous flags that `meshscope trace` accepts and forwards unchanged."""
@@ -52,6 +55,9 @@ class TraceOptions:
     cheap: bool = False
     """No module hooks (no forward phase, no region) and no flight log streamed while the job runs (a
     hang leaves only what the rank wrote when it failed): the cheaper mode of docs/trace.md."""
+    recorder: str = "native"
+    """``native``: the C++ recorder (`capture.native`, built here once per torch before the ranks start;
+    the Python kernel where it cannot be built); ``python``: the Python kernel (`capture.dispatch`)."""
     ranks: str = "auto"
     """Fake world: ``auto`` (one rank per class, `fake.rank_classes`) or a comma list such as ``0,7,1023``."""
     env: dict = field(default_factory=dict)
@@ -101,6 +107,8 @@ class TraceOptions:
                              f"script to its end)")
         if self.timeout is not None:
             rundir.check_timeout(self.timeout)
+        if self.recorder not in RECORDERS:
+            raise UsageError(f"--recorder {self.recorder!r}: choose one of {', '.join(RECORDERS)}")
 
     def run_dir(self) -> Path:
         if self.out is not None:
@@ -110,15 +118,30 @@ class TraceOptions:
 
     def rank_program(self, run_dir: Path) -> list[str]:
         flags = [*(["--steps", str(self.steps)] if self.steps else []), *(["--fake"] if self.fake_world else []),
-                 *(["--cheap"] if self.cheap else []),
+                 *(["--cheap"] if self.cheap else []), "--recorder", self.recorder,
                  *(["--timeout", str(self.timeout)] if self.timeout else []),
                  *(["--step-optimizer", self.step_optimizer] if self.step_optimizer else [])]
         return ["-m", "meshscope.trace.rank", str(run_dir), *flags, "--", *self.target]
 
 
+def ready_recorder(options: TraceOptions, echo=None) -> TraceOptions:
+    """Build the C++ recorder before any rank starts (a rank only loads it), or fall back to the
+    Python kernel, saying why."""
+    if options.recorder != "native":
+        return options
+    say = echo or (lambda line: sys.stderr.write(line))
+    try:
+        native.build(log=lambda text: say(f"meshscope trace: {text}\n"))
+    except native.NativeUnavailable as exc:
+        say(f"meshscope trace: the C++ recorder cannot be built here ({exc}); recording with the Python kernel\n")
+        return replace(options, recorder="python")
+    return options
+
+
 def trace(options: TraceOptions, echo=None) -> tuple[Path, dict]:
     """Run the traced job; returns its run directory and the result document (also result.json)."""
     options.validate()
+    options = ready_recorder(options, echo)
     if options.fake_world:
         from .fake_world import trace_fake_world
 

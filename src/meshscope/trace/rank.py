@@ -31,10 +31,10 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
+from ..capture import native
 from ..capture.dispatch import GroupInfo, Recorder
 from ..capture.dispatch import errors as decode_errors
 from ..capture.job_context import JobContext
@@ -47,25 +47,51 @@ FLUSH_S = 0.5
 """How often the flusher thread writes new calls to the flight log."""
 
 
-class RankTrace:
-    """This rank's calls as they happen: recorded as tuples (cheap), turned into CommEvents and
-    written by the flusher."""
+RECORDER_ENV = "MESHSCOPE_RECORDER"
+"""The default of ``--recorder`` for ``torchrun -m meshscope.trace``: ``native`` (the C++ recorder,
+`capture.native`, built by the first rank that needs it) or ``python`` (the Python kernel)."""
 
-    def __init__(self, run_dir: Path, rank: int, context: JobContext, stream: bool = True):
+
+class RankTrace:
+    """This rank's calls as they happen: recorded as tuples (cheap; by the C++ recorder where it is
+    built), turned into CommEvents and written by the flusher."""
+
+    def __init__(self, run_dir: Path, rank: int, context: JobContext, stream: bool = True,
+                 recorder: str = "python"):
         self.run_dir, self.rank, self.context, self.stream = run_dir, rank, context, stream
+        self.native, self.recorder_note = None, None
+        if recorder == "native":
+            try:
+                self.native = native.NativeRecorder(native.build(log=self._log), context)
+            except native.NativeUnavailable as exc:
+                self.recorder_note = f"the C++ recorder is unavailable ({exc}): calls were recorded by the Python kernel"
         self.t0 = time.perf_counter()
         self.wall0 = time.time()
         self.raw: list[tuple] = []
-        self.events: list[CommEvent] = []
+        self.calls: list[list] = []
+        """[group name, seq, op, phase, dtype, bytes in, bytes out, region, splits in, splits out, peer,
+        step, issued, completed] per call, in issue order (`ledger` makes them CommEvents)."""
         self.groups: dict[str, GroupInfo] = {}
         self._seq: dict[str, int] = {}
-        self._open: dict[str, int] = {}  # group name -> index in `events` of its last, unfinished call
-        self._group_of: list[str] = []  # group name of each event, to label it again at the end
+        self._open: dict[str, int] = {}  # group name -> index in `calls` of its last, unfinished call
+        self._text: dict[tuple, str] = {}  # a call's JSON fields (all but time, seq, step), made once
         (run_dir / "flight").mkdir(parents=True, exist_ok=True)
         self._flight = open(run_dir / "flight" / f"rank{rank}.jsonl", "w", buffering=1)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._flusher = threading.Thread(target=self._flush_loop, name="meshscope-trace-flush", daemon=True)
+
+    @staticmethod
+    def _log(text: str) -> None:
+        print(f"meshscope trace: {text}", file=sys.stderr, flush=True)
+
+    @property
+    def recorder(self) -> str:
+        return "native" if self.native is not None else "python"
+
+    def recording(self):
+        """The context manager that records this rank's calls: the C++ recorder, else the Python kernel."""
+        return self.native if self.native is not None else Recorder(self.sink)
 
     # -- recording (hot path) ----------------------------------------------------------------------
     def sink(self, op, group, dtype, b_in, b_out, peer, ins, outs) -> None:
@@ -75,48 +101,68 @@ class RankTrace:
 
     def step_done(self, step: int) -> None:
         """A step boundary: every call before it has completed."""
-        self.raw.append(("#step", step, time.perf_counter()))
+        if self.native is not None:
+            self.native.mark(step)
+        else:
+            self.raw.append(("#step", step, time.perf_counter()))
 
-    # -- turning tuples into events ----------------------------------------------------------------
+    # -- turning tuples into calls and flight-log lines --------------------------------------------
+    # The flusher's work is paid by the job (it holds the GIL), so a call costs here one list and one
+    # compact line (`capture.flightlog`'s "i" and "c" arrays); CommEvents are built once, at the end.
     def _drain(self) -> list[str]:
-        """Convert the new tuples; returns the flight-log lines they make."""
+        """Number the new tuples per group; returns the flight-log lines they make."""
         lines = []
+        if self.native is not None:
+            self.pull()
         new = self.raw[:]  # the hot path only appends: take what is there, leave what comes meanwhile
         del self.raw[: len(new)]
+        wall = self.wall0 - self.t0
         for rec in new:
             if rec[0] == "#step":
                 lines += self._complete_all(rec[2])
-                lines.append(json.dumps({"t": self.wall0 + rec[2] - self.t0, "kind": "mark", "text": f"step {rec[1]} done"}))
+                lines.append(json.dumps({"t": wall + rec[2], "kind": "mark", "text": f"step {rec[1]} done"}))
                 continue
             op, group, dtype, b_in, b_out, peer, ins, outs, phase, region, step, t = rec
-            if group.name not in self.groups:
-                self.groups[group.name] = group
-                lines.append(json.dumps({"t": self.wall0 + t - self.t0, "kind": "group", "axis": self.axis(group),
+            name = group.name
+            if name not in self.groups:
+                self.groups[name] = group
+                lines.append(json.dumps({"t": wall + t, "kind": "group", "axis": self.axis(group),
                                          "ranks": list(group.ranks), "index": len(self.groups) - 1,
-                                         "name": group.name, "desc": group.desc}))
-            if group.name in self._open:  # calls on one group complete in order
-                lines += self._complete(self._open.pop(group.name), t)
-            seq = self._seq.get(group.name, 0)
-            self._seq[group.name] = seq + 1
-            e = CommEvent(self.rank, seq, op, self.axis(group), group.ranks, phase, dtype, b_in, b_out, region, None,
-                          ins, outs, peer, step, t - self.t0)
-            self._open[group.name] = len(self.events)
-            self.events.append(e)
-            self._group_of.append(group.name)
-            lines.append(json.dumps({"t": self.wall0 + t - self.t0, "kind": "issued", **e.to_json()}))
+                                         "name": name, "desc": group.desc}))
+            if name in self._open:  # calls on one group complete in order
+                lines.append(self._complete(self._open.pop(name), t))
+            seq = self._seq.get(name, 0)
+            self._seq[name] = seq + 1
+            self._open[name] = len(self.calls)
+            self.calls.append([name, seq, op, phase, dtype, b_in, b_out, region, ins, outs, peer, step, t, None])
+            what = (name, op, phase, dtype, b_in, b_out, region, ins, outs, peer)
+            text = self._text.get(what)
+            if text is None:  # a step repeats its calls: their JSON is made once
+                text = self._text[what] = json.dumps(what)[1:-1]
+            lines.append(f'["i",{wall + t!r},{self.rank},{seq},{step},{text}]')
         return lines
 
-    def _complete(self, index: int, t: float) -> list[str]:
-        e = self.events[index]
-        self.events[index] = replace(e, t_done=t - self.t0)
-        return [json.dumps({"t": self.wall0 + t - self.t0, "kind": "completed", "axis": e.axis, "group": list(e.group),
-                            "seq": e.seq})]
+    def pull(self) -> None:
+        """Move the C++ recorder's calls into `raw` (their groups are named while they still exist)."""
+        self.raw.extend(self.native.drain())
+
+    def _complete(self, index: int, t: float) -> str:
+        call = self.calls[index]
+        call[-1] = t
+        return f'["c",{self.wall0 - self.t0 + t!r},{json.dumps(call[0])},{call[1]}]'
 
     def _complete_all(self, t: float) -> list[str]:
-        lines = []
-        for name in list(self._open):
-            lines += self._complete(self._open.pop(name), t)
-        return lines
+        return [self._complete(self._open.pop(name), t) for name in list(self._open)]
+
+    def ledger(self) -> list[CommEvent]:
+        """Every call so far as a CommEvent, labelled with what is known now (a DeviceMesh built after a
+        group's first calls names its dim late)."""
+        out = []
+        for name, seq, op, phase, dtype, b_in, b_out, region, ins, outs, peer, step, t, done in self.calls:
+            group = self.groups[name]
+            out.append(CommEvent(self.rank, seq, op, self.axis(group), group.ranks, phase, dtype, b_in, b_out, region,
+                                 None, ins, outs, peer, step, t - self.t0, None if done is None else done - self.t0))
+        return out
 
     @staticmethod
     def axis(group: GroupInfo) -> str:
@@ -140,6 +186,7 @@ class RankTrace:
 
     def finish(self, status: str, error: str | None = None, note: str | None = None) -> None:
         """Last flush, the ledger and how the rank ended."""
+        note = "; ".join(n for n in (note, self.recorder_note) if n) or None
         self._stop.set()
         with self._lock:
             lines = self._drain()
@@ -148,18 +195,17 @@ class RankTrace:
             if lines:
                 self._flight.write("\n".join(lines) + "\n")
             self._flight.close()
-        # Label every event once more: a DeviceMesh built after a group's first calls names its dim late
-        self.events = [replace(e, axis=self.axis(self.groups[name])) for e, name in zip(self.events, self._group_of)]
+        events = self.ledger()
         for d in ("ledgers", "ranks"):
             (self.run_dir / d).mkdir(exist_ok=True)
         tmp = self.run_dir / "ledgers" / f"rank{self.rank}.jsonl.tmp"
-        tmp.write_text("".join(json.dumps(e.to_json()) + "\n" for e in self.events))
+        tmp.write_text("".join(json.dumps(e.to_json()) + "\n" for e in events))
         tmp.replace(self.run_dir / "ledgers" / f"rank{self.rank}.jsonl")
         doc = {"rank": self.rank, "status": status, "steps": self.context.step, "created_groups": fake.CREATED,
-               "optimizer_steps": self.context.optimizers_seen, "events": len(self.events),
+               "optimizer_steps": self.context.optimizers_seen, "events": len(events),
                "groups": [{"name": g.name, "desc": g.desc, "axis": self.axis(g), "ranks": list(g.ranks)}
                           for g in self.groups.values()],
-               "decode_errors": decode_errors[:10], "time": time.time(),
+               "decode_errors": decode_errors[:10], "time": time.time(), "recorder": self.recorder,
                **({"error": error} if error else {}), **({"note": note} if note else {})}
         (self.run_dir / "ranks" / f"rank{self.rank}.json").write_text(json.dumps(doc, indent=1))
 
@@ -187,6 +233,15 @@ def _label_device_meshes() -> None:
                 continue
 
     device_mesh.DeviceMesh.__init__ = init
+
+
+def _flushed_first(trace: RankTrace, destroy):
+    """``destroy_process_group`` that first takes in the calls recorded so far: the C++ recorder's
+    calls name their group, which must still exist to be resolved."""
+    def destroy_process_group(*args, **kwargs):
+        trace.flush()
+        return destroy(*args, **kwargs)
+    return destroy_process_group
 
 
 class StopTrace(BaseException):
@@ -271,6 +326,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--step-optimizer", default=None)
     p.add_argument("--fake", action="store_true", help="a rank of a fake world (trace.fake)")
     p.add_argument("--cheap", action="store_true", help="no module hooks, no streamed flight log")
+    p.add_argument("--recorder", choices=("native", "python"), default=os.environ.get(RECORDER_ENV, "native"),
+                   help="the C++ recorder (built once per torch) or the Python kernel")
     args = p.parse_args(argv[:cut])
     args.target = argv[cut + 1:]
     return args
@@ -281,7 +338,7 @@ def main(argv: list[str], on_end=None) -> int:
     args = parse(argv)
     rank = int(os.environ.get("RANK", "0"))
     context = JobContext(args.step_optimizer, modules=not args.cheap)
-    trace = RankTrace(args.run_dir, rank, context, stream=not args.cheap)
+    trace = RankTrace(args.run_dir, rank, context, stream=not args.cheap, recorder=args.recorder)
     if args.fake:
         fake.use_fake_backend()
     context.on_step = (_stop_when_all_done(trace, args.steps, alone=args.fake, wait_s=args.timeout) if args.steps
@@ -295,10 +352,11 @@ def main(argv: list[str], on_end=None) -> int:
         sys.path.insert(0, str(Path(target).resolve().parent))  # as `python SCRIPT` puts the script's folder first
     context.install()
     _label_device_meshes()
+    wrap("destroy_process_group", lambda original: _flushed_first(trace, original))
     trace.start()
     status, error, code, note = "ok", None, 0, None
     try:
-        with Recorder(trace.sink):
+        with trace.recording():
             if module:
                 runpy.run_module(target, run_name="__main__", alter_sys=True)
             else:
@@ -308,7 +366,8 @@ def main(argv: list[str], on_end=None) -> int:
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         if code:
-            status, error = "error", f"the script exited with code {exc.code}"
+            status, error = "error", (f"the script exited: {exc.code}" if isinstance(exc.code, str)
+                                      else f"the script exited with code {exc.code}")
     except BaseException as exc:  # noqa: BLE001 - the script's failure is reported as the script's
         text = _script_traceback(exc)
         sys.stderr.write(text)

@@ -1,0 +1,214 @@
+"""The dispatcher recorder in C++ (`native_recorder.cpp`): `dispatch`'s kernel without Python per call.
+
+Entering Python from the dispatcher is what the Python kernel costs: about 15 us per collective on
+this project's 2-core CPU box, and on a GPU's autograd device thread about 125 us (docs/trace.md,
+"What it costs"). The C++ kernel sits at the same ``BackendSelect`` key, so it sees exactly the same
+calls, and writes a numbers-only summary of each call's arguments into a buffer. `NativeRecorder.drain`
+turns the summaries back into the argument shapes `dispatch.DECODERS` read (stand-in tensors with
+``nbytes``, ``dtype``, ``shape[0]`` and ``dim()``), so every c10d schema is decoded in one place.
+
+The extension is compiled by `torch.utils.cpp_extension` the first time, once per torch build and
+source version, into ``~/.cache/meshscope/native`` (``MESHSCOPE_CACHE`` moves it); about 30 s on 2
+cores. `build` is what ``meshscope trace`` calls before it launches the ranks; `load` is what a rank
+calls (it never compiles while the job waits). ``MESHSCOPE_RECORDER=python`` (``meshscope trace
+--recorder python``) skips it; without a C++ compiler the trace falls back to the Python kernel and
+says so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from . import dispatch
+from .dispatch import DECODERS, comm_ops, decode
+
+SOURCE = Path(__file__).with_name("native_recorder.cpp")
+NAME = "meshscope_native_recorder"
+
+# Argument tags of native_recorder.cpp's flat summaries.
+_NONE, _TENSOR, _TENSORS, _TENSOR_LISTS, _INT, _INTS, _GROUP = range(7)
+
+
+class NativeUnavailable(RuntimeError):
+    """The C++ recorder could not be built or loaded here (the message says why)."""
+
+
+def build_dir() -> Path:
+    """One folder per torch build, Python and source text: a change of any of them builds anew."""
+    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + sys.version.encode()).hexdigest()[:16]
+    root = Path(os.environ.get("MESHSCOPE_CACHE", Path.home() / ".cache" / "meshscope"))
+    return root / "native" / key
+
+
+def _library(folder: Path) -> Path | None:
+    built = sorted(folder.glob(f"{NAME}*.so"))
+    return built[0] if built else None
+
+
+def build(log=None):
+    """The compiled module, building it if this torch has none yet (`log` gets one progress line)."""
+    folder = build_dir()
+    if _library(folder) is None:
+        if log is not None:
+            log(f"building the C++ recorder for torch {torch.__version__} (once; about 30 s) in {folder}")
+        folder.mkdir(parents=True, exist_ok=True)
+        from torch.utils import cpp_extension
+
+        try:
+            cpp_extension.load(NAME, [str(SOURCE)], build_directory=str(folder), extra_cflags=["-O2"],
+                               verbose=False)
+        except (RuntimeError, OSError, ImportError) as exc:  # no compiler, no ninja, headers missing
+            raise NativeUnavailable(f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}") from None
+    return load()
+
+
+def load():
+    """The module built earlier by `build`; `NativeUnavailable` if there is none."""
+    path = _library(build_dir())
+    if path is None:
+        raise NativeUnavailable(f"not built for torch {torch.__version__} (no {NAME}*.so in {build_dir()})")
+    if NAME in sys.modules:
+        return sys.modules[NAME]
+    spec = importlib.util.spec_from_file_location(NAME, path, loader=importlib.machinery.ExtensionFileLoader(NAME, str(path)))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    sys.modules[NAME] = module
+    return module
+
+
+def uninstall() -> None:
+    """Remove the C++ kernels if this process loaded them: the dispatcher then runs as without meshscope."""
+    if NAME in sys.modules:
+        sys.modules[NAME].uninstall()
+
+
+def installed() -> bool:
+    return NAME in sys.modules and sys.modules[NAME].installed()
+
+
+class _Tensor:
+    """What the decoders read of a tensor, rebuilt from its summary."""
+
+    __slots__ = ("nbytes", "dtype", "shape", "_dim")
+
+    def __init__(self, nbytes, dtype, rows, dim):
+        self.nbytes, self.dtype, self.shape, self._dim = nbytes, dtype, (rows,), dim
+
+    def dim(self) -> int:
+        return self._dim
+
+
+class NativeRecorder:
+    """Records every collective of this process in C++ while active (a context manager); `drain`
+    returns the calls since the last drain.
+
+    `context` (a `JobContext`) tells the kernel where the job is: it calls `set_context` with
+    (in optimizer, innermost module) whenever that changes; the kernel stamps each call with it."""
+
+    def __init__(self, module, context):
+        self.module, self.context = module, context
+        self._states: dict[tuple, int] = {}
+        self._state_of: list[tuple] = []
+        self._names = [n for n in DECODERS if n in set(comm_ops())]
+        self._dtypes: dict[int, torch.dtype] = {}
+        self._decoded: dict[tuple, tuple] = {}
+        self._step = 0
+
+    def _publish(self, state: tuple) -> None:
+        index = self._states.get(state)
+        if index is None:
+            index = self._states[state] = len(self._state_of)
+            self._state_of.append(state)
+        self.module.set_context(index)
+
+    def __enter__(self) -> NativeRecorder:
+        dispatch.uninstall()  # one kernel per op and key: the Python one would shadow this one
+        self.module.install(self._names)
+        self._publish(self.context.state())
+        self.context.listener = self._publish
+        self.module.set_active(True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.module.set_active(False)
+        self.context.listener = None
+
+    def mark(self, step: int) -> None:
+        """A step boundary, in order with the calls around it."""
+        self.module.mark(step)
+
+    # -- back to Python ----------------------------------------------------------------------------
+    def _args(self, flat, groups) -> list:
+        out, i = [], 0
+
+        def tensor(j):
+            st = flat[j + 1]
+            dtype = self._dtypes.get(st) or self._dtypes.setdefault(st, self.module.dtype_of(st))
+            return _Tensor(flat[j], dtype, flat[j + 2], flat[j + 3]), j + 4
+
+        while i < len(flat):
+            tag = flat[i]
+            i += 1
+            if tag == _TENSOR:
+                t, i = tensor(i)
+                out.append(t)
+            elif tag == _TENSORS:
+                n, i, ts = flat[i], i + 1, []
+                for _ in range(n):
+                    t, i = tensor(i)
+                    ts.append(t)
+                out.append(ts)
+            elif tag == _TENSOR_LISTS:
+                n, i, lists = flat[i], i + 1, []
+                for _ in range(n):
+                    m, i, ts = flat[i], i + 1, []
+                    for _ in range(m):
+                        t, i = tensor(i)
+                        ts.append(t)
+                    lists.append(ts)
+                out.append(lists)
+            elif tag == _INT:
+                out.append(flat[i])
+                i += 1
+            elif tag == _INTS:
+                n = flat[i]
+                out.append(list(flat[i + 1:i + 1 + n]))
+                i += 1 + n
+            elif tag == _GROUP:
+                out.append(groups[flat[i]])
+                i += 1
+            else:
+                out.append(None)
+        return out
+
+    def drain(self) -> list[tuple]:
+        """The calls since the last drain as the trace's raw records: ``(op, group, dtype, b_in, b_out,
+        peer, input_splits, output_splits, phase, region, step, t)``, and ``("#step", step, t)`` marks.
+        A training step repeats its calls, so each distinct summary is decoded once."""
+        out, seen = [], self._decoded
+        for op, t, state, backward, main, flat, groups in self.module.drain():
+            if op == -1:  # a step mark
+                self._step = flat[0]
+                out.append(("#step", self._step, t))
+                continue
+            if op < 0:  # an op it was not registered for, or arguments it could not summarise
+                dispatch.errors.append(("c10d op" if op == -2 else "arguments", "the C++ recorder could not read the call"))
+                continue
+            key = (op, flat, *groups)
+            call = seen.get(key)
+            if call is None:
+                call = decode(self._names[op], self._args(flat, groups))
+                if call is None:
+                    continue
+                seen[key] = call
+            optimizer, module = self._state_of[state]
+            phase, region = self.context.phase_of(backward, optimizer, module if main else "")
+            out.append((*call, phase, region, self._step, t))
+        return out
