@@ -220,9 +220,9 @@ def cmd_report(args) -> int:
 def cmd_doctor(args) -> int:
     from ..doctor import diagnose
 
-    if not args.run_dir.is_dir():
-        what = "is not a directory" if args.run_dir.exists() else "does not exist"
-        raise UsageError(f"run directory {args.run_dir} {what}")
+    if not args.run_dir.is_dir() and not args.run_dir.parent.is_dir():
+        raise UsageError(f"{args.run_dir} does not exist (a run or trace directory, or a directory or prefix "
+                         f"of Flight Recorder dumps)")
     report = diagnose(args.run_dir)
     if args.json:
         print(json.dumps(report))

@@ -88,7 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     rep = sub.add_parser("report", help="re-render a run directory's tables, report.md and figures")
     rep.add_argument("run_dir", type=Path)
 
-    doc = sub.add_parser("doctor", help="diagnose a run directory's flight logs")
+    doc = sub.add_parser("doctor", help="diagnose a run or trace directory's flight logs, or PyTorch Flight "
+                                        "Recorder dumps (a directory or a prefix such as /tmp/nccl_trace_rank_)")
     doc.add_argument("run_dir", type=Path)
     doc.add_argument("--json", action="store_true")
 

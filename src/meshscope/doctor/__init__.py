@@ -7,7 +7,10 @@ on a global rank.
 
 Evidence (`evidence`): ``flight/rank<R>.jsonl`` (group creations and every collective, issued and
 completed), ``errors/rank<R>.json``, ``spec.json`` (to rebuild the layout) and, if the run got that
-far, ``result.json`` (the predicted and captured ledgers of one step).
+far, ``result.json`` (the predicted and captured ledgers of one step). PyTorch Flight Recorder dumps
+(`fr_files`, `fr_records`, `fr_job`, `fr_findings`): a directory or prefix of them alone, or a trace
+directory's ``fr/`` beside its flight logs; each finding says which it rests on (``evidence``: flight
+log, flight recorder, or both).
 
 Diagnoses:
   group-order     ranks created process groups in different orders                  (`collective`)
@@ -28,13 +31,16 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
+from ..core.errors import UsageError
 from ..core.mesh import Layout
 from ..core.result import RunResult, SuiteResult
 from .collective import collectives, group_order
 from .evidence import P2P, Finding, load
+from .fr_findings import diagnose_job
+from .fr_job import FrJob, load_job
 from .p2p import p2p, pp_no_grad
 from .prediction import dp_wrong_group, pruned_a2a
 
@@ -85,11 +91,8 @@ def _plan(first, results: list[RunResult]) -> dict | None:
     return out
 
 
-def diagnose(run_dir: Path) -> dict:
-    """The report of a run directory: its ranks, the rank errors, and the findings, earliest first
-    (``root_cause`` marks the first); ``healthy`` when there is neither an error nor a finding."""
-    run_dir = Path(run_dir)
-    ranks = load(run_dir)
+def _flight_log_findings(run_dir: Path, ranks) -> tuple[list[Finding], list[dict]]:
+    """Findings and rank errors of meshscope's own evidence in a run or trace directory."""
     results = _results(run_dir)
     first = _first_experiment(run_dir)
     layout = first[2] if first else None
@@ -104,11 +107,46 @@ def diagnose(run_dir: Path) -> dict:
         findings = (collectives(ranks, _plan(first, results)) + no_grad
                     + [f for f in p2p(ranks, {e["rank"]: e["error"] for e in errors}) if tuple(f.group) not in explained])
     findings += dp_wrong_group(ranks, layout) + [f for r in results for f in pruned_a2a(r)]
+    return findings, errors
+
+
+def _merge(logged: list[Finding], recorded: list[Finding]) -> list[Finding]:
+    """Both sources' findings; one that both show (same kind, axis and group) is kept once, as ``both``."""
+    seen = {(f.kind, f.axis, tuple(f.group)) for f in recorded}
+    shared = {(f.kind, f.axis, tuple(f.group)) for f in logged} & seen
+    return ([replace(f, evidence="both") if (f.kind, f.axis, tuple(f.group)) in shared else f for f in logged]
+            + [f for f in recorded if (f.kind, f.axis, tuple(f.group)) not in shared])
+
+
+def _sources(job: FrJob | None, logged: bool) -> dict:
+    out: dict = {"flight_log": logged}
+    if job is not None:
+        out["flight_recorder"] = {"source": job.source, "version": job.version, "backend": job.backend,
+                                  "ranks": sorted(job.dumps)}
+    return out
+
+
+def diagnose(run_dir: Path) -> dict:
+    """The report of a run directory, a trace directory, or a directory or prefix of Flight Recorder
+    dumps: its ranks, the rank errors, and the findings, earliest first (``root_cause`` marks the
+    first); ``healthy`` when there is neither an error nor a finding."""
+    run_dir = Path(run_dir)
+    logged = (run_dir / "flight").is_dir()
+    job = load_job(run_dir)
+    if not logged and job is None:
+        raise UsageError(f"{run_dir} has no flight logs (flight/rank*.jsonl) and no Flight Recorder dumps "
+                         f"(files <prefix><rank>, or fr/ in a trace directory)")
+    ranks = load(run_dir) if logged else {}
+    findings, errors = _flight_log_findings(run_dir, ranks) if logged else ([], [])
+    if job is not None:
+        findings = _merge(findings, diagnose_job(job))
     findings.sort(key=lambda f: (f.t, f.derived))  # stable: equal keys keep the order they were looked for in
-    return {"run_dir": str(run_dir), "ranks": sorted(ranks), "healthy": not findings and not errors,
+    all_ranks = sorted(set(ranks) | set(job.dumps if job else ()))
+    return {"run_dir": str(run_dir), "ranks": all_ranks, "healthy": not findings and not errors,
             "findings": [{k: v for k, v in asdict(f).items() if k != "t"} | {"summary": f.line(), "root_cause": i == 0}
                          for i, f in enumerate(findings)],
-            "errors": errors, "last_marks": {r: ranks[r].last_mark for r in sorted(ranks)}}
+            "errors": errors, "last_marks": {r: ranks[r].last_mark for r in sorted(ranks)},
+            "sources": _sources(job, logged)}
 
 
 def render(report: dict) -> list[str]:
@@ -117,7 +155,7 @@ def render(report: dict) -> list[str]:
     for f in report["findings"]:
         lines.append(("likely root cause: " if f["root_cause"] else "  then: ") + f["summary"])
     if report["healthy"]:
-        lines.append(f"no problem found in the flight logs of ranks {report['ranks']}")
+        lines.append(f"no problem found in the {_evidence(report)} of ranks {report['ranks']}")
     elif line := progress(report):  # where each rank last reported progress: the only trace of a hang in timing
         lines.append(line)
     return lines
@@ -127,3 +165,11 @@ def progress(report: dict) -> str | None:
     """'last progress: rank R 'mark'; ...' from the report's last marks, None if no rank left one."""
     marks = "; ".join(f"rank {r} {m!r}" for r, m in report.get("last_marks", {}).items() if m)
     return f"last progress: {marks}" if marks else None
+
+
+def _evidence(report: dict) -> str:
+    """What a report was drawn from, in words: 'flight logs', 'Flight Recorder dumps' or both."""
+    sources = report.get("sources", {"flight_log": True})
+    names = (["flight logs"] if sources.get("flight_log") else []) + \
+        (["Flight Recorder dumps"] if "flight_recorder" in sources else [])
+    return " and ".join(names)

@@ -37,10 +37,14 @@ class Finding:
     """Dated by the call a peer was blocked in instead: the wait follows from that block, so it sorts
     after a finding of the same date (load skews ranks on a busy host, so issue times alone can put a
     healthy group's wait before the fault that caused it)."""
+    evidence: str = "flight log"
+    """What the finding rests on: ``flight log`` (meshscope's own), ``flight recorder`` (torch's dumps)
+    or ``both`` (each source shows it on its own)."""
 
     def line(self) -> str:
         where = f"{self.axis}{self.group}" if self.group else self.axis
-        return f"[{self.kind}] {where} ranks {self.ranks}: {self.entry} -- {self.cause}"
+        source = "" if self.evidence == "flight log" else f" (evidence: {self.evidence})"
+        return f"[{self.kind}] {where} ranks {self.ranks}: {self.entry} -- {self.cause}{source}"
 
 
 @dataclass

@@ -1,0 +1,63 @@
+"""Real gloo Flight Recorder dumps, made here by a 4-rank job through torch's elastic agent: the limits of
+gloo's recorder on this torch, measured, and the doctor (not torchfrtrace) diagnosing them."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import pickletools
+import subprocess
+import sys
+
+import pytest
+
+from meshscope.doctor import diagnose
+
+from .helpers import ROOT
+
+JOB = ROOT / "tests" / "jobs" / "flight_recorder_dumps.py"
+
+
+@pytest.fixture(scope="module")
+def skipped(tmp_path_factory):
+    """Dumps of the job where rank 1 skips a world all_reduce (the others time out after 3 s and dump)."""
+    out = tmp_path_factory.mktemp("fr")
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+                           str(JOB), "--prefix", str(out / "rank_"), "--fault", "skip"],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "TORCH_FR_BUFFER_SIZE": "200"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out
+
+
+def _dump(out, r) -> dict:
+    return pickle.loads((out / f"rank_{r}").read_bytes())
+
+
+def test_gloo_recorder_limits(skipped):
+    for r in range(4):
+        data = (skipped / f"rank_{r}").read_bytes()
+        assert not {op.name for op, _, _ in pickletools.genops(data)} & {"GLOBAL", "STACK_GLOBAL", "REDUCE", "INST",
+                                                                        "OBJ", "NEWOBJ", "BUILD"}
+        doc = pickle.loads(data)
+        names = [e["profiling_name"] for e in doc["entries"]]
+        assert doc["version"] == "2.10" and all(n.startswith("gloo:") for n in names)
+        assert not [n for n in names if "send" in n or "recv" in n]  # rank 0 sent and rank 1 received
+        assert {e["state"] for e in doc["entries"]} == {"scheduled"}
+        assert doc["pg_config"] == {"": {"name": "", "desc": "", "ranks": "[]"}}
+        [a2a] = [e for e in doc["entries"] if e["profiling_name"] == "gloo:all_to_all"]
+        assert a2a["input_sizes"] == [[8]] and a2a["output_sizes"] == [[8]]  # the totals, not the splits
+    world = {r: [e["collective_seq_id"] for e in _dump(skipped, r)["entries"] if e["process_group"][1] == "default_pg"]
+             for r in range(4)}
+    assert world == {0: [1, 2, 3, 4], 1: [1, 2, 3], 2: [1, 2, 3, 4], 3: [1, 2, 3, 4]}
+
+
+def test_doctor_names_the_rank_that_skipped(skipped):
+    f = diagnose(skipped / "rank_")["findings"][0]
+    assert (f["kind"], f["axis"], f["ranks"], f["evidence"]) == ("missing", "world", [1], "flight recorder")
+
+
+def test_torchfrtrace_cannot_read_gloo_dumps(skipped):
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(skipped),
+                           "--prefix", "rank_"], capture_output=True, text=True, timeout=120, check=False)
+    assert "KeyError: ('0', " in proc.stderr, proc.stderr[-2000:]
