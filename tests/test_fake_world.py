@@ -31,6 +31,20 @@ def test_a_fake_world_issues_what_the_real_one_does(tmp_path):
     assert proc.returncode == 0 and json.loads(proc.stdout)["same"], proc.stdout[-3000:]
 
 
+def test_ddp_on_the_fake_backend_issues_what_gloo_does(tmp_path):
+    """DDP's built-in hook asserts on the fake work's empty future; meshscope's hook issues the same bucket
+    all-reduces, and the first step's single bucket and the second step's rebuild broadcasts stay as on gloo."""
+    job = [str(JOBS / "ddp.py"), "--steps", "3"]
+    real, _ = _trace(tmp_path, "real", "--nproc-per-node", 2, job)
+    fake, doc = _trace(tmp_path, "fake", "--fake-world", 2, "--ranks", "0,1", job)
+    assert real.returncode == 0 and fake.returncode == 0 and doc["passed"], fake.stderr[-3000:]
+    steps = {s["step"]: [e["op"] for e in s["events"] if e["phase"] != "other"] for s in doc["per_rank"][0]["steps"]}
+    assert steps[0] == ["all_reduce"] and steps[1] == ["broadcast"] * 2 + ["all_reduce"] * 4
+    assert steps[2] == ["all_reduce"] * 4
+    proc = cli("diff", tmp_path / "real", tmp_path / "fake", "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["same"], proc.stdout[-3000:]
+
+
 def _relabelled(result: TraceResult, rank: int) -> list[tuple]:
     """A rank's ledger with each group replaced by its positions (so only its size is left), a P2P peer
     by its offset from the rank and a root by its position in the group."""

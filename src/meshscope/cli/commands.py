@@ -310,25 +310,9 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_place(args) -> int:
-    from ..place.advisor import LinkClass, link_from_sweep, rank_placements
-    from ..place.report import plot, render, to_json
-    from ..predict.model_spec import ModelSpec, parse_stage_layers
+    from .place_command import cmd_place as run
 
-    spec = ModelSpec(**{k: getattr(args, k) for k in ("layers", "hidden", "ffn", "seq_len", "micro_batch", "heads",
-                                                       "experts", "topk", "microbatches", "dtype", "sequence_parallel")},
-                     stage_layers=parse_stage_layers(args.stage_layers))
-    intra = (link_from_sweep(args.sweep) if args.sweep else
-             LinkClass("intra-node", args.intra_latency * 1e-6, args.intra_bw * 1e9, "flags"))
-    inter = LinkClass("inter-node", args.inter_latency * 1e-6, args.inter_bw * 1e9, "flags")
-    if intra.bandwidth < inter.bandwidth:
-        print(f"meshscope: note: intra-node link {intra.bandwidth / 1e9:.3g} GB/s ({intra.source}) is slower than "
-              f"inter-node {inter.bandwidth / 1e9:.3g} GB/s; a CPU/gloo sweep does not describe NVLink", file=sys.stderr)
-    sizes = {a: getattr(args, a) for a in ("tp", "cp", "pp", "ep", "etp")}
-    ranking = rank_placements(args.world, args.gpus_per_node, spec, sizes, intra, inter, args.layer_ms * 1e-3)
-    if args.plot:
-        plot(ranking, args.plot)
-    print(json.dumps(to_json(ranking)) if args.json else render(ranking, args.limit))
-    return 0
+    return run(args)
 
 
 def cmd_trace(args) -> int:

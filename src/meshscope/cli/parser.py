@@ -15,7 +15,7 @@ from ..core.faults import KINDS
 from ..core.mesh import DEFAULT_ORDER
 from ..core.overrides import OVERRIDES, SWITCHES
 from ..place.advisor import INTER_DEFAULT, INTRA_DEFAULT
-from ..predict.model_spec import ModelSpec
+from ..predict.model_spec import DP_FLAVOURS, ModelSpec
 from ..trace.launch import RENDEZVOUS_FLAGS
 
 
@@ -141,17 +141,24 @@ def build_parser() -> argparse.ArgumentParser:
     df.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
 
     pl = sub.add_parser("place", help="rank the placements of the axes on nodes by predicted communication time")
-    pl.add_argument("--world", type=int, required=True)
+    pl.add_argument("--world", type=int, default=None, help="ranks (required unless a trace gives them)")
     pl.add_argument("--gpus-per-node", type=int, default=8, help="NVLink domain size (default %(default)s)")
     for axis in ("tp", "cp", "pp", "ep", "etp"):
-        pl.add_argument(f"--{axis}", type=int, default=1)
+        pl.add_argument(f"--{axis}", type=int, default=None, help="(default 1, or the trace's)")
     spec = ModelSpec()
     for flag, dest in (("--layers", "layers"), ("--hidden", "hidden"), ("--ffn", "ffn"), ("--seq", "seq_len"),
                        ("--micro-batch", "micro_batch"), ("--heads", "heads"), ("--experts", "experts"),
-                       ("--topk", "topk"), ("--microbatches", "microbatches")):
+                       ("--topk", "topk"), ("--microbatches", "microbatches"), ("--vocab", "vocab"),
+                       ("--position-rows", "position_rows"), ("--norm-params", "norm_params")):
         pl.add_argument(flag, dest=dest, type=int, default=getattr(spec, dest), help="(default %(default)s)")
     pl.add_argument("--dtype", default=spec.dtype, help="activation/gradient dtype (default %(default)s)")
     pl.add_argument("--sp", dest="sequence_parallel", action="store_true", help="sequence parallel TP (AG + RS)")
+    pl.add_argument("--tied-embeddings", action="store_true", help="the output layer shares the token embedding")
+    pl.add_argument("--mlp-bias", action="store_true", help="the MLP's W1 and W2 have biases")
+    pl.add_argument("--separate-qkv", action="store_true", help="Q, K, V as three tensors (torch's test Transformer)")
+    pl.add_argument("--data-parallel", default=spec.data_parallel, choices=DP_FLAVOURS,
+                    help="gradient sync over dp (default %(default)s)")
+    pl.add_argument("--bucket-mb", type=float, default=None, help="DDP's bucket_cap_mb (default: DDP's, 1 MiB then 25)")
     pl.add_argument("--stage-layers", default="",
                     help="layers of each pipeline stage, e.g. 6,2 (default: an even split)")
     pl.add_argument("--layer-ms", type=float, default=0.0,
@@ -163,6 +170,10 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--sweep", type=Path, default=None, help="take the intra-node link from a `meshscope sweep` sweep.json")
     pl.add_argument("--limit", type=int, default=20, help="placements shown in the text output (default %(default)s)")
     pl.add_argument("--plot", type=Path, default=None, help="write a PNG of the ranking here")
+    pl.add_argument("--compare-trace", type=Path, default=None, metavar="DIR",
+                    help="the model's per-axis calls and bytes beside a trace's steady step (its layout, these shapes)")
+    pl.add_argument("--from-trace", type=Path, default=None, metavar="DIR",
+                    help="rank placements by a trace's per-axis volumes instead of the model's")
     pl.add_argument("--json", action="store_true")
     return p
 

@@ -12,7 +12,7 @@ traffic (an axis without collectives, such as edp of a dense model, cannot chang
 `Layout` rejects (dense and expert pp groups differ) are skipped and counted.
 
 Per placement and axis: the bytes per step of the axis's busiest stage (`volume.stage_traffic`,
-independent of the order), how many of the axis's groups span more than one node (node = rank // gpus_per_node), and the
+independent of the order; or a trace's steady step, `traced`, with ``place --from-trace``), how many of the axis's groups span more than one node (node = rank // gpus_per_node), and the
 time of its collectives under an alpha-beta model per link class: a call costs alpha + link bytes /
 bandwidth, link bytes being the ring fraction of `volume.link_bytes`. An axis with ANY crossing group
 is timed on the inter-node link (its slowest group holds every rank of the step back). Blocking
@@ -209,6 +209,9 @@ class Placement:
         return "; ".join(words) or "no axis has a group of more than one rank"
 
 
+MODEL_SOURCE = "the analytic model (volume.stage_traffic)"
+
+
 @dataclass(frozen=True)
 class Ranking:
     """Every distinct placement of one model and layout, best (least step estimate) first."""
@@ -225,6 +228,8 @@ class Ranking:
     placements: tuple[Placement, ...]
     skipped_orders: tuple[str, ...]
     """Orders `Layout` rejects for these sizes (dense and expert pp groups would differ)."""
+    source: str = MODEL_SOURCE
+    """Where the per-stage traffic came from: the model, or a trace (`place --from-trace`)."""
 
     @property
     def traffic(self) -> tuple[Traffic, ...]:
@@ -242,19 +247,21 @@ def fmt_bytes(n: float) -> str:
 
 def rank_placements(world: int, gpus_per_node: int, spec: ModelSpec, sizes: dict[str, int],
                     intra: LinkClass = INTRA_DEFAULT, inter: LinkClass = INTER_DEFAULT,
-                    layer_s: float = 0.0) -> Ranking:
+                    layer_s: float = 0.0, traced: tuple[tuple[Traffic, ...], ...] | None = None,
+                    source: str = MODEL_SOURCE) -> Ranking:
     """Enumerate the orders, deduplicate by group sets, cost each placement, rank by the step estimate.
 
     sizes: tp, cp, pp, ep, etp (dp and edp derived as in `mesh.Layout`). layer_s: compute seconds of
-    one layer forward and backward per microbatch (0 = communication only). Raises `UsageError` first,
-    before any work, for sizes that do not divide the world or the model, or a node size that does not
-    divide the world.
+    one layer forward and backward per microbatch (0 = communication only). traced: per pipeline stage,
+    the traffic of one step as a trace recorded it (`place.traced`), used instead of the model's;
+    `source` says where it came from. Raises `UsageError` first, before any work, for sizes that do
+    not divide the world or the model, or a node size that does not divide the world.
     """
     base = Layout(world, **sizes)
     check_nodes(world, gpus_per_node)
     if not layer_s >= 0:
         raise UsageError(f"--layer-ms {layer_s * 1e3} must be >= 0 (compute of one layer per microbatch)")
-    stages = tuple(tuple(stage_traffic(spec, base, s)) for s in range(base.pp))
+    stages = traced or tuple(tuple(stage_traffic(spec, base, s)) for s in range(base.pp))
     judged = [a for a in AXIS_MEMBERS if any(t.axis == a for ts in stages for t in ts)]  # no bytes: cannot matter
     classes: dict[tuple, list[str]] = {}
     skipped = []
@@ -270,7 +277,7 @@ def rank_placements(world: int, gpus_per_node: int, spec: ModelSpec, sizes: dict
     cost = _Coster(world, gpus_per_node, spec, base, intra, inter, layer_s, stages)
     placements = sorted((cost(tuple(orders), dict(key)) for key, orders in classes.items()),
                         key=lambda p: (p.step_s, p.order))
-    return Ranking(base, gpus_per_node, spec, intra, inter, layer_s, stages, tuple(placements), tuple(skipped))
+    return Ranking(base, gpus_per_node, spec, intra, inter, layer_s, stages, tuple(placements), tuple(skipped), source)
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ def to_json(r: Ranking) -> dict:
         "world": r.layout.world, "gpus_per_node": r.gpus_per_node, "nodes": r.layout.world // r.gpus_per_node,
         "sizes": r.layout.sizes, "spec": r.spec.to_json(),
         "links": {"intra": r.intra.to_json(), "inter": r.inter.to_json()},
-        "layer_compute_s": r.layer_s,
+        "layer_compute_s": r.layer_s, "volume_source": r.source,
         "aggregate": "step_s = max over pipeline stages of T_s = (M + p - 1) / M x (compute + forward/backward "
                      "comm) + optimizer comm, each stage on its own groups; total_s = sum of per-axis times",
         "volume": {axis: {op: {"calls": c, "bytes": b} for op, (c, b) in ops.items()}
@@ -43,10 +43,10 @@ def render(r: Ranking, limit: int = 20) -> str:
     lay = r.layout
     sizes = " ".join(f"{k} {v}" for k, v in lay.sizes.items() if v > 1) or "all axes 1"
     lines = [f"world {lay.world} = {lay.world // r.gpus_per_node} nodes x {r.gpus_per_node} GPUs; {sizes}",
-             f"links: intra {r.intra.bandwidth / 1e9:.3g} GB/s + {r.intra.latency_s * 1e6:.3g} us/call "
+             (f"links: intra {r.intra.bandwidth / 1e9:.3g} GB/s + {r.intra.latency_s * 1e6:.3g} us/call "
              f"({r.intra.source}); inter {r.inter.bandwidth / 1e9:.3g} GB/s + {r.inter.latency_s * 1e6:.3g} us/call "
-             f"({r.inter.source})",
-             "per-step volume on the busiest rank (logical bytes, nccl-tests sizes):"]
+             f"({r.inter.source})"),
+             f"per-step volume on the busiest rank (logical bytes, nccl-tests sizes), from {r.source}:"]
     for axis, ops in table(r.traffic).items():
         lines.append(f"  {axis:6s} " + ", ".join(f"{c} x {op} = {fmt_bytes(b)}" for op, (c, b) in ops.items()))
     n = len(r.placements)

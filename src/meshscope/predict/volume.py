@@ -14,7 +14,8 @@ own layers; the PP messages do not (one activation per boundary and microbatch, 
 Per layer and microbatch, with T = b * s / cp tokens on a rank and A = T * h * bytes:
   TP   (Narayanan et al. 2021, Megatron-LM): each TP block (attention, dense MLP) all-reduces its
        row-parallel output [b, s, h] forward and the column-parallel input gradient backward:
-       2 all-reduces of A forward and 2 backward per transformer layer.
+       2 all-reduces of A forward and 2 backward per transformer layer (4 backward with separate Q, K
+       and V column-parallel layers: each reduces its input's gradient).
        With sequence parallelism (Korthikanti et al. 2022) each all-reduce becomes an all-gather
        (output A) and a reduce-scatter (input A); a ring moves (n-1)/n of each, the same link bytes
        as the ring all-reduce's 2(n-1)/n.
@@ -30,8 +31,18 @@ Per layer and microbatch, with T = b * s / cp tokens on a rank and A = T * h * b
        full MoE step); each carries the rank's T/tp tokens x k copies x h (balanced routing).
   ETP  around each expert: all-gather of the received tokens over etp and reduce-scatter of the
        outputs forward, the duals backward (the SP pattern inside the expert group).
-  DP   one all-reduce per weight tensor of the rank's layers (no bucketing, as `sync_grads`) over
-       dp x cp (dense weights) and over edp (expert weights), phase optimizer.
+  Embeddings and output layer (when `vocab` > 0; Megatron's vocab-parallel tables, torch's
+       Transformer.parallelize): the first stage all-reduces the token lookup's partial sums A
+       forward (and a learned position table's [s, h], split by rows as torch's test model does);
+       under SP a reduce-scatter forward and an all-gather of the gradient backward. The last
+       stage all-gathers the column-parallel logits [b, s, V] forward and all-reduces its input's
+       gradient A backward; under SP it all-gathers its input A forward and reduce-scatters the
+       gradient backward. Norms under SP: each norm tensor (replicated, applied to a sequence
+       shard) has its gradient all-reduced over tp, h elements per call, every microbatch.
+  DP   the dense weights of the stage (`weights`) synced over dp x cp once per step, as the
+       spec's `data_parallel` says (`grad_sync`: one all-reduce per tensor, DDP's buckets, or
+       FSDP2's all-gathers and reduce-scatters per unit); expert weights one all-reduce per
+       tensor over edp. Phase optimizer: once per step, wherever the framework issues it.
 
 Sizes follow nccl-tests (as `sweep.model_bytes`): all_gather output, reduce_scatter input, all_reduce
 the buffer, all_to_all what the rank sends, send/recv the message. Logical bytes, never wire bytes:
@@ -47,7 +58,9 @@ from dataclasses import dataclass
 
 from ..core.mesh import Layout
 from .alpha_beta import BUS_FACTOR, MODEL_OF_OP
+from .grad_sync import grad_sync
 from .model_spec import ModelSpec
+from .weights import stage_weights
 
 
 @dataclass(frozen=True)
@@ -59,7 +72,7 @@ class Traffic:
     op: str
     """all_reduce, all_gather, reduce_scatter, all_to_all, send or recv."""
     phase: str
-    """forward, backward or optimizer."""
+    """forward, backward or optimizer (once per step, after the last microbatch: the gradient sync)."""
     region: str
     """What moves: attention, mlp, kv, activation, dispatch, combine, expert, <weight name>."""
     count: int
@@ -107,7 +120,9 @@ def stage_traffic(spec: ModelSpec, layout: Layout, stage: int) -> list[Traffic]:
                 add("tp", "all_gather", phase, block, per_mb, act)
                 add("tp", "reduce_scatter", phase, block, per_mb, act)
             else:
-                add("tp", "all_reduce", phase, block, per_mb, act)
+                # separate Q, K and V column-parallel layers each reduce their input's gradient
+                inputs = 3 if block == "attention" and phase == "backward" and spec.separate_qkv else 1
+                add("tp", "all_reduce", phase, block, per_mb * inputs, act)
     if spec.heads:
         kv = 2 * tokens * h // tp * e
         for phase, hops in (("forward", cp - 1), ("backward", 2 * (cp - 1))):
@@ -128,23 +143,32 @@ def stage_traffic(spec: ModelSpec, layout: Layout, stage: int) -> list[Traffic]:
                 add("ep", "all_to_all", phase, region, per_mb, routed)
             add("etp", "all_gather", phase, "expert", per_mb, routed * etp)
             add("etp", "reduce_scatter", phase, "expert", per_mb, routed * etp)
-    for name, numel in dense_weights(spec, tp):
-        add(dp_axis(layout), "all_reduce", "optimizer", name, layers, numel * e)
+    first, last = stage == 0, stage == pp - 1
+    if first:  # vocab- (and position-) parallel lookups: partial sums of the rank's rows
+        tables = ([("token embedding", act)] if spec.vocab else []) + (
+            [("position embedding", spec.seq_len // cp * h * e)] if spec.position_rows else [])  # [s, h] once
+        for region, size in tables:
+            if spec.sequence_parallel:
+                add("tp", "reduce_scatter", "forward", region, m, size)
+                add("tp", "all_gather", "backward", region, m, size)
+            else:
+                add("tp", "all_reduce", "forward", region, m, size)
+    if last and spec.vocab:  # column-parallel output layer, logits gathered; its input's gradient reduced
+        add("tp", "all_gather", "forward", "logits", m, tokens * spec.vocab * e)
+        if spec.sequence_parallel:
+            add("tp", "all_gather", "forward", "output layer", m, act)
+            add("tp", "reduce_scatter", "backward", "output layer", m, act)
+        else:
+            add("tp", "all_reduce", "backward", "output layer", m, act)
+    weights = stage_weights(spec, tp, stage, pp)
+    if spec.sequence_parallel:
+        for w in weights:
+            if w.partial_under_sp:
+                add("tp", "all_reduce", "backward", w.name, m, w.numel * e)
+    for op, phase, region, count, size in grad_sync(spec, weights, layout.size(dp_axis(layout))):
+        add(dp_axis(layout), op, phase, region, count, size)
     if spec.experts:
         add("edp", "all_reduce", "optimizer", "expert W1/W2", layers * 2 * spec.experts // ep, f * h // etp * e)
-    return out
-
-
-def dense_weights(spec: ModelSpec, tp: int) -> list[tuple[str, int]]:
-    """(name, elements on one rank) of each dense weight tensor of one layer."""
-    h, f = spec.hidden, spec.ffn
-    out = []
-    if spec.heads:
-        out += [("attention QKV", 3 * h * h // tp), ("attention O", h * h // tp)]
-    if spec.experts:
-        out.append(("router", spec.experts * h))  # replicated over tp
-    else:
-        out += [("mlp W1", f * h // tp), ("mlp W2", h * f // tp)]
     return out
 
 

@@ -8,7 +8,10 @@ output, so the script runs alone while issuing every call it would issue at N ra
 the dispatcher recorder as usual. Values received from other ranks are not there: all-to-all split
 sizes exchanged at run time come back as this rank's own (the ledger marks such a job's splits as
 assumed), and a P2P receive gets no data, so ``torch.distributed.pipelining`` needs static stage
-shapes (``input_args``).
+shapes (``input_args``). DDP's built-in gradient hook takes the reduced bucket from the work's
+future, which the fake backend leaves empty, so DDP gets a hook that issues the same all-reduce
+of the same bucket and hands the bucket back (`_fake_allreduce_hook`); a script that registers a
+comm hook of its own fails there ("can only be called once").
 
 Every ``new_group`` call is noted with its ranks, member or not: group creation is a global protocol,
 so rank 0's process sees every group of every axis, which `rank_classes` turns into classes of ranks
@@ -49,6 +52,29 @@ def use_fake_backend() -> None:
 
     wrap("init_process_group", fake_init)
     wrap("new_group", noted_new_group)
+    _hook_ddp()
+
+
+def _hook_ddp() -> None:
+    """Every DDP the script builds gets `_fake_allreduce_hook` in place of its built-in one."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    init = DistributedDataParallel.__init__
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.register_comm_hook(self.process_group, _fake_allreduce_hook)
+
+    DistributedDataParallel.__init__ = __init__
+
+
+def _fake_allreduce_hook(group, bucket):
+    """DDP's one all-reduce of the bucket, completed with the bucket itself (the fake work's future
+    carries no tensor, which DDP's built-in hook asserts on)."""
+    import torch.distributed as dist
+
+    buffer = bucket.buffer()
+    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(lambda _: buffer)
 
 
 def environment(rank: int, world: int, per_node: int) -> dict[str, str]:

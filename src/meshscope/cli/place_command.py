@@ -1,0 +1,75 @@
+"""``meshscope place``: rank axis placements from the analytic model or a trace's volumes, or hold the model
+against a trace (``--compare-trace``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ..core.errors import UsageError
+
+
+def cmd_place(args) -> int:
+    from ..place.advisor import LinkClass, link_from_sweep, rank_placements
+    from ..place.report import plot, render, to_json
+    from ..predict.model_spec import ModelSpec, parse_stage_layers
+
+    spec = ModelSpec(**{k: getattr(args, k) for k in (
+        "layers", "hidden", "ffn", "seq_len", "micro_batch", "heads", "experts", "topk", "microbatches", "dtype",
+        "sequence_parallel", "vocab", "tied_embeddings", "position_rows", "norm_params", "mlp_bias", "separate_qkv",
+        "data_parallel", "bucket_mb")}, stage_layers=parse_stage_layers(args.stage_layers))
+    trace, world, sizes = _place_layout(args)
+    if args.compare_trace:
+        from ..place.compare import compare_trace
+        from ..report.place_compare import render as render_comparison
+        from ..report.place_compare import to_json as comparison_json
+
+        comparison = compare_trace(trace, spec)
+        print(json.dumps(comparison_json(comparison)) if args.json else render_comparison(comparison))
+        return 0
+    intra = (link_from_sweep(args.sweep) if args.sweep else
+             LinkClass("intra-node", args.intra_latency * 1e-6, args.intra_bw * 1e9, "flags"))
+    inter = LinkClass("inter-node", args.inter_latency * 1e-6, args.inter_bw * 1e9, "flags")
+    if intra.bandwidth < inter.bandwidth:
+        print(f"meshscope: note: intra-node link {intra.bandwidth / 1e9:.3g} GB/s ({intra.source}) is slower than "
+              f"inter-node {inter.bandwidth / 1e9:.3g} GB/s; a CPU/gloo sweep does not describe NVLink", file=sys.stderr)
+    traced = {}
+    if trace is not None:
+        steps = sorted({r.step for r in trace.ranks})
+        traced = {"traced": trace.stages(), "source": f"the trace {trace.run_dir} (steady step {_csv(steps)}, ranks "
+                                                      f"{_csv(r.rank for r in trace.ranks)})"}
+        if trace.skipped_axes:
+            print(f"meshscope: note: calls on {', '.join(trace.skipped_axes)} are left out (no axis a placement moves)",
+                  file=sys.stderr)
+    ranking = rank_placements(world, args.gpus_per_node, spec, sizes, intra, inter, args.layer_ms * 1e-3, **traced)
+    if args.plot:
+        plot(ranking, args.plot)
+    print(json.dumps(to_json(ranking)) if args.json else render(ranking, args.limit))
+    return 0
+
+
+def _place_layout(args):
+    """(the trace of --compare-trace / --from-trace or None, world, tp/cp/pp/ep/etp sizes): from the trace when one
+    is given (flags that disagree with it are an error), else from --world and the axis flags."""
+    from ..place.traced import load
+
+    axes = ("tp", "cp", "pp", "ep", "etp")
+    if args.compare_trace and args.from_trace:
+        raise UsageError("--compare-trace and --from-trace: give one of them")
+    flag, path = ("--compare-trace", args.compare_trace) if args.compare_trace else ("--from-trace", args.from_trace)
+    if path is None:
+        if args.world is None:
+            raise UsageError("place needs --world (or --compare-trace DIR / --from-trace DIR, whose layout it takes)")
+        return None, args.world, {a: getattr(args, a) or 1 for a in axes}
+    trace = load(path, flag)
+    lay = trace.layout
+    given = {"world": args.world, **{a: getattr(args, a) for a in axes}}
+    for name, value in given.items():
+        if value is not None and value != getattr(lay, name):
+            raise UsageError(f"--{name} {value} disagrees with the trace's layout ({name} {getattr(lay, name)}); "
+                             f"leave it out: {flag} takes the layout from the trace")
+    return trace, lay.world, {a: getattr(lay, a) for a in axes}
+
+
+def _csv(values) -> str:
+    return ",".join(map(str, values))
