@@ -15,6 +15,6 @@ if [ "$which" = cpu ]; then
   timeout 560 python3 benchmarks/bench_trace.py --samples "$samples" ${K:+--steps-per-sample $K} ${STEPS:+--steps $STEPS} > "$OUT/cpu.txt" 2>&1
 else
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >> "$OUT/versions.txt"
-  timeout 540 python3 benchmarks/bench_trace.py --backend nccl --nproc 1 --steps ddp --samples "$samples" > "$OUT/gpu_ddp.txt" 2>&1
+  timeout 400 python3 benchmarks/bench_trace.py --backend nccl --nproc 1 --steps ddp --samples "$samples" ${K:+--steps-per-sample $K} > "$OUT/gpu_ddp.txt" 2>&1
 fi
 tail -n 5 "$OUT"/*.txt

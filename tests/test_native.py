@@ -1,0 +1,111 @@
+"""The C++ recorder (`capture.native`) against the Python kernel (`capture.dispatch`), the oracle.
+
+The Python kernel is the one the trace tests check against independent sources (DDP's buckets,
+CommDebugMode, torch's schedule order); the C++ kernel must record exactly what it records: every
+c10d op kind, in one process, and whole jobs (uneven all-to-all splits, pipeline P2P) on gloo ranks,
+compared with ``meshscope diff``. And where no C++ compiler works, the trace says so and falls back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from .helpers import ROOT, cli
+
+# Every c10d op kind on a 1-rank gloo world, issued twice: under the Python kernel, then the C++ one.
+EVERY_OP = r"""
+import json, os, sys
+import torch, torch.distributed as dist
+from meshscope.capture import dispatch, native
+from meshscope.capture.job_context import JobContext
+
+dist.init_process_group("gloo", rank=0, world_size=1, init_method="tcp://127.0.0.1:" + sys.argv[1])
+sub = dist.new_group([0])
+
+def calls():
+    x = torch.arange(6, dtype=torch.float32)
+    dist.all_reduce(x)
+    dist.all_reduce_coalesced([x, x.clone()], group=sub)
+    dist.all_gather([torch.empty(6)], x)
+    dist.all_gather_into_tensor(torch.empty(6), x)
+    dist.reduce_scatter_tensor(torch.empty(6), x)
+    dist.all_to_all_single(torch.empty(6), x)
+    dist.all_to_all_single(torch.empty(5, 2, dtype=torch.bfloat16), torch.ones(5, 2, dtype=torch.bfloat16), [5], [5])
+    dist.all_to_all([torch.empty(3)], [torch.ones(3)])
+    dist.broadcast(x, 0)
+    dist.reduce(x, 0)
+    dist.gather(x, [torch.empty(6)], 0)
+    dist.scatter(torch.empty(6), [x], 0)
+    dist.broadcast(torch.ones(2, dtype=torch.int64), 0, group=sub)
+    dist.barrier()
+    dist.monitored_barrier()
+
+python = []
+with dispatch.Recorder(lambda *call: python.append(call)):
+    calls()
+context = JobContext()
+recorder = native.NativeRecorder(native.load(), context)
+with recorder:
+    calls()
+cpp = [r[:8] for r in recorder.drain()]
+native.uninstall()
+show = lambda cs: [[c[0], c[1].name, c[1].ranks, *c[2:]] for c in cs]
+print(json.dumps({"python": show(python), "native": show(cpp), "errors": dispatch.errors}))
+dist.destroy_process_group()
+"""
+
+
+@pytest.fixture(scope="module")
+def built():
+    """The compiled extension (the trace builds it the same way before its ranks start)."""
+    from meshscope.capture import native
+
+    try:
+        return native.build()
+    except native.NativeUnavailable as exc:
+        pytest.fail(f"the C++ recorder does not build on this machine: {exc}")
+
+
+def test_every_c10d_op_is_recorded_as_the_python_kernel_records_it(built, tmp_path):
+    port = str(29500 + os.getpid() % 400)
+    proc = subprocess.run([sys.executable, "-c", EVERY_OP, port], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc["errors"] == []
+    assert len(doc["python"]) == 15  # 15 calls: the coalesced all-reduce once, not again per tensor
+    assert doc["native"] == doc["python"]
+    ops = [c[0] for c in doc["native"]]
+    assert set(ops) == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "gather",
+                        "scatter", "barrier"}
+    uneven = next(c for c in doc["native"] if c[3] == "bfloat16")  # [op, group, ranks, dtype, in, out, peer, splits]
+    assert uneven[4:] == [20, 20, None, [5], [5]]  # 5 rows of 2 bf16 each way, splits as given
+
+
+@pytest.mark.parametrize("job,world", [("moe_a2a.py", 2), ("pipelining.py --schedule 1f1b", 2)])
+def test_a_job_traced_by_either_kernel_gives_the_same_ledgers(built, job, world, tmp_path):
+    script, *args = job.split()
+    for recorder in ("native", "python"):
+        proc = cli("trace", "--nproc-per-node", world, "--recorder", recorder, "--out", tmp_path / recorder, "--json",
+                   "--", f"tests/jobs/{script}", *args, timeout=240)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        ends = [json.loads((tmp_path / recorder / "ranks" / f"rank{r}.json").read_text()) for r in range(world)]
+        assert {e["recorder"] for e in ends} == {recorder}
+    proc = cli("diff", tmp_path / "native", tmp_path / "python", "--json")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert doc["same"], doc
+
+
+def test_without_a_compiler_the_trace_says_so_and_records_with_the_python_kernel(tmp_path):
+    env = {"MESHSCOPE_CACHE": str(tmp_path / "cache"), "CXX": "/nonexistent/c++", "CC": "/nonexistent/cc"}
+    proc = cli("trace", "--nproc-per-node", 2, "--out", tmp_path / "run", "--", "tests/jobs/dtensor_tp.py",
+               timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "the C++ recorder cannot be built here" in proc.stderr
+    assert json.loads((tmp_path / "run" / "ranks" / "rank0.json").read_text())["recorder"] == "python"
