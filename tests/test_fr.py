@@ -213,3 +213,32 @@ def test_a_trace_directory_with_both_sources_says_what_each_finding_rests_on(tmp
     report = diagnose(run)
     assert report["sources"]["flight_log"] and report["sources"]["flight_recorder"]["backend"] == "gloo"
     assert [(f["kind"], f["axis"], f["evidence"]) for f in report["findings"]] == [("missing", "world", "both")]
+
+
+@pytest.mark.parametrize("form", ["pickle/rank_", "json"])
+def test_a_real_nccl_dump_reads_with_its_groups_axes_and_states(form):
+    """One H200, torch 2.11, NCCL world 1 (tests/fixtures/flight_recorder/make_nccl.py): the pickle holds
+    no global at all, like gloo's, and torch's own analyzer (run there) found nothing either."""
+    from meshscope.doctor.fr_job import load_job
+
+    job = load_job(FIXTURES / "nccl_world1" / form)
+    assert (job.version, job.backend) == ("2.10", "nccl")
+    dump = job.dumps[0]
+    assert {g.desc: g.ranks for g in dump.groups.values()} == {"default_pg": (0,), "TENSOR_MODEL_PARALLEL_GROUP": (0,)}
+    calls = [(e.event.op, e.event.axis, e.event.dtype, e.state) for e in dump.entries]
+    assert calls == [("all_reduce", "world", "float32", "completed"), ("all_gather", "world", "float32", "completed"),
+                     ("reduce_scatter", "world", "float32", "completed"), ("all_to_all", "world", "float32", "completed"),
+                     ("broadcast", "tp", "bfloat16", "completed")]
+    assert diagnose(FIXTURES / "nccl_world1" / form)["healthy"]
+
+
+def test_torchs_analyzer_finds_no_more_than_the_doctor_in_the_nccl_dump():
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace",
+                           str(FIXTURES / "nccl_world1" / "pickle"), "-p", "rank_"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    findings = [ln for ln in proc.stdout.splitlines() if ln.strip() and "tabulate" not in ln]
+    assert findings == []  # torchfrtrace reports nothing; so does the doctor (above), which names each call's axis too
