@@ -414,7 +414,7 @@ def report(args, gathered, descs, K) -> None:
 
     world = len(gathered)
     per_rank_calls = [g[1] for g in gathered]
-    print(f"\nrounds {args.samples} (+1 warm-up discarded), {world} ranks gloo, {torch.get_num_threads()} torch thread(s) "
+    print(f"\nrounds {args.samples} (+1 warm-up discarded), {world} ranks {args.backend}, {torch.get_num_threads()} torch thread(s) "
           f"per rank; timed loop {gathered[0][3]:.1f} s on rank 0")
     for s in args.steps:
         n = range(args.samples)
