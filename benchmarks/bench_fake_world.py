@@ -1,0 +1,123 @@
+"""A real job's ledger at 1,024 ranks on this CPU: wall time and the memory of the processes alive at once.
+
+Runs ``meshscope trace --fake-world N --nproc-per-node 8 --ranks auto`` on a GPT-style script
+(`tests/jobs/transformer.py`: torch's test Transformer, token + position embeddings, L blocks,
+FSDP2 over dp x TP over tp; `--sequence-parallel` on) and samples, every 50 ms, the resident memory
+(``VmRSS``) of every process below the trace command, summed over the processes alive at that moment.
+It prints the trace's wall time, the classes it traced, the peak of that sum (and of the largest
+single process), and whether every traced rank passed. The issue's target: all rank classes of
+dim 1024, 8 layers, seq 2048, tp 8 on a 1,024-rank world in at most 60 s and 4 GiB.
+
+Run: PYTHONPATH=src python benchmarks/bench_fake_world.py [--world 1024] [--tp 8] [--layers 8]
+     [--dim 1024] [--seq 2048] [--batch 1] [--steps 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        kids.setdefault(ppid, []).append(int(entry))
+    return kids
+
+
+def _rss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+class TreeMemory(threading.Thread):
+    """Peak of the summed RSS of `root` and all its descendants, and of the largest one alone."""
+
+    def __init__(self, root: int, every_s: float = 0.05):
+        super().__init__(daemon=True)
+        self.root, self.every_s = root, every_s
+        self.peak_sum_kib = self.peak_one_kib = self.peak_alive = 0
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(self.every_s):
+            kids, todo, tree = _children(), [self.root], []
+            while todo:
+                pid = todo.pop()
+                tree.append(pid)
+                todo += kids.get(pid, [])
+            sizes = [_rss_kib(p) for p in tree]
+            self.peak_sum_kib = max(self.peak_sum_kib, sum(sizes))
+            self.peak_one_kib = max(self.peak_one_kib, max(sizes, default=0))
+            self.peak_alive = max(self.peak_alive, sum(1 for s in sizes if s))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--world", type=int, default=1024)
+    p.add_argument("--tp", type=int, default=8)
+    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--dim", type=int, default=1024)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--seq", type=int, default=2048)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--vocab", type=int, default=8192)
+    p.add_argument("--steps", type=int, default=2)
+    args = p.parse_args()
+    out = Path(tempfile.mkdtemp(prefix="bench_fake_world_")) / "trace"
+    job = ["tests/jobs/transformer.py", "--tp", str(args.tp), "--sequence-parallel", "--dp-mode", "fsdp",
+           "--layers", str(args.layers), "--dim", str(args.dim), "--heads", str(args.heads), "--seq", str(args.seq),
+           "--batch", str(args.batch), "--vocab", str(args.vocab), "--steps", str(args.steps)]
+    cmd = [sys.executable, "-m", "meshscope", "trace", "--fake-world", str(args.world), "--nproc-per-node", "8",
+           "--out", str(out), "--json", "--", *job]
+    print(" ".join(["meshscope", *cmd[3:]]))
+    print(f"machine: {len(os.sched_getaffinity(0))} usable cores; load average {os.getloadavg()[0]:.2f}", flush=True)
+    sys.path.insert(0, str(ROOT / "src"))
+    from meshscope.capture import native
+
+    native.build(log=print)  # once per torch, before the timing (the trace would build it first)
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    memory = TreeMemory(proc.pid)
+    memory.start()
+    stdout, stderr = proc.communicate()
+    wall = time.perf_counter() - t0
+    memory.done.set()
+    memory.join()
+    if proc.returncode not in (0, 1) or not stdout.strip():
+        sys.exit(f"the trace failed (exit {proc.returncode}):\n{stderr[-3000:]}")
+    doc = json.loads(stdout)
+    traced = [r["rank"] for r in doc["per_rank"]]
+    print(f"wall {wall:.1f} s; ranks traced {len(traced)} ({traced[:12]}{' ...' if len(traced) > 12 else ''}); "
+          f"passed {doc['passed']}")
+    print(f"resident memory: peak of the sum over live processes {memory.peak_sum_kib / 2**20:.2f} GiB "
+          f"(at most {memory.peak_alive} processes alive at once); largest single process "
+          f"{memory.peak_one_kib / 2**20:.2f} GiB")
+    print(f"layout: {doc.get('layout')}")
+    calls = {r["rank"]: sum(len(s["events"]) for s in r["steps"]) for r in doc["per_rank"]}
+    print(f"calls per traced rank: {calls}")
+
+
+if __name__ == "__main__":
+    main()
