@@ -117,6 +117,13 @@ def main() -> None:
     print(f"layout: {doc.get('layout')}")
     calls = {r["rank"]: sum(len(s["events"]) for s in r["steps"]) for r in doc["per_rank"]}
     print(f"calls per traced rank: {calls}")
+    for rank in traced:
+        end = json.loads((out / "ranks" / f"rank{rank}.json").read_text()) if (out / "ranks" / f"rank{rank}.json").exists() else {}
+        if end.get("status") not in ("ok", "stopped"):
+            log = out / "logs" / f"rank{rank}.log"
+            print(f"rank {rank} {end.get('status', 'missing')}: {end.get('error', '')}\n"
+                  + (log.read_text()[-2500:] if log.exists() else "(no log)"))
+            break
 
 
 if __name__ == "__main__":

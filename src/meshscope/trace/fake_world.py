@@ -40,25 +40,31 @@ def trace_fake_world(options, echo=None) -> tuple[Path, dict]:
             "nproc_per_node": per_node, "steps": options.steps, "ranks": options.ranks}
     begin(run_dir, {**spec, "traced": len(chosen) if chosen else 1})
     classes = None
-    if chosen is None:  # auto: rank 0 first, then one representative per class of its groups
-        echo(f"meshscope trace: fake world of {world}: tracing rank 0 to find the classes of ranks\n")
-        codes = {0: _run_rank(options, run_dir, 0, per_node)}
-        record = run_dir / "ranks" / "rank0.json"
-        created = json.loads(record.read_text()).get("created_groups", []) if record.exists() else []
-        classes = rank_classes(world, [(d, r) for d, r in created])
-        chosen = sorted(min(members) for members in classes.values())
-    else:
-        codes = {}
-    todo = [r for r in chosen if r not in codes]
-    echo(f"meshscope trace: fake world of {world}: tracing ranks {chosen}\n")
-    with ThreadPoolExecutor(max(1, min(len(todo) or 1, os.cpu_count() or 1))) as pool:
-        codes.update(zip(todo, pool.map(lambda r: _run_rank(options, run_dir, r, per_node), todo)))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    codes: dict[int, int] = {}
+    with ThreadPoolExecutor(max(1, cores)) as pool:  # one rank per usable core
+        def run(ranks):
+            codes.update(zip(ranks, pool.map(lambda r: _run_rank(options, run_dir, r, per_node), ranks)))
+
+        if chosen is None:  # auto: rank 0 first, then one representative per class of its groups
+            # The last rank, the last member of every group it is in, is a class of its own or its
+            # class's representative (a traced member is preferred): traced beside rank 0 on a second core
+            first = [0, world - 1] if cores > 1 and world > 1 else [0]
+            echo(f"meshscope trace: fake world of {world}: tracing ranks {first} to find the classes of ranks\n")
+            run(first)
+            record = run_dir / "ranks" / "rank0.json"
+            created = json.loads(record.read_text()).get("created_groups", []) if record.exists() else []
+            classes = rank_classes(world, [(d, r) for d, r in created])
+            chosen = sorted(_representative(members, codes) for members in classes.values())
+        todo = [r for r in chosen if r not in codes]
+        echo(f"meshscope trace: fake world of {world}: tracing ranks {chosen}\n")
+        run(todo)
     spec["traced"] = len(chosen)
     (run_dir / "spec.json").write_text(json.dumps(spec, indent=1))
     result = assemble(run_dir)
     doc = result.to_json()
     doc["fake_world"] = {"world": world, "traced": chosen,
-                         "classes": [{"representative": min(m), "ranks": _ranges(m), "size": len(m)}
+                         "classes": [{"representative": _representative(m, codes), "ranks": _ranges(m), "size": len(m)}
                                      for m in sorted(classes.values(), key=min)] if classes else None,
                          "how": ("one rank per class of rank 0's group creations: ranks in the same place (first, "
                                  "middle or last member, group size) of every kind of group; a script that "
@@ -73,6 +79,11 @@ def trace_fake_world(options, echo=None) -> tuple[Path, dict]:
         echo("\n".join(tail) + "\n")
     conclude(run_dir, doc)
     return run_dir, doc
+
+
+def _representative(members: list[int], traced) -> int:
+    """A class's traced rank: one already traced if any, else its lowest."""
+    return next((r for r in members if r in traced), min(members))
 
 
 def _ranges(ranks: list[int]) -> str:
