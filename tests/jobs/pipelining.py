@@ -76,6 +76,8 @@ def parse_args():
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--hidden", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--infer-shapes", action="store_true",
+                   help="give only the first stage's input_args: the stages exchange the other shapes over P2P")
     return p.parse_args()
 
 
@@ -128,13 +130,15 @@ def main():
     # for scalar outputs"), so mark what carries gradients.
     example_in = torch.empty(mb, args.hidden, device=device, requires_grad=rank > 0)
     example_out = torch.empty(mb, args.hidden, device=device, requires_grad=True)
+    shapes = {"input_args": (example_in,), "output_args": (example_out,)}
+    if args.infer_shapes:  # torch needs the first stage's inputs; the rest is exchanged over P2P
+        shapes = {"input_args": (example_in,)} if rank == 0 else {}
     stage = PipelineStage(
         stage_mod,
         stage_index=rank,
         num_stages=num_stages,
         device=device,
-        input_args=(example_in,),
-        output_args=(example_out,),
+        **shapes,
     )
 
     def loss_fn(output, target):

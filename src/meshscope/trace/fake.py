@@ -8,7 +8,10 @@ output, so the script runs alone while issuing every call it would issue at N ra
 the dispatcher recorder as usual. Values received from other ranks are not there: all-to-all split
 sizes exchanged at run time come back as this rank's own (the ledger marks such a job's splits as
 assumed), and a P2P receive gets no data, so ``torch.distributed.pipelining`` needs static stage
-shapes (``input_args``). DDP's built-in gradient hook takes the reduced bucket from the work's
+shapes (``input_args``). A blocking ``recv`` fills its buffer with ones (`_recv_ones`): the
+pipeline's warm-up vote multiplies every stage's 1 ("static shapes") along the stages, and the
+untouched zero the fake backend would leave reads as a vote for shape inference over P2P, which
+a fake world cannot answer. DDP's built-in gradient hook takes the reduced bucket from the work's
 future, which the fake backend leaves empty, so DDP gets a hook that issues the same all-reduce
 of the same bucket and hands the bucket back (`_fake_allreduce_hook`); a script that registers a
 comm hook of its own fails there ("can only be called once").
@@ -53,6 +56,22 @@ def use_fake_backend() -> None:
     wrap("init_process_group", fake_init)
     wrap("new_group", noted_new_group)
     _hook_ddp()
+    _recv_ones()
+
+
+def _recv_ones() -> None:
+    """``dist.recv`` returns a buffer of ones: what every real peer sends in pipelining's vote."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    original = c10d.recv
+
+    def recv(tensor, *args, **kwargs):
+        out = original(tensor, *args, **kwargs)
+        tensor.fill_(1)
+        return out
+
+    c10d.recv = dist.recv = recv
 
 
 def _hook_ddp() -> None:

@@ -372,10 +372,11 @@ def main(argv: list[str], on_end=None) -> int:
         text = _script_traceback(exc)
         sys.stderr.write(text)
         status, error, code = "error", f"{type(exc).__name__}: {exc}".splitlines()[0], 1
-        if args.fake and "recv_object_list" in "".join(traceback.format_tb(exc.__traceback__)):
-            note = ("the script receives Python objects over P2P (recv_object_list), which a fake world cannot "
-                    "deliver: torch.distributed.pipelining does so for shape inference; give every PipelineStage "
-                    "static shapes (input_args and output_args)")
+        if args.fake and ("recv_object_list" in "".join(traceback.format_tb(exc.__traceback__))
+                          or type(exc).__name__ == "PipeliningMetadataError"):
+            note = ("the script's pipeline stages exchange their shapes over P2P (recv_object_list), which a fake "
+                    "world cannot deliver (it also takes every stage's warm-up vote as 'static shapes'): give every "
+                    "PipelineStage static shapes (input_args and output_args)")
     finally:
         context.remove()
         if args.steps and status != "stopped" and not args.fake:
