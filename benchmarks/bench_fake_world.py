@@ -10,6 +10,7 @@ dim 1024, 8 layers, seq 2048, tp 8 on a 1,024-rank world in at most 60 s and 4 G
 
 Run: PYTHONPATH=src python benchmarks/bench_fake_world.py [--world 1024] [--tp 8] [--layers 8]
      [--dim 1024] [--seq 2048] [--batch 1] [--steps 2]
+     PYTHONPATH=src python benchmarks/bench_fake_world.py --pp 4 --batch 4   (tp 8 x pp 4 x dp 32, 1F1B, 4 microbatches)
 """
 
 from __future__ import annotations
@@ -84,11 +85,14 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--pp", type=int, default=1,
+                   help="> 1: tests/jobs/pipeline_3d.py (pp stages x FSDP2 x TP, 1F1B) instead of FSDP2 x TP+SP")
     args = p.parse_args()
     out = Path(tempfile.mkdtemp(prefix="bench_fake_world_")) / "trace"
-    job = ["tests/jobs/transformer.py", "--tp", str(args.tp), "--sequence-parallel", "--dp-mode", "fsdp",
-           "--layers", str(args.layers), "--dim", str(args.dim), "--heads", str(args.heads), "--seq", str(args.seq),
-           "--batch", str(args.batch), "--vocab", str(args.vocab), "--steps", str(args.steps)]
+    shapes = ["--tp", str(args.tp), "--layers", str(args.layers), "--dim", str(args.dim), "--heads", str(args.heads),
+              "--seq", str(args.seq), "--batch", str(args.batch), "--vocab", str(args.vocab), "--steps", str(args.steps)]
+    job = (["tests/jobs/pipeline_3d.py", "--pp", str(args.pp), "--microbatches", str(args.batch), *shapes] if args.pp > 1
+           else ["tests/jobs/transformer.py", "--sequence-parallel", "--dp-mode", "fsdp", *shapes])
     cmd = [sys.executable, "-m", "meshscope", "trace", "--fake-world", str(args.world), "--nproc-per-node", "8",
            "--out", str(out), "--json", "--", *job]
     print(" ".join(["meshscope", *cmd[3:]]))
