@@ -55,6 +55,12 @@ def cmd_diff(args) -> int:
         print(json.dumps(doc))
         return 0 if doc["same"] else 1
     console = make_console()
+    assumed = doc["assumed"]
+    if assumed["fields"]:
+        calls = ", ".join(f"{n} on {side.upper()}" for side, n in assumed["calls"].items() if n)
+        console.print(f"not compared: {', '.join(assumed['fields'])} of the calls that assumed them ({calls}; a fake "
+                      f"world cannot know what peers send), and the bytes of {len(assumed['totals'])} step/axis/op "
+                      f"totals holding such calls")
     if doc["same"]:
         console.print(f"same ledgers on ranks {doc['ranks']}: {doc['a']} ({doc['kinds'][0]}) and {doc['b']} ({doc['kinds'][1]})")
         return 0

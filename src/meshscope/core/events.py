@@ -60,12 +60,17 @@ class CommEvent:
     """Traced jobs: when the call was issued, seconds since the trace started on this rank."""
     t_done: float | None = None
     """Traced jobs: when it was known to have completed (the next call on its group, or its step's end)."""
+    assumed: tuple[str, ...] = ()
+    """Fields whose value this rank could not know, filled in by something else: in a fake world, what an
+    all-to-all receives (``output_splits``, ``bytes_out``: what peers would send, which the fake backend
+    fills in with this rank's own input) and uneven input splits (computed from such counts), as
+    `trace.fake.assumed` decides. Empty for a real run. Comparisons leave these fields out (`compared`)."""
 
     def to_json(self) -> dict:
         # by hand, not dataclasses.asdict: the flight log serialises every call, and asdict's deep
         # copy costs more than the collective's own Python overhead
         out = {name: getattr(self, name) for name in _FIELD_NAMES}
-        for key in ("group", "input_splits", "output_splits"):
+        for key in ("group", "input_splits", "output_splits", "assumed"):
             if out[key] is not None:
                 out[key] = list(out[key])
         return out
@@ -73,7 +78,7 @@ class CommEvent:
     @classmethod
     def from_json(cls, d: dict) -> "CommEvent":
         d = dict(d)
-        for key in ("group", "input_splits", "output_splits"):
+        for key in ("group", "input_splits", "output_splits", "assumed"):
             if d.get(key) is not None:
                 d[key] = tuple(d[key])
         return cls(**{f.name: d[f.name] for f in fields(cls) if f.name in d})
@@ -83,7 +88,13 @@ _FIELD_NAMES = tuple(f.name for f in fields(CommEvent))
 
 COMPARED_FIELDS = ("op", "axis", "group", "phase", "dtype", "bytes_in", "bytes_out", "region", "microbatch",
                    "input_splits", "output_splits", "peer")
-"""Fields a captured event must share with its predicted twin (rank and seq are the match key)."""
+"""Fields a captured event must share with its predicted twin (rank and seq are the match key); a field
+either side has `CommEvent.assumed` is left out."""
+
+
+def compared(a: CommEvent, b: CommEvent, names=COMPARED_FIELDS) -> tuple[str, ...]:
+    """The fields of `names` two events are held to: all but those either one assumed."""
+    return tuple(f for f in names if f not in a.assumed and f not in b.assumed)
 
 
 def payload_bytes(op: str, numel_in: int, group_size: int, elem_bytes: int) -> tuple[int, int]:
@@ -140,7 +151,7 @@ def diff(predicted, captured, limit: int = 10) -> list[str]:
             elif i >= len(cl):
                 problems.append(f"{where} #{i}: predicted {_brief(pl[i])} was not issued")
             else:
-                bad = [f for f in COMPARED_FIELDS if getattr(pl[i], f) != getattr(cl[i], f)]
+                bad = [f for f in compared(pl[i], cl[i]) if getattr(pl[i], f) != getattr(cl[i], f)]
                 if bad:
                     detail = ", ".join(f"{f} predicted {getattr(pl[i], f)!r} captured {getattr(cl[i], f)!r}" for f in bad)
                     problems.append(f"{where} #{i} {pl[i].op}: {detail}")

@@ -17,15 +17,26 @@ from .table import make_console, print_table
 
 TOP_MODULES = 10
 
+ASSUMED = "*"
+"""Marks a figure that holds assumed values (`CommEvent.assumed`: a fake world's all-to-all sizes)."""
+
+LEGEND = (f"{ASSUMED} assumed: a fake world cannot know what an all-to-all receives (nor uneven splits computed "
+          "from it); the fake backend filled in this rank's own input (the ledger's `assumed` field names them)")
+"""The legend under a table with an `ASSUMED` mark."""
+
 
 def step_rows(result: TraceResult) -> list[list[str]]:
-    """step, axis, op, phase, count, bytes in, bytes out, ranks: rank 0's figures, and which ranks issued the same."""
+    """step, axis, op, phase, count, bytes in, bytes out, ranks: rank 0's figures (`ASSUMED` on those that hold
+    assumed bytes), and which ranks issued the same."""
     per_rank: dict[int, dict] = defaultdict(lambda: defaultdict(lambda: [0, 0, 0]))
+    assumed: dict[tuple, set] = defaultdict(set)
     for e in result.events:
-        slot = per_rank[e.rank][(e.step or 0, e.axis, e.op, e.phase)]
+        key = (e.step or 0, e.axis, e.op, e.phase)
+        slot = per_rank[e.rank][key]
         slot[0] += 1
         slot[1] += e.bytes_in
         slot[2] += e.bytes_out
+        assumed[key].update(e.assumed)
     if not per_rank:
         return []
     first = min(per_rank)
@@ -34,8 +45,14 @@ def step_rows(result: TraceResult) -> list[list[str]]:
         alike = [r for r, d in sorted(per_rank.items()) if d.get(key) == [n, b_in, b_out]]
         ranks = "all" if len(alike) == len(per_rank) else ",".join(map(str, alike))
         step, axis, op, phase = key
-        rows.append([str(step), axis, op, phase, str(n), human_bytes(b_in), human_bytes(b_out), ranks])
+        mark = {f: ASSUMED if f in assumed[key] else "" for f in ("bytes_in", "bytes_out")}
+        rows.append([str(step), axis, op, phase, str(n), human_bytes(b_in) + mark["bytes_in"],
+                     human_bytes(b_out) + mark["bytes_out"], ranks])
     return rows
+
+
+def has_assumed(result: TraceResult) -> bool:
+    return any(e.assumed for e in result.events)
 
 
 def top_modules(result: TraceResult) -> list[tuple[str, int, int]]:
@@ -60,6 +77,8 @@ def print_trace(result: TraceResult, console: Console | None = None) -> None:
     first = min((r.rank for r in result.ranks), default=0)
     print_table(console, f"calls per step (rank {first}; ranks: those that issued the same)",
                 ["step", "axis", "op", "phase", "count", "in", "out", "ranks"], step_rows(result), key=4)
+    if has_assumed(result):
+        console.print(LEGEND)
     if result.events:
         print_table(console, "top modules by bytes (all ranks)", ["module", "calls", "bytes"], module_rows(result))
     print_table(console, "checks", ["check", "ok", "detail"],
@@ -98,7 +117,9 @@ def write_files(result: TraceResult, run_dir: Path) -> list[str]:
                               ("checks", ["check", "ok", "detail"],
                                [[c.name, "yes" if c.passed else "NO", c.detail] for c in result.checks])):
         lines += [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in rows] + [""]
+        lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in rows] + [""]
+        if title == "calls per step" and has_assumed(result):
+            lines += [LEGEND.replace(ASSUMED, "\\" + ASSUMED, 1), ""]
     lines += [f"note: {n}" for n in result.notes]
     (run_dir / "report.md").write_text("\n".join(lines) + "\n")
     written = [str(run_dir / "report.md"), str(run_dir / "trace.json")]
@@ -106,6 +127,11 @@ def write_files(result: TraceResult, run_dir: Path) -> list[str]:
         written.append(_bytes_figure(result, run_dir / "figures" / "bytes_per_axis.png"))
         written.append(_modules_figure(result, run_dir / "figures" / "bytes_per_module.png"))
     return written
+
+
+def _md_cell(text: str) -> str:
+    """A table cell in markdown: its bars and `ASSUMED` marks escaped."""
+    return text.replace("|", "\\|").replace(ASSUMED, "\\" + ASSUMED)
 
 
 def _modules_figure(result: TraceResult, path: Path) -> str:

@@ -96,6 +96,23 @@ def _fake_allreduce_hook(group, bucket):
     return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(lambda _: buffer)
 
 
+def assumed(op: str, input_splits, output_splits) -> tuple[str, ...]:
+    """What a fake world's rank cannot know of one call, by the fields that hold it.
+
+    What an all-to-all receives is what its peers send: the fake backend hands back this rank's own
+    input, so ``output_splits`` and ``bytes_out`` are assumed on every all-to-all. Uneven input splits
+    are assumed too: a rank computes them from counts it received earlier (a MoE combine sends back
+    what its dispatch received), and the ledger cannot tell them from splits it chose itself (a
+    dispatch's routing), so neither is presented as known. Even input splits are the even split of
+    the tensor the script allocated and are kept.
+    """
+    if op != "all_to_all":
+        return ()
+    if input_splits and len(set(input_splits)) > 1:
+        return ("input_splits", "output_splits", "bytes_in", "bytes_out")
+    return ("output_splits", "bytes_out")
+
+
 def environment(rank: int, world: int, per_node: int) -> dict[str, str]:
     """What torchrun sets for `rank` of `world` ranks on nodes of `per_node`."""
     return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank % per_node),

@@ -69,8 +69,9 @@ def trace_fake_world(options, echo=None) -> tuple[Path, dict]:
                          "how": ("one rank per class of rank 0's group creations: ranks in the same place (first, "
                                  "middle or last member, group size) of every kind of group; a script that "
                                  "branches on its rank number can defeat this") if classes else "the ranks given"}
-    doc["notes"].append("fake backend: collectives return their input, so split sizes exchanged at run time are "
-                        "assumed (this rank's own) and received P2P data is absent")
+    doc["notes"].append("fake backend: collectives return their input, so what an all-to-all receives (and uneven "
+                        "splits computed from it) is assumed, marked in each call's `assumed` field, and received "
+                        "P2P data is absent")
     failed = {r: c for r, c in codes.items() if c}
     if failed:
         first = min(failed)

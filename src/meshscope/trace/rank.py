@@ -40,7 +40,7 @@ from ..capture.dispatch import errors as decode_errors
 from ..capture.job_context import JobContext
 from ..core.axes import axis_of
 from ..core.events import CommEvent
-from . import fake
+from . import device_map, fake
 from .entry_points import wrap
 
 FLUSH_S = 0.5
@@ -60,6 +60,8 @@ class RankTrace:
                  recorder: str = "python"):
         self.run_dir, self.rank, self.context, self.stream = run_dir, rank, context, stream
         self.native, self.recorder_note = None, None
+        self.assume = lambda op, ins, outs: ()
+        """(op, input splits, output splits) -> the event's assumed fields (`fake.assumed` in a fake world)."""
         if recorder == "native":
             try:
                 self.native = native.NativeRecorder(native.build(log=self._log), context)
@@ -161,7 +163,8 @@ class RankTrace:
         for name, seq, op, phase, dtype, b_in, b_out, region, ins, outs, peer, step, t, done in self.calls:
             group = self.groups[name]
             out.append(CommEvent(self.rank, seq, op, self.axis(group), group.ranks, phase, dtype, b_in, b_out, region,
-                                 None, ins, outs, peer, step, t - self.t0, None if done is None else done - self.t0))
+                                 None, ins, outs, peer, step, t - self.t0, None if done is None else done - self.t0,
+                                 self.assume(op, ins, outs)))
         return out
 
     @staticmethod
@@ -341,6 +344,8 @@ def main(argv: list[str], on_end=None) -> int:
     trace = RankTrace(args.run_dir, rank, context, stream=not args.cheap, recorder=args.recorder)
     if args.fake:
         fake.use_fake_backend()
+        device_map.install()
+        trace.assume = fake.assumed
     context.on_step = (_stop_when_all_done(trace, args.steps, alone=args.fake, wait_s=args.timeout) if args.steps
                        else trace.step_done)
     if args.timeout:
@@ -383,6 +388,8 @@ def main(argv: list[str], on_end=None) -> int:
             count_done()
     if not context.optimizers_seen and status != "error":
         note = "the script stepped no torch.optim optimizer: one step holds everything"
+    if device_map.used:
+        note = "; ".join(n for n in (note, device_map.note()) if n)
     trace.finish(status, error, note)
     if on_end is not None:
         on_end()

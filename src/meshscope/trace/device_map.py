@@ -1,0 +1,199 @@
+"""CUDA mapped to the CPU in a fake world's rank on a machine without CUDA.
+
+Users' scripts are written for GPUs: ``torch.cuda.set_device(local_rank)``, ``.cuda()``,
+``init_device_mesh("cuda", ...)``, ``DDP(..., device_ids=[local_rank])``. A fake world exists to
+run such a script before a GPU is booked, so on a CPU-only machine every CUDA device becomes the CPU
+(a fake world's collectives move no data, so nothing depends on where a tensor lives):
+
+- ``torch.cuda.is_available()`` says yes (the script takes its GPU path, the one it will run),
+  ``device_count()`` is the node's ``LOCAL_WORLD_SIZE``, ``current_device()`` the ``LOCAL_RANK``,
+  ``set_device``, ``synchronize``, ``empty_cache``, ``manual_seed(_all)``, ``set_rng_state(_all)`` do
+  nothing and ``get_rng_state(_all)`` gives the CPU generator's state (``torch.random.fork_rng``);
+  ``torch.accelerator`` names ``cuda`` as the build's accelerator but says none is usable now;
+- a TorchFunctionMode rewrites every CUDA device argument of every torch call (factories'
+  ``device=``, ``Tensor.to("cuda")``, ``Tensor.cuda()``, and with them ``Module.cuda()`` and
+  ``Module.to``) to the CPU; the mode is the one place that sees calls made inside torch's own
+  parallel APIs too, which patching the methods one by one would miss;
+- a ``DeviceMesh`` of type ``cuda`` (``init_device_mesh("cuda", ...)``) is built as a CPU mesh, so
+  FSDP2 and DTensor on it take their CPU path (no CUDA streams);
+- DDP is built without ``device_ids`` / ``output_device`` (which it accepts only for GPU modules);
+  ``init_process_group``'s ``device_id`` is already dropped by the fake backend (`fake`).
+
+Anything else of ``torch.cuda`` that needs a device (streams, events, memory statistics, device
+properties) cannot be mapped: it raises `Unmapped`, one line naming the call and where the script made
+it. `used` names what was mapped, for the result's note.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+
+used: list[str] = []
+"""The CUDA calls this rank mapped to the CPU, each named once, in the order first met."""
+
+
+class Unmapped(RuntimeError):
+    """A CUDA call the device map cannot run on the CPU."""
+
+
+def _mark(name: str) -> None:
+    if name not in used:
+        used.append(name)
+
+
+def _is_cuda(device) -> bool:
+    import torch
+
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    return isinstance(device, str) and device.split(":")[0] == "cuda"
+
+
+def install() -> None:
+    """Map CUDA to the CPU in this process (only where torch has no CUDA)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    _patch_torch_cuda(torch)
+    _patch_device_mesh()
+    _patch_ddp()
+    _cpu_devices().__enter__()  # for the rest of the process: the script runs inside it
+
+
+def _patch_torch_cuda(torch) -> None:
+    cuda = torch.cuda
+    lazy_init = cuda._lazy_init
+    local, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+
+    def answer_with(name, make):
+        def call(*args, **kwargs):
+            _mark(f"torch.{name}")
+            return make(*args, **kwargs)
+        return call
+
+    def answer(name, value):
+        return answer_with(name, lambda *args, **kwargs: value)
+
+    for name, value in (("is_available", True), ("device_count", local_world), ("current_device", local),
+                        ("set_device", None), ("synchronize", None), ("empty_cache", None),
+                        ("manual_seed", None), ("manual_seed_all", None)):
+        setattr(cuda, name, answer(f"cuda.{name}", value))
+    accelerator = torch.accelerator
+    current_accelerator = accelerator.current_accelerator
+
+    def accelerator_type(check_available: bool = False):
+        """The device-generic twin, as torch's own test models ask it: the accelerator this machine is
+        taken for is ``cuda``; asked whether one is usable now (torch's optimizers, before reaching
+        for CUDA streams), it still says no, so torch's internals keep their CPU paths."""
+        if check_available:
+            return current_accelerator(check_available=True)
+        _mark("torch.accelerator.current_accelerator")
+        return torch.device("cuda")
+
+    accelerator.current_accelerator = accelerator_type
+    accelerator.device_count = answer("accelerator.device_count", local_world)
+
+    def unmapped_init(*args, **kwargs):
+        """torch.cuda's own gate before it touches a device: name the call instead of 'not compiled'."""
+        try:
+            lazy_init(*args, **kwargs)
+        except (AssertionError, RuntimeError):
+            raise _unmapped() from None
+
+    for module in [m for name, m in sys.modules.items() if name.startswith("torch.cuda") and m is not None]:
+        if getattr(module, "_lazy_init", None) is lazy_init:  # torch.cuda.random and others import it by name
+            module._lazy_init = unmapped_init
+    cpu_state = torch.get_rng_state
+    cuda.get_rng_state = answer_with("cuda.get_rng_state", lambda *args, **kwargs: cpu_state())
+    cuda.get_rng_state_all = answer_with("cuda.get_rng_state_all", lambda: [cpu_state()] * local_world)
+    cuda.set_rng_state = answer("cuda.set_rng_state", None)  # fork_rng's restore: no CUDA generator to set
+    cuda.set_rng_state_all = answer("cuda.set_rng_state_all", None)
+    for name in ("Stream", "Event"):  # CPU builds have dummy classes that fail without saying why
+        setattr(cuda, name, type(name, (getattr(cuda, name),), {"__new__": _refuse(f"torch.cuda.{name}")}))
+
+
+def _refuse(name: str):
+    def __new__(cls, *args, **kwargs):
+        raise _unmapped(name)
+    return __new__
+
+
+def _unmapped(name: str | None = None) -> Unmapped:
+    return Unmapped(f"{_call_site(name)} needs a CUDA device, which meshscope's fake world cannot map to the CPU "
+                    f"(it maps devices, .cuda(), set_device, init_device_mesh, device_ids)")
+
+
+def _call_site(name: str | None) -> str:
+    """'torch.cuda.Stream at train.py:12': the torch.cuda function the script called (`name`, else the
+    outermost torch.cuda frame), and where."""
+    frames = traceback.extract_stack()[:-3]
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    inside = [f for f in frames if f"{os.sep}torch{os.sep}cuda{os.sep}" in f.filename]
+    outside = [f for f in frames if f"{os.sep}torch{os.sep}" not in f.filename and not f.filename.startswith(here)
+               and "runpy" not in f.filename]
+    name = name or (f"torch.cuda.{inside[0].name}" if inside else "a CUDA call")
+    return f"{name} at {os.path.basename(outside[-1].filename)}:{outside[-1].lineno}" if outside else name
+
+
+def _patch_device_mesh() -> None:
+    """A CUDA mesh is built as a CPU one (init_device_mesh builds its mesh through this constructor)."""
+    from torch.distributed import device_mesh
+
+    original = device_mesh.DeviceMesh.__init__
+
+    def init(mesh, device_type, *args, **kwargs):
+        if _is_cuda(device_type):
+            _mark("DeviceMesh('cuda')")
+            device_type = "cpu"
+        original(mesh, device_type, *args, **kwargs)
+
+    device_mesh.DeviceMesh.__init__ = init
+
+
+def _patch_ddp() -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    original = DistributedDataParallel.__init__
+
+    def init(self, module, device_ids=None, output_device=None, *args, **kwargs):
+        if device_ids is not None or output_device is not None:
+            _mark("DDP device_ids")
+        original(self, module, None, None, *args, **kwargs)
+
+    DistributedDataParallel.__init__ = init
+
+
+def _cpu_devices():
+    """The TorchFunctionMode: every CUDA device argument of a torch call becomes the CPU, and
+    ``Tensor.cuda()`` a ``to("cpu")``."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    cpu = torch.device("cpu")
+
+    class CpuDevices(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is torch.device:  # the script's device objects stay what it wrote; its tensors move
+                return func(*args, **kwargs)
+            if func is torch.Tensor.cuda:
+                _mark(".cuda()")
+                return args[0].to(cpu, non_blocking=kwargs.get("non_blocking", False))
+            device = kwargs.get("device")
+            if device is not None and _is_cuda(device):
+                _mark("device='cuda'")
+                kwargs = {**kwargs, "device": cpu}
+            if any(_is_cuda(a) for a in args):
+                _mark(".to('cuda')")
+                args = tuple(cpu if _is_cuda(a) else a for a in args)
+            return func(*args, **kwargs)
+
+    return CpuDevices()
+
+
+def note() -> str:
+    """The result's note: what was mapped."""
+    return f"no CUDA here: the fake world mapped every CUDA device to the CPU ({', '.join(used)})"
