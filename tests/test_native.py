@@ -1,9 +1,11 @@
 """The C++ recorder (`capture.native`) against the Python kernel (`capture.dispatch`), the oracle.
 
-The Python kernel is the one the trace tests check against independent sources (DDP's buckets,
-CommDebugMode, torch's schedule order); the C++ kernel must record exactly what it records: every
-c10d op kind, in one process, and whole jobs (uneven all-to-all splits, pipeline P2P) on gloo ranks,
-compared with ``meshscope diff``. And where no C++ compiler works, the trace says so and falls back.
+The trace tests check the C++ kernel, the trace's default, against independent sources (DDP's
+buckets, CommDebugMode, torch's schedule order, the MoE job's splits); here it must record exactly
+what the Python kernel records, for every c10d op kind, in one process. And where no C++ compiler
+works, the trace says so and falls back to the Python kernel. (Whole jobs traced by either kernel
+gave the same ledgers under ``meshscope diff``: MoE all-to-all, DDP, FSDP2, FSDP2 x TP, DTensor SP,
+Megatron's groups, a compiled module, 1F1B pipelining; docs/trace.md.)
 """
 
 from __future__ import annotations
@@ -85,21 +87,6 @@ def test_every_c10d_op_is_recorded_as_the_python_kernel_records_it(built, tmp_pa
                         "scatter", "barrier"}
     uneven = next(c for c in doc["native"] if c[3] == "bfloat16")  # [op, group, ranks, dtype, in, out, peer, splits]
     assert uneven[4:] == [20, 20, None, [5], [5]]  # 5 rows of 2 bf16 each way, splits as given
-
-
-@pytest.mark.parametrize("job,world", [("moe_a2a.py", 2), ("pipelining.py --schedule 1f1b", 2)])
-def test_a_job_traced_by_either_kernel_gives_the_same_ledgers(built, job, world, tmp_path):
-    script, *args = job.split()
-    for recorder in ("native", "python"):
-        proc = cli("trace", "--nproc-per-node", world, "--recorder", recorder, "--out", tmp_path / recorder, "--json",
-                   "--", f"tests/jobs/{script}", *args, timeout=240)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        ends = [json.loads((tmp_path / recorder / "ranks" / f"rank{r}.json").read_text()) for r in range(world)]
-        assert {e["recorder"] for e in ends} == {recorder}
-    proc = cli("diff", tmp_path / "native", tmp_path / "python", "--json")
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    doc = json.loads(proc.stdout)
-    assert doc["same"], doc
 
 
 def test_without_a_compiler_the_trace_says_so_and_records_with_the_python_kernel(tmp_path):
