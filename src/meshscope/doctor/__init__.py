@@ -14,7 +14,9 @@ log, flight recorder, or both).
 
 Diagnoses:
   group-order     ranks created process groups in different orders                  (`collective`)
+  group-members   ranks created a group with different members (or sizes)             (`collective`)
   missing         some ranks never issued collective #k of a group the others wait in (`collective`)
+  ddp-unused      a backward in which some ranks issued fewer gradient all-reduces: DDP's unused parameters
   mismatch        ranks issued collective #k of a group with different op, dtype, size or splits
   p2p             a send without its recv, a size mismatch, or both ends sending/receiving first (`p2p`)
   pp-no-grad      a pipeline stage received activations but never sent their gradients back (`p2p`)
@@ -100,6 +102,10 @@ def _flight_log_findings(run_dir: Path, ranks) -> tuple[list[Finding], list[dict
     for path in sorted((run_dir / "errors").glob("rank*.json")):
         err = json.loads(path.read_text())
         errors.append({"rank": err["rank"], "error": err["error"]})
+    for path in sorted((run_dir / "ranks").glob("rank*.json")):  # a traced job: how each rank ended
+        end = json.loads(path.read_text())
+        if end.get("status") == "error" and end.get("error"):
+            errors.append({"rank": end["rank"], "error": end["error"]})
     findings = group_order(ranks)  # with groups created differently, every later entry is suspect
     if not findings:
         no_grad = pp_no_grad(ranks)
