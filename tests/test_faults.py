@@ -29,9 +29,11 @@ NO_RECORDER = "group_size"
 @pytest.fixture(scope="module")
 def faults(tmp_path_factory):
     """fault -> its `soak.Run`, three traces at a time (a hung job mostly waits)."""
+    dirs = {name: tmp_path_factory.mktemp(name) for name in soak.EXPECTED}  # here: mktemp is not thread-safe
+
     def run(name):
         flags = ("--no-flight-recorder",) if name == NO_RECORDER else ()
-        return name, soak.trace_fault(name, tmp_path_factory.mktemp(name) / "run", TIMEOUT_S, flags)
+        return name, soak.trace_fault(name, dirs[name] / "run", TIMEOUT_S, flags)
 
     with ThreadPoolExecutor(3) as pool:
         return dict(pool.map(run, soak.EXPECTED))

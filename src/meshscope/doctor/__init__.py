@@ -7,7 +7,9 @@ on a global rank.
 
 Evidence (`evidence`): ``flight/rank<R>.jsonl`` (group creations and every collective, issued and
 completed), ``errors/rank<R>.json``, ``spec.json`` (to rebuild the layout) and, if the run got that
-far, ``result.json`` (the predicted and captured ledgers of one step). PyTorch Flight Recorder dumps
+far, ``result.json`` (the predicted and captured ledgers of one step). A traced job adds
+``groups/rank<R>.jsonl`` (every ``new_group`` call, member or not, and whether it returned) and
+``ranks/rank<R>.json`` (how each rank ended, with its error). PyTorch Flight Recorder dumps
 (`fr_files`, `fr_records`, `fr_job`, `fr_findings`): a directory or prefix of them alone, or a trace
 directory's ``fr/`` beside its flight logs; each finding says which it rests on (``evidence``: flight
 log, flight recorder, or both).

@@ -377,17 +377,18 @@ def main(argv: list[str], on_end=None) -> int:
     trace = RankTrace(args.run_dir, rank, context, stream=not args.cheap, recorder=args.recorder)
     if args.flight_recorder and not args.fake:
         fr_dump.enable(args.run_dir)
-    ending = threading.Lock()  # the rank ends once: on its own, or stopped by the launcher
+    ending, written = threading.Lock(), threading.Event()  # the rank's end is written once, by either path
 
     def stopped() -> None:
-        if not ending.acquire(blocking=False):
-            return  # already ending on its own
-        trace.finish("error", "stopped by the launcher (SIGTERM), e.g. because another rank failed")
-        if args.flight_recorder:
-            fr_dump.dump(args.run_dir, rank)
+        with ending:  # a rank writing its own end finishes that first
+            if not written.is_set():
+                trace.finish("error", "stopped by the launcher (SIGTERM), e.g. because another rank failed")
+                if args.flight_recorder:
+                    fr_dump.dump(args.run_dir, rank)
+                written.set()
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(128 + signal.SIGTERM)
+        os._exit(128 + signal.SIGTERM)  # also from the script's exit handlers: the launcher wants it gone
 
     if args.fake:
         fake.use_fake_backend()
@@ -440,10 +441,11 @@ def main(argv: list[str], on_end=None) -> int:
         note = "the script stepped no torch.optim optimizer: one step holds everything"
     if device_map.used:
         note = "; ".join(n for n in (note, device_map.note()) if n)
-    ending.acquire()
-    trace.finish(status, error, note)
-    if status == "error" and args.flight_recorder and not args.fake:  # gloo dumps nothing on its own timeout
-        fr_dump.dump(args.run_dir, rank)
+    with ending:
+        trace.finish(status, error, note)
+        if status == "error" and args.flight_recorder and not args.fake:  # gloo dumps nothing on its own timeout
+            fr_dump.dump(args.run_dir, rank)
+        written.set()
     if on_end is not None:
         on_end()
     if status != "stopped":
