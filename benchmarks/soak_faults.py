@@ -28,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from meshscope.capture.flightlog import read
+
 ROOT = Path(__file__).resolve().parents[1]
 FAULTS = ROOT / "tests" / "jobs" / "faults"
 
@@ -89,7 +91,7 @@ def stuck_since(run_dir: Path) -> float | None:
         if doc["status"] == "ok":
             continue
         r = doc["rank"]
-        times = [ln["t"] for ln in _lines(run_dir / "flight" / f"rank{r}.jsonl") if ln["kind"] == "issued"]
+        times = [ln["t"] for ln in read(run_dir / "flight" / f"rank{r}.jsonl") if ln["kind"] == "issued"]
         times += [c["t"] for c in _lines(run_dir / "groups" / f"rank{r}.jsonl") if c["kind"] == "creating"]
         starts.append(max(times))
     return min(starts) if starts else None
