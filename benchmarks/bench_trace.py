@@ -17,7 +17,8 @@ steps
                Per step (CommDebugMode and the trace agree): dp 1 x tp 2 issues 45 collectives, all TP's
                on the 2 ranks (16 all_gather, 15 reduce_scatter, 14 all_reduce; FSDP2 on its 1-rank dp
                group issues none); dp 2 x tp 1 issues FSDP2's 11 (7 all_gather, 4 reduce_scatter) and
-               DTensor none. The default is dp 1 x tp 2: more calls per step, a better per-call figure.
+               DTensor none. The default is dp 1 x tp 2: more calls per step, a better per-call figure;
+  ``calls``    (only when named in --steps) `CALLS` all_reduces of one float: what a mode adds per call.
 modes
   ``none``       ``capture.dispatch.uninstall()``, no hook: exactly torch;
   ``trace``      what ``meshscope.trace.rank`` installs: a JobContext with its hooks, a RankTrace whose
@@ -42,13 +43,21 @@ per step (by op and group) and the per-call cost derived from them. The same tab
 CPU time of the sample (``time.process_time`` of each rank process, all its threads, summed over the
 ranks): under a loaded machine it moves less than the wall time. Nothing is asserted.
 
-Run: PYTHONPATH=src python benchmarks/bench_trace.py [--samples 30] [--steps-per-sample K]
+torch's Flight Recorder (on in every traced worker unless ``--no-flight-recorder``) cannot be turned
+on and off within one process: torch reads ``TORCH_FR_BUFFER_SIZE`` once. ``--recorder-pairs N``
+therefore runs N pairs of launches, one with the recorder on, one without (in a random order per
+pair), each printing nothing but its medians per (step, mode), and reports per (step, mode) the
+median over pairs of the on / off ratio, wall and CPU.
+
+Run: PYTHONPATH=src python benchmarks/bench_trace.py [--samples 30] [--steps-per-sample K] [--modes none trace]
      PYTHONPATH=src python benchmarks/bench_trace.py --backend nccl --nproc 1 --steps ddp   (one GPU)
+     PYTHONPATH=src python benchmarks/bench_trace.py --recorder-pairs 8 --samples 10 --modes none trace --steps calls tp ddp fsdp_tp
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import random
@@ -65,8 +74,8 @@ MODES = ("none", "trace", "trace-py", "cheap", "commdebug")
 TRACES = ("trace", "trace-py", "cheap")
 DEVICE = None
 """Where the steps run: the CPU (gloo), or each rank's GPU (``--backend nccl``); set by `worker`."""
-STEPS = ("tp", "ddp", "fsdp_tp")
-DEFAULT_K = {"tp": 16, "ddp": 4, "fsdp_tp": 3}
+STEPS = ("tp", "ddp", "fsdp_tp", "calls")
+DEFAULT_K = {"tp": 16, "ddp": 4, "fsdp_tp": 3, "calls": 4}
 """Steps per sample when --steps-per-sample is not given (a sample of about 0.1-0.5 s on 2 cores under load)."""
 
 
@@ -162,6 +171,23 @@ def build_fsdp_tp(world: int, dp: int):
                   f"{args.vocab_size}, seq {args.max_seq_len}, dropout 0), Transformer.parallelize on mesh['tp'] "
                   f"use_seq_parallel=True local_output_for_attn=True, fully_shard per block + root on mesh['dp'], 2-D mesh (dp {dp}, tp {tp}), "
                   f"batch 8, AdamW")
+
+
+def build_calls():
+    import torch
+    import torch.distributed as dist
+
+    x = torch.ones(1, device=DEVICE)
+
+    def step():
+        for _ in range(CALLS):
+            dist.all_reduce(x)
+
+    return step, torch.nn.Module(), f"{CALLS} all_reduce of one float and nothing else: a per-call cost, not a step"
+
+
+CALLS = 64
+"""Collectives per step of ``calls``."""
 
 
 # -- the three modes -------------------------------------------------------------------------------
@@ -298,7 +324,7 @@ def worker(args) -> None:
     trace_rank._label_device_meshes()
     label_init = device_mesh.DeviceMesh.__init__
     dp = int(args.fsdp_mesh.split("x")[0])
-    builders = {"tp": lambda: build_tp(world), "ddp": lambda: build_ddp(rank),
+    builders = {"tp": lambda: build_tp(world), "ddp": lambda: build_ddp(rank), "calls": build_calls,
                 "fsdp_tp": lambda: build_fsdp_tp(world, dp)}
     steps, models, descs = {}, {}, {}
     for name in args.steps:
@@ -321,8 +347,8 @@ def worker(args) -> None:
 
     tmp = Path(tempfile.mkdtemp(prefix="bench_trace_"))
     K = {s: args.steps_per_sample or DEFAULT_K[s] for s in args.steps}
-    times = {(s, m): [] for s in args.steps for m in MODES}  # this rank's wall seconds per sample
-    cpu = {(s, m): [] for s in args.steps for m in MODES}  # this process's CPU seconds (all its threads)
+    times = {(s, m): [] for s in args.steps for m in args.modes}  # this rank's wall seconds per sample
+    cpu = {(s, m): [] for s in args.steps for m in args.modes}  # this process's CPU seconds (all its threads)
     calls: dict[str, Counter] = {}
     flush_s = {s: [] for s in args.steps}
     modes = {"none": NoneMode, "trace": TraceMode, "trace-py": PythonTraceMode, "cheap": CheapMode,
@@ -331,7 +357,7 @@ def worker(args) -> None:
     t_start = time.perf_counter()
     for rnd in range(args.samples + 1):  # round 0 is warm-up
         for s in args.steps:
-            order = list(MODES)
+            order = list(args.modes)
             random.Random(1000 * rnd + STEPS.index(s)).shuffle(order)  # the same on every rank
             for m in order:
                 n += 1
@@ -389,8 +415,7 @@ def table(t: dict, unit: str) -> tuple[float, float]:
     print(f"  {'mode':10s} {'median ' + unit:>10s} {'P5':>9s} {'P95':>9s} {'CV %':>6s}  {'ratio of medians':>16s}"
           f"  {'paired ratio: median [IQR]':>28s}  {'drift 2nd/1st half':>18s}")
     over = (0.0, 0.0)
-    for m in MODES:
-        xs = t[m]
+    for m, xs in t.items():
         med = statistics.median(xs)
         cv = 100 * statistics.stdev(xs) / statistics.mean(xs)
         half = len(xs) // 2
@@ -414,12 +439,14 @@ def report(args, gathered, descs, K) -> None:
 
     world = len(gathered)
     per_rank_calls = [g[1] for g in gathered]
+    summary: dict = {}
     print(f"\nrounds {args.samples} (+1 warm-up discarded), {world} ranks {args.backend}, {torch.get_num_threads()} torch thread(s) "
           f"per rank; timed loop {gathered[0][3]:.1f} s on rank 0")
     for s in args.steps:
         n = range(args.samples)
-        wall = {m: [max(g[0][s, m][i] for g in gathered) / K[s] for i in n] for m in MODES}
-        cpu = {m: [sum(g[4][s, m][i] for g in gathered) / K[s] for i in n] for m in MODES}
+        wall = {m: [max(g[0][s, m][i] for g in gathered) / K[s] for i in n] for m in args.modes}
+        cpu = {m: [sum(g[4][s, m][i] for g in gathered) / K[s] for i in n] for m in args.modes}
+        summary[s] = {m: {"wall": statistics.median(wall[m]), "cpu": statistics.median(cpu[m])} for m in args.modes}
         counts = per_rank_calls[0].get(s, Counter())
         ncalls = sum(counts.values())
         same = all(r.get(s) == counts for r in per_rank_calls)
@@ -442,6 +469,8 @@ def report(args, gathered, descs, K) -> None:
             print(f"  per collective: wall {us(w_med / ncalls)} / {us(w_pair / ncalls)} us, CPU per rank "
                   f"{us(c_med / ncalls / world)} / {us(c_pair / ncalls / world)} us (everything the trace adds per step, "
                   f"hooks and flight log included, over its collectives); the window's last flush: {us(flush)} us per step")
+    if args.summary:
+        Path(args.summary).write_text(json.dumps(summary))
     print("\n(axis: meshscope's label. The tp step's 1-D mesh reuses the default group, so in this one process the "
           "DDP step's calls on that group read 'tp' too.)")
 
@@ -470,15 +499,22 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=30, help="timed rounds: samples per (step, mode)")
     p.add_argument("--steps-per-sample", type=int, default=None,
                    help="K steps per sample (default per step: " + ", ".join(f"{k} {v}" for k, v in DEFAULT_K.items()) + ")")
-    p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS))
+    p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS[:3]))
     p.add_argument("--fsdp-mesh", choices=("1x2", "2x1"), default="1x2", help="dp x tp of the fsdp_tp step's mesh")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="nccl: one rank per GPU")
     p.add_argument("--nproc", type=int, default=2, help="ranks (one per GPU with nccl)")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES), help="none must be among them")
+    p.add_argument("--recorder-pairs", type=int, default=0,
+                   help="instead: this many pairs of launches, one with torch's Flight Recorder on "
+                        f"(TORCH_FR_BUFFER_SIZE={RECORDER_BUFFER}), one without, in a random order per pair")
+    p.add_argument("--summary", default=None, help=argparse.SUPPRESS)  # a launch's medians, for --recorder-pairs
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.worker:
         worker(args)
         return
+    if "none" not in args.modes:
+        p.error("--modes must include none (the baseline)")
     print(" ".join([Path(sys.executable).name, *sys.argv]))
     print(machine())
     print("start " + load(), flush=True)
@@ -486,14 +522,63 @@ def main() -> None:
 
     native.build(log=print)  # as `meshscope trace` does before its ranks start
     t0 = time.time()
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc), __file__,
-           "--worker", "--samples", str(args.samples), "--steps", *args.steps, "--fsdp-mesh", args.fsdp_mesh,
-           "--backend", args.backend]
-    if args.steps_per_sample:
-        cmd += ["--steps-per-sample", str(args.steps_per_sample)]
-    code = subprocess.run(cmd, check=False).returncode
+    code = recorder_pairs(args) if args.recorder_pairs else launch(args)
     print(f"\nend {load()}; wall {time.time() - t0:.0f} s")
     sys.exit(code)
+
+
+def launch(args, recorder: bool = False, summary: str | None = None, quiet: bool = False) -> int:
+    """One launch of the ranks running every (step, mode) sample; `recorder`: the Flight Recorder on."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(args.nproc), __file__,
+           "--worker", "--samples", str(args.samples), "--steps", *args.steps, "--fsdp-mesh", args.fsdp_mesh,
+           "--backend", args.backend, "--modes", *args.modes, *(["--summary", summary] if summary else [])]
+    if args.steps_per_sample:
+        cmd += ["--steps-per-sample", str(args.steps_per_sample)]
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")}
+    if recorder:
+        env["TORCH_FR_BUFFER_SIZE"] = RECORDER_BUFFER
+    out = subprocess.DEVNULL if quiet else None
+    return subprocess.run(cmd, check=False, env=env, stdout=out, stderr=out).returncode
+
+
+RECORDER_BUFFER = "2000"
+"""The buffer `meshscope trace` gives torch's Flight Recorder (trace.fr_dump.BUFFER_SIZE)."""
+
+
+def recorder_pairs(args) -> int:
+    """The recorder's cost: torch reads TORCH_FR_BUFFER_SIZE once per process, so on and off cannot
+    alternate within one launch; pairs of launches (on, off, in a random order) each give per (step,
+    mode) the median step, and the figure is the median over pairs of on / off."""
+    ratios: dict = {}
+    offs: dict = {}  # the recorder-off medians, per step
+    tmp = Path(tempfile.mkdtemp(prefix="bench_recorder_"))
+    for i in range(args.recorder_pairs):
+        pair = {}
+        for recorder in random.Random(i).sample([False, True], 2):
+            path = tmp / f"pair{i}-{int(recorder)}.json"
+            if launch(args, recorder, str(path), quiet=True) != 0:
+                print(f"pair {i}: a launch failed", file=sys.stderr)
+                return 1
+            pair[recorder] = json.loads(path.read_text())
+        for s, modes in pair[True].items():
+            for m, med in modes.items():
+                for unit in ("wall", "cpu"):
+                    ratios.setdefault((s, m, unit), []).append(med[unit] / pair[False][s][m][unit])
+                    offs.setdefault((s, m, unit), []).append(pair[False][s][m][unit])
+        print(f"pair {i + 1}/{args.recorder_pairs} done; {load()}", flush=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(f"\nFlight Recorder on / off, median [min, max] over {args.recorder_pairs} pairs of launches "
+          f"({args.samples} samples per mode each):")
+    for s in args.steps:
+        for m in args.modes:
+            cells = []
+            for unit in ("wall", "cpu"):
+                xs, base = ratios[s, m, unit], statistics.median(offs[s, m, unit])
+                cells.append(f"{unit} {100 * (statistics.median(xs) - 1):+.1f} % [{100 * (min(xs) - 1):+.1f}, "
+                             f"{100 * (max(xs) - 1):+.1f}] of {base * 1e3:.2f} ms")
+            print(f"  {s:8s} {m:10s} " + "   ".join(cells))
+    return 0
+
 
 
 if __name__ == "__main__":

@@ -110,6 +110,49 @@ def test_group_order(tmp_path):
     assert "new_group #0: rank 1 created dp[1, 3], rank 0 created tp[0, 1]" in f.entry
 
 
+def creations(tmp_path, per_rank: dict):
+    """groups/rank<R>.jsonl of a traced job: rank -> [(desc, ranks, returned, members-only)]."""
+    (tmp_path / "groups").mkdir()
+    for rank, calls in per_rank.items():
+        lines = []
+        for i, (desc, ranks, done, local) in enumerate(calls):
+            lines.append({"t": i, "kind": "creating", "index": i, "desc": desc, "ranks": ranks, "local": local})
+            lines += [{"t": i + 0.5, "kind": "created", "index": i, "name": str(i + 1)}] if done else []
+        (tmp_path / "groups" / f"rank{rank}.jsonl").write_text("".join(json.dumps(ln) + "\n" for ln in lines))
+
+
+def test_group_creations_in_another_order_while_one_rank_is_stuck(tmp_path):
+    """Rank 1 is stuck creating dp (its first), which rank 0 creates second: the order, not the members,
+    differs; a members-only group (use_local_synchronization) is no part of the protocol."""
+    write_run(tmp_path, {0: [], 1: []})
+    creations(tmp_path, {0: [("metrics", [0], True, False), ("dp", [0, 1], False, False)],
+                         1: [("side", [1], True, True), ("dp", [0, 1], False, False)]})
+    [f] = diagnose(tmp_path)["findings"]
+    assert (f["kind"], f["axis"], f["group"], f["ranks"]) == ("group-order", "dp", [0, 1], [0, 1])
+    assert "rank 1 created dp[0, 1], rank 0 created metrics[0] (rank 1 is stuck creating dp[0, 1])" in f["entry"]
+
+
+def test_group_built_with_other_members_is_group_members(tmp_path):
+    write_run(tmp_path, {0: [], 1: []})
+    creations(tmp_path, {0: [("tp", [0, 1], False, False)], 1: [("tp", [0], True, False), ("tp", [1], True, False)]})
+    [f] = diagnose(tmp_path)["findings"]
+    assert (f["kind"], f["axis"]) == ("group-members", "tp")
+    assert "rank 1 a group of 1 [0], rank 0 a group of 2 [0, 1]" in f["cause"]
+
+
+def test_fewer_bucket_all_reduces_in_one_backward_is_ddp_unused(tmp_path):
+    """Rank 1 stepped past step 2 having issued none of the 2 gradient all-reduces rank 0 waits in."""
+    def bucket(rank, seq, step, t, done=True):
+        return call(rank, "all_reduce", (0, 1), t, done, axis="dp", seq=seq, step=step, phase="backward")
+
+    mark = {"t": 9, "kind": "mark", "text": "step 3 done"}
+    write_run(tmp_path, {0: bucket(0, 0, 1, 1) + bucket(0, 1, 2, 2, done=False),
+                         1: bucket(1, 0, 1, 1) + [mark]})
+    first = diagnose(tmp_path)["findings"][0]
+    assert (first["kind"], first["axis"], first["ranks"]) == ("ddp-unused", "dp", [1])
+    assert "in step 2's backward rank 1 issued 0 gradient all-reduces on this group and rank 0 1" in first["cause"]
+
+
 def test_dp_wrong_group(tmp_path):
     sync = dict(axis="tp", phase="optimizer", region="dp.grad_sync:fc1.weight")
     write_run(tmp_path, {0: call(0, "all_reduce", (0, 1), 1, **sync), 1: call(1, "all_reduce", (0, 1), 1, **sync)})

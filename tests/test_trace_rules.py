@@ -21,6 +21,7 @@ from meshscope.trace import checks
     ("EXPERT_DATA_PARALLEL_GROUP", "edp"), ("EXPERT_DATA_PARALLEL_GROUP_GLOO", "edp"),
     ("EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP", "etp-ep"), ("EMBEDDING_GROUP", "embedding"),
     ("HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L1", "cp.l1"), ("something_else", "group"), ("", "group"),
+    ("tp", "tp"), ("dp", "dp"), ("metrics", "group"),
 ])
 def test_axis_labels(desc, axis):
     assert axis_of(desc) == axis

@@ -128,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--recorder", choices=("native", "python"), default="native",
                     help="native: the C++ recorder, built once per torch (the Python kernel where it cannot be "
                          "built); python: the Python kernel")
+    tr.add_argument("--flight-recorder", action=argparse.BooleanOptionalAction, default=True,
+                    help="torch's Flight Recorder in every worker, dumped into RUN_DIR/fr/ when a rank fails or "
+                         "is stopped (default on)")
     tr.add_argument("--fake-world", type=int, default=None,
                     help="trace ranks of a world of this many on torch's fake backend, one CPU process each")
     tr.add_argument("--ranks", default="auto",

@@ -16,7 +16,8 @@ def cmd_trace(args) -> int:
     options = TraceOptions(target=tuple(args.job), nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
                            rendezvous=rendezvous, steps=args.steps, timeout=args.timeout,
                            step_optimizer=args.step_optimizer, out=args.out, fake_world=args.fake_world,
-                           ranks=args.ranks, cheap=args.cheap, recorder=args.recorder)
+                           ranks=args.ranks, cheap=args.cheap, recorder=args.recorder,
+                           flight_recorder=args.flight_recorder)
     run_dir, doc = trace(options)
     result = TraceResult.from_json(doc)
     write_files(result, run_dir)

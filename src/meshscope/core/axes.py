@@ -9,6 +9,7 @@ by meshscope, so their axis comes from ``ProcessGroup.group_desc``:
 - Megatron-core passes a description per kind of group (`MEGATRON`, every kind that megatron-core
   0.16.1's ``parallel_state.py`` creates); composite groups become joined axes (``tp-pp``), the
   ``_GLOO`` twins their axis, hierarchical and partial sub-groups the axis they split;
+- a group described by an axis name alone (``new_group(ranks, group_desc="tp")``) is that axis;
 - the default group is ``world``; anything else is ``group`` (kept with its ranks).
 
 `is_mesh_axis` tells whether a label is a mesh axis whose groups must partition the world, which a
@@ -44,6 +45,9 @@ MEGATRON = {
 }
 """Megatron-core group description -> axis label (``_GLOO`` twins are stripped before lookup)."""
 
+LAYOUT_AXES = ("tp", "cp", "ep", "etp", "dp", "edp", "pp")
+"""Axis names a plain ``new_group(..., group_desc=NAME)`` may carry (meshscope layout's axes)."""
+
 NON_MESH = {"world", "group", "embedding", "position_embedding"}
 """Labels whose groups need not partition the world."""
 
@@ -60,6 +64,8 @@ def axis_of(group_desc: str, is_default: bool = False) -> str:
     desc = group_desc.removesuffix("_GLOO")
     if desc in MEGATRON:
         return MEGATRON[desc]
+    if desc in LAYOUT_AXES:  # a group its creator named after its axis: new_group(ranks, group_desc="tp")
+        return desc
     if m := _HIERARCHICAL.match(group_desc):
         return f"{axis_of(m['base'])}.l{m['level']}"
     if m := _HYBRID.match(group_desc):

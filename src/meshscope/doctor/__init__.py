@@ -7,14 +7,18 @@ on a global rank.
 
 Evidence (`evidence`): ``flight/rank<R>.jsonl`` (group creations and every collective, issued and
 completed), ``errors/rank<R>.json``, ``spec.json`` (to rebuild the layout) and, if the run got that
-far, ``result.json`` (the predicted and captured ledgers of one step). PyTorch Flight Recorder dumps
+far, ``result.json`` (the predicted and captured ledgers of one step). A traced job adds
+``groups/rank<R>.jsonl`` (every ``new_group`` call, member or not, and whether it returned) and
+``ranks/rank<R>.json`` (how each rank ended, with its error). PyTorch Flight Recorder dumps
 (`fr_files`, `fr_records`, `fr_job`, `fr_findings`): a directory or prefix of them alone, or a trace
 directory's ``fr/`` beside its flight logs; each finding says which it rests on (``evidence``: flight
 log, flight recorder, or both).
 
 Diagnoses:
   group-order     ranks created process groups in different orders                  (`collective`)
+  group-members   ranks created a group with different members (or sizes)             (`collective`)
   missing         some ranks never issued collective #k of a group the others wait in (`collective`)
+  ddp-unused      a backward in which some ranks issued fewer gradient all-reduces: DDP's unused parameters
   mismatch        ranks issued collective #k of a group with different op, dtype, size or splits
   p2p             a send without its recv, a size mismatch, or both ends sending/receiving first (`p2p`)
   pp-no-grad      a pipeline stage received activations but never sent their gradients back (`p2p`)
@@ -100,6 +104,10 @@ def _flight_log_findings(run_dir: Path, ranks) -> tuple[list[Finding], list[dict
     for path in sorted((run_dir / "errors").glob("rank*.json")):
         err = json.loads(path.read_text())
         errors.append({"rank": err["rank"], "error": err["error"]})
+    for path in sorted((run_dir / "ranks").glob("rank*.json")):  # a traced job: how each rank ended
+        end = json.loads(path.read_text())
+        if end.get("status") == "error" and end.get("error"):
+            errors.append({"rank": end["rank"], "error": end["error"]})
     findings = group_order(ranks)  # with groups created differently, every later entry is suspect
     if not findings:
         no_grad = pp_no_grad(ranks)

@@ -12,11 +12,17 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from ..core.axes import axis_of
 from ..core.events import CommEvent
 from .evidence import P2P, Finding, RankLog, blocked_in, brief, issued_at, key, last_call
 
 
 def group_order(ranks: dict[int, RankLog]) -> list[Finding]:
+    """Ranks whose group creations differ from the lowest rank's: in order (the same groups created in
+    another order) or in members (a group the others create with other ranks, or not at all). A
+    traced job's own record of every ``new_group`` call is used where the directory has it."""
+    if all(info.created is not None for info in ranks.values()):
+        return _creations_differ(ranks)
     ref = ranks[min(ranks)]
     out = []
     for r, info in sorted(ranks.items()):
@@ -31,6 +37,48 @@ def group_order(ranks: dict[int, RankLog]) -> list[Finding]:
                     "ordering deadlock (see docs/chapter.md, Q3)"))
                 break
     return out
+
+
+def _creations_differ(ranks: dict[int, RankLog]) -> list[Finding]:
+    def seq(info):
+        return [c for c in info.created if not c["local"]]  # members-only creation is no global protocol
+
+    def label(c):
+        return f"{c['desc'] or 'a group'}{c['ranks']}"
+
+    ref = ranks[min(ranks)]
+    out = []
+    for r, info in sorted(ranks.items()):
+        mine, theirs = seq(info), seq(ref)
+        for i, (a, b) in enumerate(zip(mine, theirs)):
+            if _same(a) == _same(b):
+                continue
+            # one of the two created elsewhere in the other's sequence (a rank stuck at a creation never
+            # reached the rest of its own)
+            reordered = _same(a) in {_same(c) for c in theirs} or _same(b) in {_same(c) for c in mine}
+            stuck = "; ".join(f"rank {q} is stuck creating {label(c)}" for q, c in ((r, a), (ref.rank, b))
+                              if not c["done"])
+            entry = f"new_group #{i}: rank {r} created {label(a)}, rank {ref.rank} created {label(b)}"
+            if reordered:
+                cause = ("ranks create the same groups in different orders (a creation under a rank-dependent "
+                         "condition): group creation is a global protocol that every rank must follow "
+                         "identically, member or not, or the groups pair up wrongly and initialisation and "
+                         "collectives deadlock (see docs/chapter.md, Q3)")
+            else:
+                cause = (f"ranks build their groups with different members or sizes: rank {r} a group of "
+                         f"{len(a['ranks'])} {a['ranks']}, rank {ref.rank} a group of {len(b['ranks'])} {b['ranks']} "
+                         f"(a size computed differently on some ranks, e.g. from a per-rank setting); every rank "
+                         f"must pass the same rank lists to new_group, in the same order")
+            out.append(Finding("group-order" if reordered else "group-members", axis_of(a["desc"]), a["ranks"],
+                               sorted({r, ref.rank}), entry + (f" ({stuck})" if stuck else ""), cause,
+                               min(a["t"], b["t"])))
+            break
+    return out
+
+
+def _same(creation: dict) -> tuple:
+    """What makes two ranks' creations the same group: its description and members."""
+    return creation["desc"], tuple(creation["ranks"])
 
 
 def _by_group(ranks, want_p2p: bool) -> dict[tuple, dict[int, list[CommEvent]]]:
@@ -59,11 +107,11 @@ def collectives(ranks: dict[int, RankLog], predicted: dict | None = None) -> lis
                 # Missing ranks blocked elsewhere never got here: date the wait by their blocks.
                 blocks = [c for c in map(lambda m: blocked_in(ranks, m), missing) if c is not None]
                 t = max([issued_at(ranks, *have.values())] + [issued_at(ranks, c) for c in blocks])
-                out.append(Finding(
-                    "missing", axis, list(group), missing,
-                    f"collective #{k} of {axis}{list(group)}: {brief(e)}",
-                    f"ranks {missing} never issued it while ranks {waiting or sorted(have)} "
-                    f"{'wait in it' if waiting else 'did'}; {last}", t, derived=bool(blocks)))
+                plain = (f"ranks {missing} never issued it while ranks {waiting or sorted(have)} "
+                         f"{'wait in it' if waiting else 'did'}; {last}")
+                kind, cause = _unused_parameters(ranks, lists, e, missing) or ("missing", plain)
+                out.append(Finding(kind, axis, list(group), missing, f"collective #{k} of {axis}{list(group)}: {brief(e)}",
+                                   cause, t, derived=bool(blocks)))
                 break
             bad = _disagreement(have, group)
             if bad and len({e.op for e in have.values()}) > 1 and predicted:
@@ -74,6 +122,33 @@ def collectives(ranks: dict[int, RankLog], predicted: dict | None = None) -> lis
                                    issued_at(ranks, *have.values())))
                 break
     return out
+
+
+def _unused_parameters(ranks, lists: dict[int, list[CommEvent]], e: CommEvent, missing: list[int]):
+    """(kind, cause) when the missing call is a gradient all-reduce of a backward that the missing ranks
+    went through with fewer such calls: DDP's unused-parameter hang. None otherwise."""
+    if e.op != "all_reduce" or e.phase != "backward":
+        return None
+    counts = {m: sum(1 for c in v if c.step == e.step and c.phase == "backward" and c.op == "all_reduce")
+              for m, v in lists.items()}
+    short = [m for m in missing if _steps_done(ranks[m]) > e.step]  # it stepped past that backward
+    if not short:
+        return None
+    full = max(counts, key=counts.get)
+    m = short[0]
+    return "ddp-unused", (
+        f"in step {e.step}'s backward rank {m} issued {counts[m]} gradient all-reduces on this group and rank "
+        f"{full} {counts[full]}: their backward passes reached different sets of parameters (a branch taken on "
+        f"some ranks only). DDP with find_unused_parameters=False reduces a bucket once every parameter in it has "
+        f"its gradient, so the ranks without one never issue that bucket's all-reduce and the others wait in it; "
+        f"make every rank use every parameter, or pass find_unused_parameters=True; rank {m} last issued "
+        f"{last_call(ranks[m])}")
+
+
+def _steps_done(info: RankLog) -> int:
+    """Optimizer steps a traced rank finished, from its last ``step N done`` mark (0 without one)."""
+    mark = info.last_mark or ""
+    return int(mark.split()[1]) if mark.startswith("step ") and mark.endswith(" done") else 0
 
 
 def _skipped(have: dict[int, CommEvent], plan: dict[int, list[str]], k: int) -> tuple[list[int], str] | None:

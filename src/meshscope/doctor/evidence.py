@@ -2,7 +2,9 @@
 
 A rank's log (`flightlog`) lists its group creations and every call as ``issued`` and, once it
 returned, ``completed``; a call issued and never completed is where that rank was blocked when it
-stopped. Findings carry the time their first divergent entry was issued, so that the earliest one
+stopped. A traced job's flight log names a group when it is first used; its creations, in order and
+member or not, are in ``groups/rank<R>.jsonl`` (`trace.created`: ``creating`` before ``new_group``
+is asked, ``created`` when it returned). Findings carry the time their first divergent entry was issued, so that the earliest one
 can be reported as the likely root cause and later ones as its consequences.
 """
 
@@ -59,6 +61,8 @@ class RankLog:
     last_mark: str | None = None
     """The rank's last progress mark: where it was when no call is pending (timing and sweeps record
     no calls, so a hang there shows only as the last mark)."""
+    created: list[dict] | None = None
+    """A traced rank's group creations in order (`creations`), None where the directory has none."""
 
 
 def key(e: CommEvent) -> tuple:
@@ -83,7 +87,29 @@ def load(run_dir: Path) -> dict[int, RankLog]:
             {key(CommEvent.from_json(ln)): ln["t"] for ln in lines if ln["kind"] == "issued"},
             next((ln["text"] for ln in reversed(lines) if ln["kind"] == "mark"), None),
         )
+        created = run_dir / "groups" / f"rank{r}.jsonl"
+        if created.exists():
+            ranks[r].created = creations(created)
     return ranks
+
+
+def creations(path: Path) -> list[dict]:
+    """One traced rank's ``new_group`` calls in order, member or not: {index, desc, ranks, local, done, t}
+    (``done``: it returned; ``local``: members-only synchronisation). A torn last line is skipped."""
+    import json
+
+    out: dict[int, dict] = {}
+    for line in Path(path).read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("kind") == "creating":
+            out[rec["index"]] = {"index": rec["index"], "desc": rec["desc"], "ranks": rec["ranks"],
+                                 "local": rec.get("local", False), "done": False, "t": rec["t"]}
+        elif rec.get("kind") == "created" and rec.get("index") in out:
+            out[rec["index"]]["done"] = True
+    return [out[i] for i in sorted(out)]
 
 
 def brief(e: CommEvent) -> str:

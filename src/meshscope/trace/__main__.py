@@ -7,7 +7,8 @@ shared file system. When the job ends, local rank 0 of each node waits for its n
 writes ``result.json``; ``meshscope report DIR`` renders the tables, ``report.md`` and the Chrome
 trace from it (the renderers sit above this layer).
 Environment: ``MESHSCOPE_TRACE_STEPS``, ``MESHSCOPE_TRACE_TIMEOUT`` and ``MESHSCOPE_STEP_OPTIMIZER``
-stand for the options of `meshscope trace`.
+stand for the options of `meshscope trace`; ``MESHSCOPE_TRACE_FLIGHT_RECORDER=0`` for
+``--no-flight-recorder``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def main(argv: list[str]) -> int:
     flags = [*(["--steps", os.environ["MESHSCOPE_TRACE_STEPS"]] if os.environ.get("MESHSCOPE_TRACE_STEPS") else []),
              *(["--timeout", os.environ["MESHSCOPE_TRACE_TIMEOUT"]] if os.environ.get("MESHSCOPE_TRACE_TIMEOUT") else []),
              *(["--step-optimizer", os.environ["MESHSCOPE_STEP_OPTIMIZER"]]
-               if os.environ.get("MESHSCOPE_STEP_OPTIMIZER") else [])]
+               if os.environ.get("MESHSCOPE_STEP_OPTIMIZER") else []),
+             *(["--flight-recorder"] if os.environ.get("MESHSCOPE_TRACE_FLIGHT_RECORDER", "1") != "0" else [])]
     code = rank.main([str(run_dir), *flags, "--", *argv], on_end=_assemble_on_local_zero(run_dir, local))
     return code
 

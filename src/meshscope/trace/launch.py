@@ -11,6 +11,7 @@ the doctor's findings when the job failed or hung.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -58,6 +59,8 @@ class TraceOptions:
     recorder: str = "native"
     """``native``: the C++ recorder (`capture.native`, built here once per torch before the ranks start;
     the Python kernel where it cannot be built); ``python``: the Python kernel (`capture.dispatch`)."""
+    flight_recorder: bool = True
+    """torch's Flight Recorder on in every worker, dumped into ``fr/`` on a failure (`trace.fr_dump`)."""
     ranks: str = "auto"
     """Fake world: ``auto`` (one rank per class, `fake.rank_classes`) or a comma list such as ``0,7,1023``."""
     env: dict = field(default_factory=dict)
@@ -119,6 +122,7 @@ class TraceOptions:
     def rank_program(self, run_dir: Path) -> list[str]:
         flags = [*(["--steps", str(self.steps)] if self.steps else []), *(["--fake"] if self.fake_world else []),
                  *(["--cheap"] if self.cheap else []), "--recorder", self.recorder,
+                 *(["--flight-recorder"] if self.flight_recorder else []),
                  *(["--timeout", str(self.timeout)] if self.timeout else []),
                  *(["--step-optimizer", self.step_optimizer] if self.step_optimizer else [])]
         return ["-m", "meshscope.trace.rank", str(run_dir), *flags, "--", *self.target]
@@ -159,10 +163,25 @@ def trace(options: TraceOptions, echo=None) -> tuple[Path, dict]:
     result = assemble(run_dir)
     doc = result.to_json()
     if not result.complete or outcome.returncode != 0:
-        doc["error"], doc["passed"] = outcome.error or "a rank did not finish", False
-        doc["doctor"] = _doctor(run_dir)
+        doc["error"], doc["passed"] = _rank_error(run_dir) or outcome.error or "a rank did not finish", False
+    if not doc["passed"]:  # a hang, a failure, or a job that ran to its end with a check failed (gloo
+        doc["doctor"] = _doctor(run_dir)  # lets mismatched all-to-all splits through silently)
     conclude(run_dir, doc)
     return run_dir, doc
+
+
+def _rank_error(run_dir: Path) -> str | None:
+    """'rank R: <error>' of the rank that failed first, by the time it wrote its end, None if no rank
+    recorded an error (its peers then fail with "connection closed"); a rank the launcher stopped is a
+    consequence, named only when no rank failed on its own."""
+    failed = []
+    for path in (run_dir / "ranks").glob("rank*.json"):
+        end = json.loads(path.read_text())
+        if end.get("status") == "error" and end.get("error"):
+            failed.append(end)
+    own = [e for e in failed if "stopped by the launcher" not in e["error"]] or failed
+    first = min(own, key=lambda e: e["time"], default=None)
+    return f"rank {first['rank']}: {first['error']}" if first else None
 
 
 def _doctor(run_dir: Path) -> dict | None:

@@ -14,7 +14,12 @@ SCRIPT [ARGS]`` runs the same inside a launch the user already has. It
    the end writes ``ledgers/rank<R>.jsonl`` (every event with its step) and ``ranks/rank<R>.json``
    (how the rank ended);
 4. with ``--steps K``, once every rank has finished K steps (counted in the job's own store), ends
-   the rank cleanly, skipping the rest of the script.
+   the rank cleanly, skipping the rest of the script;
+5. notes every group creation as it happens (`created`), and with ``--flight-recorder`` turns torch's
+   Flight Recorder on and dumps it into ``fr/`` when the rank fails or is stopped (`fr_dump`);
+6. when the launcher stops the rank (SIGTERM: another rank failed), writes what it has (flight log,
+   ``ranks/rank<R>.json``, the recorder's dump) and exits at once, even while blocked in a
+   collective: a thread waits for the signal, which every other thread blocks.
 
 A script that raises gets its own traceback printed (without meshscope's frames) and the rank exits
 1, as it would have without the trace.
@@ -24,9 +29,11 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import functools
 import json
 import os
 import runpy
+import signal
 import sys
 import threading
 import time
@@ -40,7 +47,8 @@ from ..capture.dispatch import errors as decode_errors
 from ..capture.job_context import JobContext
 from ..core.axes import axis_of
 from ..core.events import CommEvent
-from . import device_map, fake
+from . import device_map, fake, fr_dump
+from .created import note_creations
 from .entry_points import wrap
 
 FLUSH_S = 0.5
@@ -262,6 +270,7 @@ def _limit_timeouts(seconds: float) -> None:
     def limited(original):
         signature = inspect.signature(original)
 
+        @functools.wraps(original)
         def wrapped(*args, **kwargs):
             bound = signature.bind_partial(*args, **kwargs)  # a timeout given by position too
             bound.arguments["timeout"] = min(bound.arguments.get("timeout") or limit, limit)
@@ -309,6 +318,29 @@ def count_done() -> None:
         pass
 
 
+def _stop_on_sigterm(stop) -> None:
+    """Run `stop` as soon as the launcher sends SIGTERM. Python runs signal handlers only on the main
+    thread between bytecodes, so a rank blocked in a collective would not see the signal until its
+    timeout; instead SIGTERM is blocked here (every thread started later inherits that) and one thread
+    waits for it. A script that installed its own SIGTERM handler (a preemption checkpoint) gets it
+    called from that thread instead, and ends the rank itself."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+
+    def wait() -> None:
+        while True:
+            signal.sigwait({signal.SIGTERM})
+            handler = signal.getsignal(signal.SIGTERM)
+            if not callable(handler):
+                stop()
+                return
+            try:
+                handler(signal.SIGTERM, None)
+            except SystemExit as exc:
+                os._exit(exc.code if isinstance(exc.code, int) else 1)
+
+    threading.Thread(target=wait, name="meshscope-trace-stop", daemon=True).start()
+
+
 def _script_traceback(exc: BaseException) -> str:
     """The script's traceback, without the frames of meshscope and runpy that ran it."""
     tb = traceback.TracebackException.from_exception(exc)
@@ -331,6 +363,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--cheap", action="store_true", help="no module hooks, no streamed flight log")
     p.add_argument("--recorder", choices=("native", "python"), default=os.environ.get(RECORDER_ENV, "native"),
                    help="the C++ recorder (built once per torch) or the Python kernel")
+    p.add_argument("--flight-recorder", action="store_true", help="torch's Flight Recorder on, dumped into fr/")
     args = p.parse_args(argv[:cut])
     args.target = argv[cut + 1:]
     return args
@@ -342,10 +375,28 @@ def main(argv: list[str], on_end=None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     context = JobContext(args.step_optimizer, modules=not args.cheap)
     trace = RankTrace(args.run_dir, rank, context, stream=not args.cheap, recorder=args.recorder)
+    if args.flight_recorder and not args.fake:
+        fr_dump.enable(args.run_dir)
+    ending, written = threading.Lock(), threading.Event()  # the rank's end is written once, by either path
+
+    def stopped() -> None:
+        with ending:  # a rank writing its own end finishes that first
+            if not written.is_set():
+                trace.finish("error", "stopped by the launcher (SIGTERM), e.g. because another rank failed")
+                if args.flight_recorder:
+                    fr_dump.dump(args.run_dir, rank)
+                written.set()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + signal.SIGTERM)  # also from the script's exit handlers: the launcher wants it gone
+
     if args.fake:
         fake.use_fake_backend()
         device_map.install()
         trace.assume = fake.assumed
+    else:
+        note_creations(args.run_dir, rank)
+        _stop_on_sigterm(stopped)
     context.on_step = (_stop_when_all_done(trace, args.steps, alone=args.fake, wait_s=args.timeout) if args.steps
                        else trace.step_done)
     if args.timeout:
@@ -390,7 +441,11 @@ def main(argv: list[str], on_end=None) -> int:
         note = "the script stepped no torch.optim optimizer: one step holds everything"
     if device_map.used:
         note = "; ".join(n for n in (note, device_map.note()) if n)
-    trace.finish(status, error, note)
+    with ending:
+        trace.finish(status, error, note)
+        if status == "error" and args.flight_recorder and not args.fake:  # gloo dumps nothing on its own timeout
+            fr_dump.dump(args.run_dir, rank)
+        written.set()
     if on_end is not None:
         on_end()
     if status != "stopped":
