@@ -71,3 +71,13 @@ def test_the_recorder_dumps_show_the_skipped_collective(faults):
     run_dir = faults["skip_collective"].run_dir
     last0, last1 = _recorded(run_dir, 0)[-1], _recorded(run_dir, 1)[-1]
     assert last0[0] == "gloo:barrier" and last1 == ("gloo:all_reduce", last0[1])
+
+
+def test_both_sources_name_the_group_by_the_traces_axis(faults):
+    """The skipped barrier is on a 1-D DeviceMesh that reuses the default group: the Flight Recorder's
+    dumps call that group default_pg, the trace knows it is dp, and the doctor reports the finding once,
+    on dp, resting on both sources."""
+    from meshscope.doctor import diagnose
+
+    report = diagnose(faults["skip_collective"].run_dir)
+    assert [(f["kind"], f["axis"], f["evidence"]) for f in report["findings"]] == [("mismatch", "dp", "both")]

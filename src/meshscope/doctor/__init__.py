@@ -39,6 +39,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from ..core.errors import UsageError
+from ..capture.flightlog import read
 from ..core.mesh import Layout
 from ..core.result import RunResult, SuiteResult
 from .collective import collectives, group_order
@@ -126,6 +127,17 @@ def _merge(logged: list[Finding], recorded: list[Finding]) -> list[Finding]:
             + [f for f in recorded if (f.kind, f.axis, tuple(f.group)) not in shared])
 
 
+def _trace_groups(run_dir: Path) -> dict[str, tuple[str, tuple[int, ...]]]:
+    """Group name -> (axis, ranks) as a trace's flight logs name its groups (`trace.rank` writes the
+    name; meshscope's own runs do not, and give none)."""
+    out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    for path in sorted((run_dir / "flight").glob("rank*.jsonl")):
+        for line in read(path):
+            if line["kind"] == "group" and "name" in line:
+                out.setdefault(line["name"], (line["axis"], tuple(line["ranks"])))
+    return out
+
+
 def _sources(job: FrJob | None, logged: bool) -> dict:
     out: dict = {"flight_log": logged}
     if job is not None:
@@ -140,7 +152,7 @@ def diagnose(run_dir: Path) -> dict:
     first); ``healthy`` when there is neither an error nor a finding."""
     run_dir = Path(run_dir)
     logged = (run_dir / "flight").is_dir()
-    job = load_job(run_dir)
+    job = load_job(run_dir, _trace_groups(run_dir) if logged else None)
     if not logged and job is None:
         raise UsageError(f"{run_dir} has no flight logs (flight/rank*.jsonl) and no Flight Recorder dumps "
                          f"(files <prefix><rank>, or fr/ in a trace directory)")

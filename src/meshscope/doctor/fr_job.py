@@ -88,8 +88,10 @@ def _since(docs: dict[int, dict]) -> dict[str, int]:
     return first
 
 
-def load_job(path: Path) -> FrJob | None:
-    """The job whose dumps `path` names (module docstring); None if `path` holds none."""
+def load_job(path: Path, known: dict[str, tuple[str, tuple[int, ...]]] | None = None) -> FrJob | None:
+    """The job whose dumps `path` names (module docstring); None if `path` holds none. `known`: group
+    name -> (axis, ranks) as a trace labelled them (its DeviceMesh dim names, and the members gloo's
+    dumps leave out), so a finding on a group carries the same axis from either source."""
     files = locate(path)
     if files is None:
         return None
@@ -97,8 +99,10 @@ def load_job(path: Path) -> FrJob | None:
     for r, d in docs.items():
         check_version(d, str(files[r]))
     _check_one_job(docs, files)
-    members, since = _members(docs), _since(docs)
+    known = known or {}
+    members, since = {**_members(docs), **{name: ranks for name, (_, ranks) in known.items()}}, _since(docs)
     for d in docs.values():
         d["entries"] = [e for e in d.get("entries") or ()
                         if e.get("is_p2p") or e["collective_seq_id"] >= since.get(str(e["process_group"][0]), 0)]
-    return FrJob(str(path), {r: parse(r, d, str(files[r]), members) for r, d in docs.items()})
+    axes = {name: axis for name, (axis, _) in known.items()}
+    return FrJob(str(path), {r: parse(r, d, str(files[r]), members, axes) for r, d in docs.items()})

@@ -134,9 +134,12 @@ def check_version(doc: dict, where: str) -> str:
     return version
 
 
-def parse(rank: int, doc: dict, where: str, members: dict[str, tuple[int, ...]]) -> FrDump:
+def parse(rank: int, doc: dict, where: str, members: dict[str, tuple[int, ...]],
+          axes: dict[str, str] | None = None) -> FrDump:
     """The typed dump of one rank's decoded file. `members`: group name -> ranks, for the groups whose
-    ranks the dump leaves out (gloo writes no pg_config)."""
+    ranks the dump leaves out (gloo writes no pg_config); `axes`: group name -> axis where a trace
+    labelled the group (a 1-D DeviceMesh reuses the default group, whose description says nothing)."""
+    axes = axes or {}
     version = check_version(doc, where)
     groups = {str(k): FrGroup(str(v.get("name", k)), str(v.get("desc", "")), _ranks(v.get("ranks", "[]")), True)
               for k, v in (doc.get("pg_config") or {}).items() if k}
@@ -155,7 +158,7 @@ def parse(rank: int, doc: dict, where: str, members: dict[str, tuple[int, ...]])
             b_in = b_out = 0  # not recorded before 2.4: no size to compare
         k = seq[group.name] = seq.get(group.name, -1) + 1
         out.append(FrEntry(
-            CommEvent(rank=rank, seq=k, op=op, axis=axis_of(group.desc, group.name == "0"),
+            CommEvent(rank=rank, seq=k, op=op, axis=axes.get(group.name) or axis_of(group.desc, group.name == "0"),
                       group=group.ranks or (), phase="other",
                       dtype=DTYPES.get(next(iter(raw.get("input_dtypes") or raw.get("output_dtypes") or ()), ""), ""),
                       bytes_in=b_in if op != "recv" else 0, bytes_out=b_out if op != "send" else 0,
