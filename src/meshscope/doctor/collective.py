@@ -127,7 +127,7 @@ def collectives(ranks: dict[int, RankLog], predicted: dict | None = None) -> lis
 def _unused_parameters(ranks, lists: dict[int, list[CommEvent]], e: CommEvent, missing: list[int]):
     """(kind, cause) when the missing call is a gradient all-reduce of a backward that the missing ranks
     went through with fewer such calls: DDP's unused-parameter hang. None otherwise."""
-    if e.op != "all_reduce" or e.phase != "backward":
+    if e.op != "all_reduce" or e.phase != "backward" or e.step is None:  # no steps: meshscope's own runs
         return None
     counts = {m: sum(1 for c in v if c.step == e.step and c.phase == "backward" and c.op == "all_reduce")
               for m, v in lists.items()}
