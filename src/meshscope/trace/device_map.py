@@ -83,6 +83,8 @@ def _patch_torch_cuda(torch) -> None:
         setattr(cuda, name, answer(f"cuda.{name}", value))
     accelerator = torch.accelerator
     current_accelerator = accelerator.current_accelerator
+    usable = accelerator.is_available()  # before the patches: False here, and it stays the answer
+    accelerator.is_available = lambda: usable  # torch.compile asks it before it reaches for streams
 
     def accelerator_type(check_available: bool = False):
         """The device-generic twin, as torch's own test models ask it: the accelerator this machine is
