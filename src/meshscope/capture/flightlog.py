@@ -94,3 +94,21 @@ def _expand(record: list, groups: dict) -> dict:
     d = dict(zip(ISSUED, values))
     g = groups[d.pop("name")]
     return {**d, "kind": "issued", "axis": g["axis"], "group": g["ranks"]}
+
+
+def read_creations(path: Path) -> list[dict]:
+    """One traced rank's ``new_group`` calls in order, member or not: {index, desc, ranks, local, done, t}
+    (``done``: it returned; ``local``: members-only synchronisation), from the
+    ``groups/rank<R>.jsonl`` that `trace.created` writes. A torn last line is skipped."""
+    out: dict[int, dict] = {}
+    for line in Path(path).read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if rec.get("kind") == "creating":
+            out[rec["index"]] = {"index": rec["index"], "desc": rec["desc"], "ranks": rec["ranks"],
+                                 "local": rec.get("local", False), "done": False, "t": rec["t"]}
+        elif rec.get("kind") == "created" and rec.get("index") in out:
+            out[rec["index"]]["done"] = True
+    return [out[i] for i in sorted(out)]

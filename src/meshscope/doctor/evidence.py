@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..capture.flightlog import read
+from ..capture.flightlog import read, read_creations
 from ..core.errors import UsageError
 from ..core.events import CommEvent, human_bytes
 
@@ -62,7 +62,7 @@ class RankLog:
     """The rank's last progress mark: where it was when no call is pending (timing and sweeps record
     no calls, so a hang there shows only as the last mark)."""
     created: list[dict] | None = None
-    """A traced rank's group creations in order (`creations`), None where the directory has none."""
+    """A traced rank's group creations in order (`flightlog.read_creations`), None where the directory has none."""
 
 
 def key(e: CommEvent) -> tuple:
@@ -89,27 +89,8 @@ def load(run_dir: Path) -> dict[int, RankLog]:
         )
         created = run_dir / "groups" / f"rank{r}.jsonl"
         if created.exists():
-            ranks[r].created = creations(created)
+            ranks[r].created = read_creations(created)
     return ranks
-
-
-def creations(path: Path) -> list[dict]:
-    """One traced rank's ``new_group`` calls in order, member or not: {index, desc, ranks, local, done, t}
-    (``done``: it returned; ``local``: members-only synchronisation). A torn last line is skipped."""
-    import json
-
-    out: dict[int, dict] = {}
-    for line in Path(path).read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if rec.get("kind") == "creating":
-            out[rec["index"]] = {"index": rec["index"], "desc": rec["desc"], "ranks": rec["ranks"],
-                                 "local": rec.get("local", False), "done": False, "t": rec["t"]}
-        elif rec.get("kind") == "created" and rec.get("index") in out:
-            out[rec["index"]]["done"] = True
-    return [out[i] for i in sorted(out)]
 
 
 def brief(e: CommEvent) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..capture.flightlog import read
+from ..capture.flightlog import read, read_creations
 from ..core.axes import axis_of
 from ..core.errors import UsageError
 from ..core.events import CommEvent
@@ -37,9 +37,10 @@ def _end(run_dir: Path, rank: int) -> RankEnd:
     return RankEnd(rank, d["status"], d.get("steps", 0), d.get("error", ""), d.get("note", ""))
 
 
-def _created(run_dir: Path) -> list[tuple[str, list[int]]]:
-    path = run_dir / "ranks" / "rank0.json"
-    return [tuple(g) for g in json.loads(path.read_text()).get("created_groups", [])] if path.exists() else []
+def created_groups(run_dir: Path) -> list[tuple[str, list[int]]]:
+    """(description, ranks) of every group rank 0 created, member or not, in order (`trace.created`)."""
+    path = run_dir / "groups" / "rank0.jsonl"
+    return [(c["desc"], c["ranks"]) for c in read_creations(path)] if path.exists() else []
 
 
 def layout_section(world: int, axes: dict[str, list[list[int]]]) -> dict:
@@ -71,7 +72,7 @@ def assemble(run_dir: Path) -> TraceResult:
     for e in events:
         if e.op not in ("send", "recv") or e.axis != "world":
             axes.setdefault(e.axis, set()).add(e.group)
-    for desc, members in _created(run_dir):  # a fake world's rank 0 saw every group created, member or not
+    for desc, members in created_groups(run_dir) if spec.get("fake_world") else ():  # its rank 0 saw every group created
         axis = axis_of(desc)
         if axis not in ("world", "group"):
             axes.setdefault(axis, set()).add(tuple(members))

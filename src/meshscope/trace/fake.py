@@ -16,24 +16,20 @@ future, which the fake backend leaves empty, so DDP gets a hook that issues the 
 of the same bucket and hands the bucket back (`_fake_allreduce_hook`); a script that registers a
 comm hook of its own fails there ("can only be called once").
 
-Every ``new_group`` call is noted with its ranks, member or not: group creation is a global protocol,
-so rank 0's process sees every group of every axis, which `rank_classes` turns into classes of ranks
-that should issue the same ledger up to relabelling.
+Every ``new_group`` call is noted with its ranks, member or not (`trace.created`, as in any trace):
+group creation is a global protocol, so rank 0's process sees every group of every axis, which
+`rank_classes` turns into classes of ranks that should issue the same ledger up to relabelling.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 
 from .entry_points import wrap
 
-CREATED: list[tuple[str, list[int]]] = []
-"""(group description, ranks) of every group the script created, in order, member or not."""
-
-
 def use_fake_backend() -> None:
-    """Make the script's ``init_process_group`` a fake one of the world the environment names, and
-    note every group it creates."""
+    """Make the script's ``init_process_group`` a fake one of the world the environment names."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     def fake_init(original):
@@ -45,16 +41,15 @@ def use_fake_backend() -> None:
             return original(**{k: v for k, v in kwargs.items() if k != "_ranks"})
         return init_process_group
 
-    def noted_new_group(original):
-        def new_group(ranks=None, *args, **kwargs):
-            world = int(os.environ["WORLD_SIZE"])
-            CREATED.append((kwargs.get("group_desc") or "", sorted(ranks) if ranks is not None else list(range(world))))
-            kwargs.pop("device_id", None)
-            return original(ranks, *args, **kwargs)
+    def deviceless_new_group(original):
+        @functools.wraps(original)  # its signature stays visible to the --timeout wrapper
+        def new_group(*args, **kwargs):
+            kwargs.pop("device_id", None)  # the fake backend binds no device
+            return original(*args, **kwargs)
         return new_group
 
     wrap("init_process_group", fake_init)
-    wrap("new_group", noted_new_group)
+    wrap("new_group", deviceless_new_group)
     _hook_ddp()
     _recv_ones()
 

@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..run import rundir
-from .assemble import assemble, begin, conclude
+from .assemble import assemble, begin, conclude, created_groups
 from .fake import environment, rank_classes
 
 
@@ -52,9 +52,7 @@ def trace_fake_world(options, echo=None) -> tuple[Path, dict]:
             first = [0, world - 1] if cores > 1 and world > 1 else [0]
             echo(f"meshscope trace: fake world of {world}: tracing ranks {first} to find the classes of ranks\n")
             run(first)
-            record = run_dir / "ranks" / "rank0.json"
-            created = json.loads(record.read_text()).get("created_groups", []) if record.exists() else []
-            classes = rank_classes(world, [(d, r) for d, r in created])
+            classes = rank_classes(world, created_groups(run_dir))
             chosen = sorted(_representative(members, codes) for members in classes.values())
         todo = [r for r in chosen if r not in codes]
         echo(f"meshscope trace: fake world of {world}: tracing ranks {chosen}\n")

@@ -212,7 +212,7 @@ class RankTrace:
         tmp = self.run_dir / "ledgers" / f"rank{self.rank}.jsonl.tmp"
         tmp.write_text("".join(json.dumps(e.to_json()) + "\n" for e in events))
         tmp.replace(self.run_dir / "ledgers" / f"rank{self.rank}.jsonl")
-        doc = {"rank": self.rank, "status": status, "steps": self.context.step, "created_groups": fake.CREATED,
+        doc = {"rank": self.rank, "status": status, "steps": self.context.step,
                "optimizer_steps": self.context.optimizers_seen, "events": len(events),
                "groups": [{"name": g.name, "desc": g.desc, "axis": self.axis(g), "ranks": list(g.ranks)}
                           for g in self.groups.values()],
@@ -390,12 +390,12 @@ def main(argv: list[str], on_end=None) -> int:
         sys.stderr.flush()
         os._exit(128 + signal.SIGTERM)  # also from the script's exit handlers: the launcher wants it gone
 
+    note_creations(args.run_dir, rank)  # first: the wrappers below see torch's own new_group signature
     if args.fake:
         fake.use_fake_backend()
         device_map.install()
         trace.assume = fake.assumed
     else:
-        note_creations(args.run_dir, rank)
         _stop_on_sigterm(stopped)
     context.on_step = (_stop_when_all_done(trace, args.steps, alone=args.fake, wait_s=args.timeout) if args.steps
                        else trace.step_done)
