@@ -24,10 +24,8 @@ from ..core.mesh import Layout
 from ..core.result import TraceResult
 from ..predict.alpha_beta import model_bytes
 from ..predict.volume import Traffic
+from ..trace.checks import FIRST_STEADY
 from .node_crossing import AXIS_MEMBERS
-
-FIRST_STEADY = 2
-"""Steps 0 and 1 are set-up and warm-up; the steady steps start here (as `trace.checks.steady_steps`)."""
 
 
 @dataclass(frozen=True)

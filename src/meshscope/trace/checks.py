@@ -142,6 +142,10 @@ def _signature(e: CommEvent) -> tuple:
             e.peer, e.region)
 
 
+FIRST_STEADY = 2
+"""Steps 0 and 1 hold set-up and warm-up (DDP's first bucket and its rebuild); the steady steps start here."""
+
+
 def steady_steps(events, complete_steps: dict[int, int]) -> Check:
     """`complete_steps`: rank -> number of steps it finished (step k < that is complete)."""
     name = "steady steps repeat"
@@ -151,7 +155,7 @@ def steady_steps(events, complete_steps: dict[int, int]) -> Check:
         for e in events:
             if e.rank == rank and e.step is not None and e.step < n:
                 steps[e.step].append(e)
-        for k in range(3, n):
+        for k in range(FIRST_STEADY + 1, n):
             prev, cur = steps.get(k - 1, []), steps.get(k, [])
             compared += 1
             for i in range(max(len(prev), len(cur))):
@@ -167,7 +171,7 @@ def steady_steps(events, complete_steps: dict[int, int]) -> Check:
                     return Check(name, False, f"rank {rank} step {k} call {i} is {_brief(cur[i])} where step {k - 1} "
                                               f"issued {_brief(prev[i])}")
     if not compared:
-        return Check(name, True, "fewer than two steady steps to compare (steps 2 and on; trace more steps)")
+        return Check(name, True, f"fewer than two steady steps to compare (steps {FIRST_STEADY} and on; trace more steps)")
     why = f"; all_to_all splits changed with the routing in steps {sorted(set(routing))}" if routing else ""
     return Check(name, True, f"{compared} steps compared with the one before, same calls{why}")
 
