@@ -190,16 +190,21 @@ CALLS = 64
 """Collectives per step of ``calls``."""
 
 
-# -- the three modes -------------------------------------------------------------------------------
+# -- the modes -------------------------------------------------------------------------------------
+def no_kernels() -> None:
+    """Neither recorder's kernels registered: the dispatcher runs exactly as torch's."""
+    from meshscope.capture import dispatch, native
+
+    dispatch.uninstall()
+    native.uninstall()
+
+
 class NoneMode:
     def __init__(self, **_):
         pass
 
     def enter(self):
-        from meshscope.capture import dispatch, native
-
-        dispatch.uninstall()
-        native.uninstall()
+        no_kernels()
 
     def run(self, step):
         step()
@@ -283,10 +288,7 @@ class CommDebugModeMode:
         self.cls = CommDebugMode
 
     def enter(self):
-        from meshscope.capture import dispatch, native
-
-        dispatch.uninstall()
-        native.uninstall()
+        no_kernels()
 
     def run(self, step):
         with self.cls():
