@@ -4,10 +4,8 @@
 # (NCCL, 1 rank, the DDP step: autograd's CUDA device thread issues the bucket all-reduces).
 # Usage (device tool, repository root): OUT=$OUT bash benchmarks/device_trace_overhead.sh cpu|gpu [SAMPLES]
 set -uo pipefail
-# torch's test Transformer (the fsdp_tp step) imports expecttest, which the device image lacks and where
-# nothing can be installed: a stand-in module (its TestCase is all common_utils needs at import).
-mkdir -p /tmp/shim && printf 'import unittest\n\n\nclass TestCase(unittest.TestCase):\n    pass\n' > /tmp/shim/expecttest.py
-export PYTHONPATH=src:/tmp/shim NCCL_NVLS_ENABLE=0 MESHSCOPE_CACHE=/tmp/meshscope-cache
+source benchmarks/device_env.sh
+export NCCL_NVLS_ENABLE=0
 which=${1:-cpu}; samples=${2:-30}
 { g++ --version 2>&1 | head -1; python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; nproc; } > "$OUT/versions.txt"
 timeout 300 python3 -c "from meshscope.capture import native; native.build(log=print); print('built')" > "$OUT/build.txt" 2>&1
