@@ -1,6 +1,6 @@
 """A real job's ledger at 1,024 ranks on this CPU: wall time and the memory of the processes alive at once.
 
-Runs ``meshscope trace --fake-world N --nproc-per-node 8 --ranks auto`` on a GPT-style script
+Runs ``meshscope trace --fake-world N --fake-tensors --nproc-per-node 8 --ranks auto`` on a GPT-style script
 (`tests/jobs/transformer.py`: torch's test Transformer, token + position embeddings, L blocks,
 FSDP2 over dp x TP over tp; `--sequence-parallel` on) and samples, every 50 ms, the resident memory
 (``VmRSS``) of every process below the trace command, summed over the processes alive at that moment.
@@ -9,7 +9,7 @@ single process), and whether every traced rank passed. The issue's target: all r
 dim 1024, 8 layers, seq 2048, tp 8 on a 1,024-rank world in at most 60 s and 4 GiB.
 
 Run: PYTHONPATH=src python benchmarks/bench_fake_world.py [--world 1024] [--tp 8] [--layers 8]
-     [--dim 1024] [--seq 2048] [--batch 1] [--steps 2]
+     [--dim 1024] [--seq 2048] [--batch 1] [--steps 2] [--no-fake-tensors]
      PYTHONPATH=src python benchmarks/bench_fake_world.py --pp 4 --batch 4   (tp 8 x pp 4 x dp 32, 1F1B, 4 microbatches)
 """
 
@@ -85,6 +85,8 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--vocab", type=int, default=8192)
     p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--fake-tensors", action=argparse.BooleanOptionalAction, default=True,
+                   help="trace with --fake-tensors (tensors without data; default on)")
     p.add_argument("--pp", type=int, default=1,
                    help="> 1: tests/jobs/pipeline_3d.py (pp stages x FSDP2 x TP, 1F1B) instead of FSDP2 x TP+SP")
     args = p.parse_args()
@@ -94,7 +96,7 @@ def main() -> None:
     job = (["tests/jobs/pipeline_3d.py", "--pp", str(args.pp), "--microbatches", str(args.batch), *shapes] if args.pp > 1
            else ["tests/jobs/transformer.py", "--sequence-parallel", "--dp-mode", "fsdp", *shapes])
     cmd = [sys.executable, "-m", "meshscope", "trace", "--fake-world", str(args.world), "--nproc-per-node", "8",
-           "--out", str(out), "--json", "--", *job]
+           *(["--fake-tensors"] if args.fake_tensors else []), "--out", str(out), "--json", "--", *job]
     print(" ".join(["meshscope", *cmd[3:]]))
     print(f"machine: {len(os.sched_getaffinity(0))} usable cores; load average {os.getloadavg()[0]:.2f}", flush=True)
     sys.path.insert(0, str(ROOT / "src"))

@@ -10,7 +10,9 @@ the ``BackendSelect`` key (part of every thread's default dispatch set, so reach
 tensors, under ``no_grad`` and ``inference_mode``, from autograd's device threads too), decodes the
 call and then re-dispatches it below itself (``op.redispatch(keyset & after BackendSelect)``).
 It sits below Autograd, the Python modes and FakeTensor, so it sees only real executions (a meta
-tensor, as in compile tracing, is skipped), and it never replaces another kernel.
+tensor, as in compile tracing, is skipped), and it never replaces another kernel. A job whose
+tensors are all fake (`ModeRecorder`, ``--fake-tensors``) never reaches it: FakeTensorMode answers
+every op above it, so there a dispatch mode on top of FakeTensorMode records the same calls.
 
 `install` registers the kernels once per process (registering per use slowed every later call);
 `Recorder` switches recording on for one sink. A call nested in a recorded one (a coalesced op
@@ -32,6 +34,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch._C import DispatchKey
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 @dataclass(frozen=True)
@@ -134,6 +137,44 @@ DECODERS = {
 ``check_for_nan`` (moves nothing); `uncovered` lists any a newer torch adds."""
 
 
+def _functional_all_to_all(a):
+    """input, output_split_sizes, input_split_sizes, group: the output is the rows the splits name."""
+    inp, pg = a[0], a[3]
+    n = len(group_info(pg).ranks) or _size(pg)
+    ins = tuple(int(s) for s in a[2]) if a[2] else (_rows(inp) // n,) * n
+    outs = tuple(int(s) for s in a[1]) if a[1] else (_rows(inp) // n,) * n
+    row = inp.nbytes // max(_rows(inp), 1)
+    return "all_to_all", pg, inp.dtype, inp.nbytes, sum(outs) * row, None, ins, outs
+
+
+FUNCTIONAL_DECODERS = {
+    # torch's functional collectives (``_c10d_functional``, DTensor's redistributions), by the schemas of
+    # torch 2.4-2.13. On real tensors their kernels issue the c10d op that DECODERS reads; under
+    # FakeTensorMode they are answered without it, so `ModeRecorder` reads them as the same call.
+    "all_reduce": lambda a: ("all_reduce", a[2], a[0].dtype, a[0].nbytes, a[0].nbytes, None, None, None),
+    "all_reduce_": lambda a: ("all_reduce", a[2], a[0].dtype, a[0].nbytes, a[0].nbytes, None, None, None),
+    "all_reduce_coalesced": lambda a: ("all_reduce", a[2], a[0][0].dtype, _nbytes(a[0]), _nbytes(a[0]), None, None, None),
+    "all_reduce_coalesced_": lambda a: ("all_reduce", a[2], a[0][0].dtype, _nbytes(a[0]), _nbytes(a[0]), None, None, None),
+    "all_gather_into_tensor": lambda a: ("all_gather", a[2], a[0].dtype, a[0].nbytes, a[0].nbytes * a[1], None, None, None),
+    "all_gather_into_tensor_out": lambda a: ("all_gather", a[2], a[0].dtype, a[0].nbytes, a[0].nbytes * a[1], None, None,
+                                             None),
+    "all_gather_into_tensor_coalesced": lambda a: ("all_gather", a[2], a[0][0].dtype, _nbytes(a[0]), _nbytes(a[0]) * a[1],
+                                                   None, None, None),
+    "reduce_scatter_tensor": lambda a: ("reduce_scatter", a[3], a[0].dtype, a[0].nbytes, a[0].nbytes // a[2], None, None,
+                                        None),
+    "reduce_scatter_tensor_out": lambda a: ("reduce_scatter", a[3], a[0].dtype, a[0].nbytes, a[0].nbytes // a[2], None,
+                                            None, None),
+    "reduce_scatter_tensor_coalesced": lambda a: ("reduce_scatter", a[3], a[0][0].dtype, _nbytes(a[0]),
+                                                  _nbytes(a[0]) // a[2], None, None, None),
+    "all_to_all_single": _functional_all_to_all,
+    "broadcast": lambda a: ("broadcast", a[2], a[0].dtype, a[0].nbytes, a[0].nbytes, a[1], None, None),
+    "broadcast_": lambda a: ("broadcast", a[2], a[0].dtype, a[0].nbytes, a[0].nbytes, a[1], None, None),
+}
+"""``_c10d_functional`` (and ``_c10d_functional_autograd``) op name -> argument decoder, as DECODERS.
+Not read: ``wait_tensor`` (moves nothing) and the functional P2P ops (``isend``, ``irecv``,
+``batch_p2p_ops``), which torch's parallel APIs do not issue."""
+
+
 class _State(threading.local):
     busy = False
 
@@ -145,12 +186,13 @@ errors: list[tuple[str, str]] = []
 """(op, error) of calls that could not be decoded (the call itself still ran)."""
 
 
-def decode(name: str, args) -> tuple | None:
+def decode(name: str, args, decoders=DECODERS) -> tuple | None:
     """One call of c10d op `name` as ``(op, GroupInfo, dtype, bytes_in, bytes_out, global peer,
     input_splits, output_splits)``; None (and the error counted in `errors`) if it cannot be decoded.
-    Both kernels use it: this module's with the real arguments, `native`'s with their summaries."""
+    Both kernels use it: this module's with the real arguments, `native`'s with their summaries;
+    `ModeRecorder` also with FUNCTIONAL_DECODERS."""
     try:
-        kind, pg, dtype, b_in, b_out, peer, ins, outs = DECODERS[name](args)
+        kind, pg, dtype, b_in, b_out, peer, ins, outs = decoders[name](args)
         info = group_info(pg)
         if peer is not None and peer >= 0 and info.ranks:
             peer = info.ranks[peer]
@@ -225,3 +267,39 @@ class Recorder:
     def __exit__(self, *exc) -> None:
         global _sink
         _sink = None
+
+
+class ModeRecorder(TorchDispatchMode):
+    """`Recorder` for a job run under FakeTensorMode: a dispatch mode entered after it (so above it
+    on the mode stack) that hands every c10d call to `sink`, decoded by the same `decode`, before
+    FakeTensorMode answers it. Every other op passes straight through. Functional collectives are read
+    here too: FakeTensorMode answers them without the c10d call their kernels would issue."""
+
+    BY_NAMESPACE = {"c10d": DECODERS, "_c10d_functional": FUNCTIONAL_DECODERS,
+                    "_c10d_functional_autograd": FUNCTIONAL_DECODERS}
+
+    def __init__(self, sink):
+        super().__init__()
+        self.sink = sink
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        self.fake = FakeTensor
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if any(t not in (torch.Tensor, torch.nn.Parameter) and not issubclass(t, self.fake) for t in types):
+            # A tensor subclass (DTensor) first desugars itself, as FakeTensorMode lets it: the
+            # collectives it issues for an op (a Partial gradient reduced inside the optimizer's add_)
+            # then come back through this mode; answered here, they would run with this mode off.
+            return NotImplemented
+        decoders = self.BY_NAMESPACE.get(func.namespace)
+        if decoders is not None and not _tls.busy:
+            name = func._schema.name.split("::", 1)[1]
+            call = decode(name, args, decoders) if name in decoders else None
+            if call is not None:
+                self.sink(*call)
+            _tls.busy = True
+            try:
+                return func(*args, **(kwargs or {}))
+            finally:
+                _tls.busy = False
+        return func(*args, **(kwargs or {}))

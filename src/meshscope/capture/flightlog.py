@@ -24,7 +24,10 @@ import json
 import time
 from pathlib import Path
 
-from .recorder import Capture
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .recorder import Capture
 
 
 class FlightLog:
@@ -48,6 +51,8 @@ class FlightLog:
     def capture(self) -> Capture:
         """A capture that logs every collective of this rank as issued (in full), then completed (its
         key: axis, group and seq identify the call)."""
+        from .recorder import Capture  # imports torch; the readers of a flight log (doctor, trace) need none
+
         return Capture(on_issue=lambda e: self._write("issued", **e.to_json()),
                        on_complete=lambda e: self._write("completed", axis=e.axis, group=list(e.group), seq=e.seq))
 

@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-from .. import experiments
 from ..core.errors import UsageError
 from ..core.faults import RUN_LEVEL
 from ..core.mesh import Layout
@@ -33,12 +32,16 @@ def cmd_layout(args) -> int:
 
 
 def cmd_list(args) -> int:
+    from .. import experiments  # imports torch: only the commands that name an experiment pay for it
+
     for name in experiments.names():
         print(f"{name:16s} {experiments.get(name).description}")
     return 0
 
 
 def cmd_predict(args) -> int:
+    from .. import experiments
+
     exp = experiments.get(args.experiment)
     cfg = exp.config(overrides_of(args))
     events = exp.predict(cfg)
@@ -71,6 +74,8 @@ def _inject(exp, kind: str | None, overrides: dict) -> str | None:
 
 
 def cmd_run(args) -> int:
+    from .. import experiments
+
     exp = experiments.get(args.experiment)
     overrides = overrides_of(args)
     run_level = _inject(exp, args.inject, overrides)

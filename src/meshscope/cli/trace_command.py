@@ -17,7 +17,7 @@ def cmd_trace(args) -> int:
                            rendezvous=rendezvous, steps=args.steps, timeout=args.timeout,
                            step_optimizer=args.step_optimizer, out=args.out, fake_world=args.fake_world,
                            ranks=args.ranks, cheap=args.cheap, recorder=args.recorder,
-                           flight_recorder=args.flight_recorder)
+                           flight_recorder=args.flight_recorder, fake_tensors=args.fake_tensors)
     run_dir, doc = trace(options)
     result = TraceResult.from_json(doc)
     write_files(result, run_dir)

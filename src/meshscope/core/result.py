@@ -162,13 +162,17 @@ class RankEnd:
     """Step boundaries (outermost ``optimizer.step()`` returns) the rank passed."""
     error: str = ""
     note: str = ""
+    mapped: tuple[str, ...] = ()
+    """A fake world's CUDA calls mapped to the CPU on this rank (``trace.device_map``)."""
 
     def to_json(self) -> dict:
-        return {"rank": self.rank, "status": self.status, "steps": self.steps, "error": self.error, "note": self.note}
+        return {"rank": self.rank, "status": self.status, "steps": self.steps, "error": self.error, "note": self.note,
+                **({"mapped": list(self.mapped)} if self.mapped else {})}
 
     @classmethod
     def from_json(cls, d: dict) -> RankEnd:
-        return cls(d["rank"], d["status"], d.get("steps", 0), d.get("error", ""), d.get("note", ""))
+        return cls(d["rank"], d["status"], d.get("steps", 0), d.get("error", ""), d.get("note", ""),
+                   tuple(d.get("mapped", ())))
 
 
 @dataclass

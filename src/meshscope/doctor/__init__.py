@@ -71,9 +71,9 @@ def _first_experiment(run_dir: Path):
     for a suite or sweep directory (many layouts) or an unreadable spec."""
     try:
         spec = json.loads((run_dir / "spec.json").read_text())
-        from .. import experiments
-
         item = spec["experiments"][0]
+        from .. import experiments  # imports torch: not for a trace directory, which has no experiment
+
         exp = experiments.get(item["name"])
         cfg = exp.config(item.get("overrides", {}))
     except (OSError, KeyError, IndexError, ValueError):

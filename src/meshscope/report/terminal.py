@@ -12,7 +12,6 @@ from ..core.events import OPS, counts, human_bytes
 from ..core.mesh import COORD_AXES, GROUP_NAMES, Layout
 from ..core.result import RunResult
 from .table import make_console, print_table
-from .timelines import files_of
 
 MAX_ROWS = 64
 """Rows of the rank table printed before eliding (the JSON has all)."""
@@ -92,6 +91,8 @@ def print_result(result: RunResult, run_dir, console: Console | None = None) -> 
                  for r in per_rank])
     if result.numerics:
         console.print("numerics: " + ", ".join(f"{k} {v:.3g}" for k, v in result.numerics.items()))
+    from .timelines import files_of  # imports torch (the pipeline timeline); layout and the rest need none
+
     if files := files_of(result):
         console.print(f"timeline: {', '.join(files)} (in the run directory)")
     console.print(f"run directory: {run_dir}")

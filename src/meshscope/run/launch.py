@@ -25,7 +25,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .runtime import PROGRESS_PREFIX
+PROGRESS_PREFIX = "[meshscope] "
+"""Lines a rank writes to stderr with this prefix are progress; the launcher shows them (defined here,
+where torch is not imported: the command line starts without it)."""
 
 GRACE_S = 30.0
 """Extra silence tolerated beyond the collective timeout before the watchdog kills the run."""

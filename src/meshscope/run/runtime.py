@@ -21,9 +21,7 @@ import torch.distributed as dist
 from ..core.faults import FAULT_RANK
 from ..core.groups import MeshGroups, create_groups, forget_all
 from ..core.mesh import Layout
-
-PROGRESS_PREFIX = "[meshscope] "
-"""Lines a rank writes to stderr with this prefix are progress; the launcher shows them."""
+from .launch import PROGRESS_PREFIX
 
 
 @dataclass

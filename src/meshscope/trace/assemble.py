@@ -18,6 +18,7 @@ from ..core.events import CommEvent
 from ..core.mesh_fit import dims, fit_layout
 from ..core.result import RankEnd, TraceResult
 from ..run import rundir
+from . import device_map
 from .checks import run_all
 
 
@@ -33,8 +34,7 @@ def _end(run_dir: Path, rank: int) -> RankEnd:
     path = run_dir / "ranks" / f"rank{rank}.json"
     if not path.exists():
         return RankEnd(rank, "missing", error="no record: the rank was killed or never finished")
-    d = json.loads(path.read_text())
-    return RankEnd(rank, d["status"], d.get("steps", 0), d.get("error", ""), d.get("note", ""))
+    return RankEnd.from_json(json.loads(path.read_text()))  # the rank's own record (trace.rank)
 
 
 def created_groups(run_dir: Path) -> list[tuple[str, list[int]]]:
@@ -81,6 +81,9 @@ def assemble(run_dir: Path) -> TraceResult:
     complete = {r.rank: r.steps for r in ranks}
     checks = run_all(events, axes_sorted, traced, world, complete)
     notes = sorted({r.note for r in ranks if r.note})
+    mapped = list(dict.fromkeys(call for r in ranks for call in r.mapped))  # one note for all ranks
+    if mapped:
+        notes.append(device_map.note(mapped))
     if len(traced) < world:
         notes.append(f"ranks traced: {len(traced)} of {world}; cross-rank checks ran among the traced ranks only")
     if not events:

@@ -196,6 +196,6 @@ def _cpu_devices():
     return CpuDevices()
 
 
-def note() -> str:
-    """The result's note: what was mapped."""
-    return f"no CUDA here: the fake world mapped every CUDA device to the CPU ({', '.join(used)})"
+def note(calls: list[str]) -> str:
+    """The result's note: what was mapped (on any traced rank)."""
+    return f"no CUDA here: the fake world mapped every CUDA device to the CPU ({', '.join(calls)})"

@@ -24,6 +24,7 @@ group creation is a global protocol, so rank 0's process sees every group of eve
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 
 from .entry_points import wrap
@@ -33,12 +34,16 @@ def use_fake_backend() -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     def fake_init(original):
+        signature = inspect.signature(original)
+
+        @functools.wraps(original)
         def init_process_group(*args, **kwargs):
-            kwargs.pop("device_id", None)  # the fake backend binds no device
-            kwargs.pop("init_method", None)
-            kwargs.update(backend="fake", store=FakeStore(), rank=int(os.environ["RANK"]),
-                          world_size=int(os.environ["WORLD_SIZE"]))
-            return original(**{k: v for k, v in kwargs.items() if k != "_ranks"})
+            given = signature.bind_partial(*args, **kwargs).arguments  # by name, positional ones too
+            for name in ("device_id", "init_method", "_ranks"):  # the fake backend binds no device, needs no peer
+                given.pop(name, None)
+            given.update(backend="fake", store=FakeStore(), rank=int(os.environ["RANK"]),
+                         world_size=int(os.environ["WORLD_SIZE"]))
+            return original(**given)
         return init_process_group
 
     def deviceless_new_group(original):

@@ -1,7 +1,9 @@
 """`meshscope trace --fake-world N`: what every rank of an N-rank job issues, before booking a GPU.
 
-Each chosen rank runs the script in a process of its own on the fake backend (`trace.fake`), a few
-at a time (one per core). With ``--ranks auto`` rank 0 runs first; the groups it created (all of
+Each chosen rank runs the script in a process of its own on the fake backend (`trace.fake`), forked
+from a server that imported torch once (`trace.fork_server`), one per usable core at a time; with
+``--fake-tensors`` its tensors have no data (`trace.fake_tensors`). With ``--ranks auto`` rank 0 (and
+beside it the last rank) runs first; the groups it created (all of
 them: creation is a global protocol) give the classes of ranks (`fake.rank_classes`), and one rank
 per class is traced: the lowest. Cross-rank checks then run among the ranks traced, and the result
 says which ranks stand for which.
@@ -11,22 +13,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ..run import rundir
 from .assemble import assemble, begin, conclude, created_groups
-from .fake import environment, rank_classes
-
-
-def _run_rank(options, run_dir: Path, rank: int, per_node: int) -> int:
-    (run_dir / "logs").mkdir(exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", **environment(rank, options.world, per_node)}
-    with open(run_dir / "logs" / f"rank{rank}.log", "w") as log:
-        return subprocess.run([sys.executable, *options.rank_program(run_dir)], stdout=log, stderr=subprocess.STDOUT,
-                              env=env).returncode
+from .fake import rank_classes
+from .fork_server import ForkServer
 
 
 def trace_fake_world(options, echo=None) -> tuple[Path, dict]:
@@ -42,21 +35,20 @@ def trace_fake_world(options, echo=None) -> tuple[Path, dict]:
     classes = None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     codes: dict[int, int] = {}
-    with ThreadPoolExecutor(max(1, cores)) as pool:  # one rank per usable core
-        def run(ranks):
-            codes.update(zip(ranks, pool.map(lambda r: _run_rank(options, run_dir, r, per_node), ranks)))
-
+    server = ForkServer(run_dir, options.rank_program(run_dir)[2:], world, per_node, options.fake_tensors)
+    try:  # one rank per usable core, each forked from a server that imported torch once
         if chosen is None:  # auto: rank 0 first, then one representative per class of its groups
             # The last rank, the last member of every group it is in, is a class of its own or its
             # class's representative (a traced member is preferred): traced beside rank 0 on a second core
             first = [0, world - 1] if cores > 1 and world > 1 else [0]
             echo(f"meshscope trace: fake world of {world}: tracing ranks {first} to find the classes of ranks\n")
-            run(first)
+            codes.update(server.run(first, cores))
             classes = rank_classes(world, created_groups(run_dir))
             chosen = sorted(_representative(members, codes) for members in classes.values())
-        todo = [r for r in chosen if r not in codes]
         echo(f"meshscope trace: fake world of {world}: tracing ranks {chosen}\n")
-        run(todo)
+        codes.update(server.run([r for r in chosen if r not in codes], cores))
+    finally:
+        server.close()
     spec["traced"] = len(chosen)
     (run_dir / "spec.json").write_text(json.dumps(spec, indent=1))
     result = assemble(run_dir)
@@ -74,7 +66,9 @@ def trace_fake_world(options, echo=None) -> tuple[Path, dict]:
     if failed:
         first = min(failed)
         tail = (run_dir / "logs" / f"rank{first}.log").read_text().splitlines()[-15:]
-        doc["error"], doc["passed"] = f"rank {first} exited with code {failed[first]}", False
+        end = run_dir / "ranks" / f"rank{first}.json"
+        said = json.loads(end.read_text()).get("error") if end.exists() else None
+        doc["error"], doc["passed"] = f"rank {first}: {said or f'exited with code {failed[first]}'}", False
         echo("\n".join(tail) + "\n")
     conclude(run_dir, doc)
     return run_dir, doc

@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from ..capture import native
 from ..core.errors import UsageError
 from ..run import rundir
 from ..run.launch import launch
@@ -53,6 +52,9 @@ class TraceOptions:
     """Run directory; None: ``traces/<script>-<time>-<pid>``."""
     fake_world: int | None = None
     """Trace ranks of a world of this many on torch's fake backend (`trace.fake`), a few processes at a time."""
+    fake_tensors: bool = False
+    """With ``fake_world``: run the script under FakeTensorMode, its tensors shapes without data (no
+    memory, no arithmetic; `trace.fake_tensors` says what it supports)."""
     cheap: bool = False
     """No module hooks (no forward phase, no region) and no flight log streamed while the job runs (a
     hang leaves only what the rank wrote when it failed): the cheaper mode of docs/trace.md."""
@@ -105,6 +107,8 @@ class TraceOptions:
             if self.nnodes != 1 or self.rendezvous:
                 raise UsageError("--fake-world runs every rank on this machine: leave out --nnodes and the rendezvous flags")
             self.chosen_ranks()
+        elif self.fake_tensors:
+            raise UsageError("--fake-tensors needs --fake-world N: a real job's tensors hold its data")
         if self.steps is not None and self.steps < 1:
             raise UsageError(f"--steps {self.steps} must be a positive number of steps (leave it out to run the "
                              f"script to its end)")
@@ -121,6 +125,7 @@ class TraceOptions:
 
     def rank_program(self, run_dir: Path) -> list[str]:
         flags = [*(["--steps", str(self.steps)] if self.steps else []), *(["--fake"] if self.fake_world else []),
+                 *(["--fake-tensors"] if self.fake_tensors else []),
                  *(["--cheap"] if self.cheap else []), "--recorder", self.recorder,
                  *(["--flight-recorder"] if self.flight_recorder else []),
                  *(["--timeout", str(self.timeout)] if self.timeout else []),
@@ -133,6 +138,8 @@ def ready_recorder(options: TraceOptions, echo=None) -> TraceOptions:
     Python kernel, saying why."""
     if options.recorder != "native":
         return options
+    from ..capture import native  # imports torch: not for the commands that never trace
+
     say = echo or (lambda line: sys.stderr.write(line))
     try:
         native.build(log=lambda text: say(f"meshscope trace: {text}\n"))
@@ -145,7 +152,7 @@ def ready_recorder(options: TraceOptions, echo=None) -> TraceOptions:
 def trace(options: TraceOptions, echo=None) -> tuple[Path, dict]:
     """Run the traced job; returns its run directory and the result document (also result.json)."""
     options.validate()
-    options = ready_recorder(options, echo)
+    options = options if options.fake_tensors else ready_recorder(options, echo)  # fake tensors: a dispatch mode
     if options.fake_world:
         from .fake_world import trace_fake_world
 

@@ -47,7 +47,7 @@ from ..capture.dispatch import errors as decode_errors
 from ..capture.job_context import JobContext
 from ..core.axes import axis_of
 from ..core.events import CommEvent
-from . import device_map, fake, fr_dump
+from . import device_map, fake, fake_tensors, fr_dump
 from .created import note_creations
 from .entry_points import wrap
 
@@ -67,7 +67,7 @@ class RankTrace:
     def __init__(self, run_dir: Path, rank: int, context: JobContext, stream: bool = True,
                  recorder: str = "python"):
         self.run_dir, self.rank, self.context, self.stream = run_dir, rank, context, stream
-        self.native, self.recorder_note = None, None
+        self.native, self.recorder_note, self.kind = None, None, "python" if recorder == "native" else recorder
         self.assume = lambda op, ins, outs: ()
         """(op, input splits, output splits) -> the event's assumed fields (`fake.assumed` in a fake world)."""
         if recorder == "native":
@@ -97,7 +97,8 @@ class RankTrace:
 
     @property
     def recorder(self) -> str:
-        return "native" if self.native is not None else "python"
+        """``native``, ``python``, or ``mode``: `capture.dispatch.ModeRecorder` (fake tensors; rank.main)."""
+        return "native" if self.native is not None else self.kind
 
     def recording(self):
         """The context manager that records this rank's calls: the C++ recorder, else the Python kernel."""
@@ -195,8 +196,9 @@ class RankTrace:
         if self.stream:  # --cheap writes everything at the end instead
             self._flusher.start()
 
-    def finish(self, status: str, error: str | None = None, note: str | None = None) -> None:
-        """Last flush, the ledger and how the rank ended."""
+    def finish(self, status: str, error: str | None = None, note: str | None = None, mapped=()) -> None:
+        """Last flush, the ledger and how the rank ended (`mapped`: the CUDA calls `device_map` mapped,
+        which the result names once for all ranks)."""
         note = "; ".join(n for n in (note, self.recorder_note) if n) or None
         self._stop.set()
         with self._lock:
@@ -217,7 +219,8 @@ class RankTrace:
                "groups": [{"name": g.name, "desc": g.desc, "axis": self.axis(g), "ranks": list(g.ranks)}
                           for g in self.groups.values()],
                "decode_errors": decode_errors[:10], "time": time.time(), "recorder": self.recorder,
-               **({"error": error} if error else {}), **({"note": note} if note else {})}
+               **({"error": error} if error else {}), **({"note": note} if note else {}),
+               **({"mapped": list(mapped)} if mapped else {})}
         (self.run_dir / "ranks" / f"rank{self.rank}.json").write_text(json.dumps(doc, indent=1))
 
 
@@ -361,6 +364,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--step-optimizer", default=None)
     p.add_argument("--fake", action="store_true", help="a rank of a fake world (trace.fake)")
     p.add_argument("--cheap", action="store_true", help="no module hooks, no streamed flight log")
+    p.add_argument("--fake-tensors", action="store_true", help="with --fake: tensors without data (trace.fake_tensors)")
     p.add_argument("--recorder", choices=("native", "python"), default=os.environ.get(RECORDER_ENV, "native"),
                    help="the C++ recorder (built once per torch) or the Python kernel")
     p.add_argument("--flight-recorder", action="store_true", help="torch's Flight Recorder on, dumped into fr/")
@@ -374,7 +378,8 @@ def main(argv: list[str], on_end=None) -> int:
     args = parse(argv)
     rank = int(os.environ.get("RANK", "0"))
     context = JobContext(args.step_optimizer, modules=not args.cheap)
-    trace = RankTrace(args.run_dir, rank, context, stream=not args.cheap, recorder=args.recorder)
+    trace = RankTrace(args.run_dir, rank, context, stream=not args.cheap,
+                      recorder="mode" if args.fake_tensors else args.recorder)
     if args.flight_recorder and not args.fake:
         fr_dump.enable(args.run_dir)
     ending, written = threading.Lock(), threading.Event()  # the rank's end is written once, by either path
@@ -412,7 +417,7 @@ def main(argv: list[str], on_end=None) -> int:
     trace.start()
     status, error, code, note = "ok", None, 0, None
     try:
-        with trace.recording():
+        with fake_tensors.shapes_only(trace.sink) if args.fake_tensors else trace.recording():
             if module:
                 runpy.run_module(target, run_name="__main__", alter_sys=True)
             else:
@@ -428,6 +433,8 @@ def main(argv: list[str], on_end=None) -> int:
         text = _script_traceback(exc)
         sys.stderr.write(text)
         status, error, code = "error", f"{type(exc).__name__}: {exc}".splitlines()[0], 1
+        if args.fake_tensors:
+            error = fake_tensors.value_read(exc, target) or error
         if args.fake and ("recv_object_list" in "".join(traceback.format_tb(exc.__traceback__))
                           or type(exc).__name__ == "PipeliningMetadataError"):
             note = ("the script's pipeline stages exchange their shapes over P2P (recv_object_list), which a fake "
@@ -439,10 +446,8 @@ def main(argv: list[str], on_end=None) -> int:
             count_done()
     if not context.optimizers_seen and status != "error":
         note = "the script stepped no torch.optim optimizer: one step holds everything"
-    if device_map.used:
-        note = "; ".join(n for n in (note, device_map.note()) if n)
     with ending:
-        trace.finish(status, error, note)
+        trace.finish(status, error, note, mapped=device_map.used)
         if status == "error" and args.flight_recorder and not args.fake:  # gloo dumps nothing on its own timeout
             fr_dump.dump(args.run_dir, rank)
         written.set()

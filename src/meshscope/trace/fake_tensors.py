@@ -1,0 +1,139 @@
+"""``meshscope trace --fake-world N --fake-tensors``: a fake world's rank whose tensors have no data.
+
+A fake world's rank still builds its model and computes its steps for real: at 1,024 ranks of an
+8-layer, dim-1024 transformer that is seconds of arithmetic per rank class and the full model in
+memory before it is sharded. With ``--fake-tensors`` the script runs inside torch's
+``FakeTensorMode``: every tensor it makes (parameters, activations, gradients, optimizer state) is a
+FakeTensor, a shape, dtype and device without storage, so a model of any size takes no memory and a
+step costs only the Python of its ops. Collectives still go through c10d to the fake backend with
+the same shapes, so the ledger is the same call for call (`tests/test_fake_tensors.py` holds it
+against the fake world with real tensors). FakeTensorMode answers every op before the dispatcher's
+``BackendSelect`` kernels run, so the calls are recorded by `capture.dispatch.ModeRecorder`, a dispatch
+mode above it, through the same decoders.
+
+What a script meets here, and how it is handled:
+
+- **DeviceMesh** keeps real tensors: its rank tables are read back as Python ints (``tolist``), which
+  a FakeTensor cannot answer, so every DeviceMesh method runs with fake mode off
+  (``unset_fake_temporarily``); the mesh is bookkeeping, not data.
+- **Module.to / .cuda / .float** of fake parameters: torch's ``Module._apply`` swaps a FakeTensor
+  parameter for its converted copy with ``torch.utils.swap_tensors``, which refuses a tensor that
+  FakeTensorMode holds a weak reference to; two FakeTensors are swapped through ``.data`` instead.
+- **Reading a value** (``loss.item()``, ``.tolist()``, ``if tensor:``, data-dependent shapes such as
+  ``nonzero`` or MoE routing counts for an uneven all-to-all) has no answer without data: the rank
+  fails with one line naming the script's line (`value_read`), and such a script runs in a fake
+  world without ``--fake-tensors``.
+
+Checked (tests and by hand, docs/trace.md): DDP, FSDP2, DTensor TP and SP, FSDP2 x TP, and
+``torch.distributed.pipelining`` with static stage shapes. Not supported: ``torch.compile`` (Dynamo
+keeps its own fake mode) and anything that reads tensor values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import traceback
+
+DATA_DEPENDENT = ("DataDependentOutputException", "DynamicOutputShapeException")
+"""FakeTensorMode's errors for an op whose answer needs the data."""
+
+
+def _with_fake_off(function):
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    @functools.wraps(function)
+    def wrapped(*args, **kwargs):
+        with unset_fake_temporarily():
+            return function(*args, **kwargs)
+    return wrapped
+
+
+def _real_device_meshes() -> None:
+    """Every method and property of DeviceMesh (and its registry) runs with fake mode off."""
+    from torch.distributed import device_mesh
+
+    for cls in (device_mesh.DeviceMesh, getattr(device_mesh, "_MeshEnv", None)):
+        if cls is None:
+            continue
+        for name, value in list(vars(cls).items()):
+            if isinstance(value, property):
+                setattr(cls, name, property(value.fget and _with_fake_off(value.fget), value.fset, value.fdel,
+                                            value.__doc__))
+            elif isinstance(value, (staticmethod, classmethod)):
+                setattr(cls, name, type(value)(_with_fake_off(value.__func__)))
+            elif callable(value) and not isinstance(value, type):
+                setattr(cls, name, _with_fake_off(value))
+    import torch.distributed as dist
+
+    original = device_mesh.init_device_mesh
+    device_mesh.init_device_mesh = _with_fake_off(original)
+    if getattr(dist, "init_device_mesh", None) is original:
+        dist.init_device_mesh = device_mesh.init_device_mesh
+
+
+def _swap_through_data() -> None:
+    """``torch.utils.swap_tensors`` of two FakeTensors as ``t1.data = t2.data`` (see the module doc)."""
+    import torch.utils
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    swap = torch.utils.swap_tensors
+
+    def swap_tensors(t1, t2):
+        if isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor):
+            t1.data = t2.data
+            return None
+        return swap(t1, t2)
+
+    torch.utils.swap_tensors = swap_tensors
+
+
+def _ddp_checks_real() -> None:
+    """DDP's C++ parameter check reads the shapes it gathers back as numbers (``item``): with fake mode
+    off its own tensors are real; the parameters it is given are only measured."""
+    import torch.distributed.utils as dist_utils
+    from torch.nn.parallel import distributed
+
+    ddp = distributed.DistributedDataParallel
+    ddp._pre_forward = _with_fake_off(ddp._pre_forward)
+    check = dist_utils._verify_param_shape_across_processes
+    dist_utils._verify_param_shape_across_processes = _with_fake_off(check)
+    if getattr(distributed, "_verify_param_shape_across_processes", None) is check:
+        distributed._verify_param_shape_across_processes = dist_utils._verify_param_shape_across_processes
+
+
+def _pipeline_vote_real() -> None:
+    """torch.distributed.pipelining's warm-up vote (torch 2.13) reads the vote it received as a number:
+    its few one-element tensors are real (the fake world's receive fills them with ones, `fake`)."""
+    from torch.distributed.pipelining import schedules
+
+    base = schedules._PipelineSchedule
+    if hasattr(base, "_warmup_p2p"):
+        base._warmup_p2p = _with_fake_off(base._warmup_p2p)
+
+
+@contextlib.contextmanager
+def shapes_only(sink):
+    """Run the block with fake tensors, every collective handed to `sink` (a `capture.dispatch` sink)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from ..capture.dispatch import ModeRecorder
+
+    _real_device_meshes()
+    _swap_through_data()
+    _ddp_checks_real()
+    _pipeline_vote_real()
+    with FakeTensorMode(allow_non_fake_inputs=True), ModeRecorder(sink):
+        yield
+
+
+def value_read(exc: BaseException, script: str) -> str | None:
+    """The one-line error for a script that read a tensor's value under fake tensors, else None."""
+    if type(exc).__name__ not in DATA_DEPENDENT:
+        return None
+    frames = [f for f in traceback.extract_tb(exc.__traceback__)
+              if os.path.abspath(f.filename) == os.path.abspath(script)]
+    where = f" at {os.path.basename(script)}:{frames[-1].lineno} ({(frames[-1].line or '').strip()})" if frames else ""
+    return (f"the script reads a tensor's value{where} ({exc}); with --fake-tensors tensors have shapes and no "
+            f"values: trace it in a fake world without --fake-tensors")
