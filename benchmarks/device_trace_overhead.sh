@@ -8,7 +8,7 @@ source benchmarks/device_env.sh
 export NCCL_NVLS_ENABLE=0
 which=${1:-cpu}; samples=${2:-30}
 { g++ --version 2>&1 | head -1; python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; nproc; } > "$OUT/versions.txt"
-timeout 300 python3 -c "from meshscope.capture import native; native.build(log=print); print('built')" > "$OUT/build.txt" 2>&1
+timeout 300 python3 -c "from meshscope.capture import native_build; native_build.ensure(log=print); print('built')" > "$OUT/build.txt" 2>&1
 if [ "$which" = cpu ]; then
   timeout 560 python3 benchmarks/bench_trace.py --samples "$samples" ${K:+--steps-per-sample $K} ${STEPS:+--steps $STEPS} > "$OUT/cpu.txt" 2>&1
 else

@@ -7,73 +7,42 @@ calls, and writes a numbers-only summary of each call's arguments into a buffer.
 turns the summaries back into the argument shapes `dispatch.DECODERS` read (stand-in tensors with
 ``nbytes``, ``dtype``, ``shape[0]`` and ``dim()``), so every c10d schema is decoded in one place.
 
-The extension is compiled by `torch.utils.cpp_extension` the first time, once per torch build and
-source version, into ``~/.cache/meshscope/native`` (``MESHSCOPE_CACHE`` moves it); about 30 s on 2
-cores. `build` is what ``meshscope trace`` calls before it launches the ranks; `load` is what a rank
-calls (it never compiles while the job waits). ``MESHSCOPE_RECORDER=python`` (``meshscope trace
+The extension is compiled by `torch.utils.cpp_extension` the first time, once per torch release and
+source version, into ``~/.cache/meshscope/native`` (``MESHSCOPE_CACHE`` moves it; `native_build`);
+about 30 s on 2 cores. ``meshscope trace`` makes sure it is built before it launches the ranks
+(`native_build.ensure`, without importing torch when it is); a rank then only loads it (`build`
+finds it in the cache), never compiling while the job waits. ``MESHSCOPE_RECORDER=python`` (``meshscope trace
 --recorder python``) skips it; without a C++ compiler the trace falls back to the Python kernel and
 says so.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.machinery
 import importlib.util
-import os
 import sys
-from pathlib import Path
 
 import torch
 
 from . import dispatch
 from .dispatch import DECODERS, comm_ops, decode
-
-SOURCE = Path(__file__).with_name("native_recorder.cpp")
-NAME = "meshscope_native_recorder"
+from .native_build import NAME, NativeUnavailable, build_dir, ensure, library, torch_version
 
 # Argument tags of native_recorder.cpp's flat summaries.
 _NONE, _TENSOR, _TENSORS, _TENSOR_LISTS, _INT, _INTS, _GROUP = range(7)
 
 
-class NativeUnavailable(RuntimeError):
-    """The C++ recorder could not be built or loaded here (the message says why)."""
-
-
-def build_dir() -> Path:
-    """One folder per torch build, Python and source text: a change of any of them builds anew."""
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode() + sys.version.encode()).hexdigest()[:16]
-    root = Path(os.environ.get("MESHSCOPE_CACHE", Path.home() / ".cache" / "meshscope"))
-    return root / "native" / key
-
-
-def _library(folder: Path) -> Path | None:
-    built = sorted(folder.glob(f"{NAME}*.so"))
-    return built[0] if built else None
-
-
 def build(log=None):
     """The compiled module, building it if this torch has none yet (`log` gets one progress line)."""
-    folder = build_dir()
-    if _library(folder) is None:
-        if log is not None:
-            log(f"building the C++ recorder for torch {torch.__version__} (once; about 30 s) in {folder}")
-        folder.mkdir(parents=True, exist_ok=True)
-        from torch.utils import cpp_extension
-
-        try:
-            cpp_extension.load(NAME, [str(SOURCE)], build_directory=str(folder), extra_cflags=["-O2"],
-                               verbose=False)
-        except (RuntimeError, OSError, ImportError) as exc:  # no compiler, no ninja, headers missing
-            raise NativeUnavailable(f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1][:200]}") from None
+    ensure(log)
     return load()
 
 
 def load():
     """The module built earlier by `build`; `NativeUnavailable` if there is none."""
-    path = _library(build_dir())
+    path = library()
     if path is None:
-        raise NativeUnavailable(f"not built for torch {torch.__version__} (no {NAME}*.so in {build_dir()})")
+        raise NativeUnavailable(f"not built for torch {torch_version()} (no {NAME}*.so in {build_dir()})")
     if NAME in sys.modules:
         return sys.modules[NAME]
     spec = importlib.util.spec_from_file_location(NAME, path, loader=importlib.machinery.ExtensionFileLoader(NAME, str(path)))

@@ -138,12 +138,12 @@ def ready_recorder(options: TraceOptions, echo=None) -> TraceOptions:
     Python kernel, saying why."""
     if options.recorder != "native":
         return options
-    from ..capture import native  # imports torch: not for the commands that never trace
+    from ..capture.native_build import NativeUnavailable, ensure  # torch only if it must be compiled
 
     say = echo or (lambda line: sys.stderr.write(line))
     try:
-        native.build(log=lambda text: say(f"meshscope trace: {text}\n"))
-    except native.NativeUnavailable as exc:
+        ensure(log=lambda text: say(f"meshscope trace: {text}\n"))
+    except NativeUnavailable as exc:
         say(f"meshscope trace: the C++ recorder cannot be built here ({exc}); recording with the Python kernel\n")
         return replace(options, recorder="python")
     return options
