@@ -76,7 +76,9 @@ def main():
         ddp_net, fsdp_net = ddp_net.cuda(), fsdp_net.cuda()
     ddp = DDP(ddp_net, device_ids=[local_rank] if cuda else None, process_group=mesh.get_group(), bucket_cap_mb=25)
     fully_shard(fsdp_net, mesh=mesh)
-    opt = torch.optim.SGD(list(ddp.parameters()) + list(fsdp_net.parameters()), lr=0.01)
+    # foreach=False: one optimizer holds DDP's plain tensors and FSDP2's DTensors, which torch's
+    # foreach kernels (its default for CUDA parameters) cannot take in one call
+    opt = torch.optim.SGD(list(ddp.parameters()) + list(fsdp_net.parameters()), lr=0.01, foreach=False)
 
     for _ in range(args.steps):
         x = torch.randn(args.batch, args.hidden, device=device)

@@ -28,6 +28,7 @@ rows sent to / received from each member, for all_to_all.
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 
@@ -143,7 +144,7 @@ def _functional_all_to_all(a):
     n = len(group_info(pg).ranks) or _size(pg)
     ins = tuple(int(s) for s in a[2]) if a[2] else (_rows(inp) // n,) * n
     outs = tuple(int(s) for s in a[1]) if a[1] else (_rows(inp) // n,) * n
-    row = inp.nbytes // max(_rows(inp), 1)
+    row = inp.element_size() * math.prod(inp.shape[1:])  # a row's bytes, also when this rank sends none
     return "all_to_all", pg, inp.dtype, inp.nbytes, sum(outs) * row, None, ins, outs
 
 

@@ -7,8 +7,8 @@ run such a script before a GPU is booked, so on a CPU-only machine every CUDA de
 
 - ``torch.cuda.is_available()`` says yes (the script takes its GPU path, the one it will run),
   ``device_count()`` is the node's ``LOCAL_WORLD_SIZE``, ``current_device()`` the ``LOCAL_RANK``,
-  ``set_device``, ``synchronize``, ``empty_cache``, ``manual_seed(_all)``, ``set_rng_state(_all)`` do
-  nothing and ``get_rng_state(_all)`` gives the CPU generator's state (``torch.random.fork_rng``);
+  ``is_current_stream_capturing()`` is False, ``set_device``, ``synchronize``, ``empty_cache``,
+  ``manual_seed(_all)``, ``set_rng_state(_all)`` do nothing and ``get_rng_state(_all)`` gives the CPU generator's state (``torch.random.fork_rng``);
   ``torch.accelerator`` names ``cuda`` as the build's accelerator but says none is usable now;
 - a TorchFunctionMode rewrites every CUDA device argument of every torch call (factories'
   ``device=``, ``Tensor.to("cuda")``, ``Tensor.cuda()``, and with them ``Module.cuda()`` and
@@ -79,7 +79,9 @@ def _patch_torch_cuda(torch) -> None:
 
     for name, value in (("is_available", True), ("device_count", local_world), ("current_device", local),
                         ("set_device", None), ("synchronize", None), ("empty_cache", None),
-                        ("manual_seed", None), ("manual_seed_all", None)):
+                        ("manual_seed", None), ("manual_seed_all", None),
+                        # torch 2.11's optimizers ask it of a CUDA build before every step: no capture on the CPU
+                        ("is_current_stream_capturing", False)):
         setattr(cuda, name, answer(f"cuda.{name}", value))
     accelerator = torch.accelerator
     current_accelerator = accelerator.current_accelerator

@@ -5,11 +5,12 @@ A fake world's rank still builds its model and computes its steps for real: at 1
 memory before it is sharded. With ``--fake-tensors`` the script runs inside torch's
 ``FakeTensorMode``: every tensor it makes (parameters, activations, gradients, optimizer state) is a
 FakeTensor, a shape, dtype and device without storage, so a model of any size takes no memory and a
-step costs only the Python of its ops. Collectives still go through c10d to the fake backend with
-the same shapes, so the ledger is the same call for call (`tests/test_fake_tensors.py` holds it
-against the fake world with real tensors). FakeTensorMode answers every op before the dispatcher's
-``BackendSelect`` kernels run, so the calls are recorded by `capture.dispatch.ModeRecorder`, a dispatch
-mode above it, through the same decoders.
+step costs only the Python of its ops. The script issues the same calls with the same shapes (its
+c10d calls reach the fake backend; FakeTensorMode answers the functional ones, DTensor's, itself), so
+the ledger is the same call for call (`tests/test_fake_tensors.py` holds it against the fake world
+with real tensors). FakeTensorMode answers every op before the dispatcher's ``BackendSelect``
+kernels run, so the calls are recorded by `capture.dispatch.ModeRecorder`, a dispatch mode above it,
+through the same decoders (``--recorder`` does not apply).
 
 What a script meets here, and how it is handled:
 
@@ -24,9 +25,10 @@ What a script meets here, and how it is handled:
   fails with one line naming the script's line (`value_read`), and such a script runs in a fake
   world without ``--fake-tensors``.
 
-Checked (tests and by hand, docs/trace.md): DDP, FSDP2, DTensor TP and SP, FSDP2 x TP, and
-``torch.distributed.pipelining`` with static stage shapes. Not supported: ``torch.compile`` (Dynamo
-keeps its own fake mode) and anything that reads tensor values.
+Checked (tests and by hand, docs/trace.md): DDP, FSDP2, DTensor TP and SP, FSDP2 x TP,
+``torch.distributed.pipelining`` with static stage shapes, and Megatron-core's process groups. A
+``torch.compile``'d module was seen to run eagerly under the outer fake mode (the same calls, the
+region without ``.GraphModule``). Anything that reads tensor values is not supported.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ import contextlib
 import functools
 import os
 import traceback
+
+from .entry_points import rebind
 
 DATA_DEPENDENT = ("DataDependentOutputException", "DynamicOutputShapeException")
 """FakeTensorMode's errors for an op whose answer needs the data."""
@@ -65,12 +69,7 @@ def _real_device_meshes() -> None:
                 setattr(cls, name, type(value)(_with_fake_off(value.__func__)))
             elif callable(value) and not isinstance(value, type):
                 setattr(cls, name, _with_fake_off(value))
-    import torch.distributed as dist
-
-    original = device_mesh.init_device_mesh
-    device_mesh.init_device_mesh = _with_fake_off(original)
-    if getattr(dist, "init_device_mesh", None) is original:
-        dist.init_device_mesh = device_mesh.init_device_mesh
+    rebind(device_mesh.init_device_mesh, _with_fake_off(device_mesh.init_device_mesh))
 
 
 def _swap_through_data() -> None:
@@ -83,10 +82,11 @@ def _swap_through_data() -> None:
     def swap_tensors(t1, t2):
         if isinstance(t1, FakeTensor) and isinstance(t2, FakeTensor):
             t1.data = t2.data
+            t1.fake_device = t2.fake_device  # a FakeTensor's device is its own field, not its data's
             return None
         return swap(t1, t2)
 
-    torch.utils.swap_tensors = swap_tensors
+    rebind(swap, swap_tensors)
 
 
 def _ddp_checks_real() -> None:
@@ -98,9 +98,7 @@ def _ddp_checks_real() -> None:
     ddp = distributed.DistributedDataParallel
     ddp._pre_forward = _with_fake_off(ddp._pre_forward)
     check = dist_utils._verify_param_shape_across_processes
-    dist_utils._verify_param_shape_across_processes = _with_fake_off(check)
-    if getattr(distributed, "_verify_param_shape_across_processes", None) is check:
-        distributed._verify_param_shape_across_processes = dist_utils._verify_param_shape_across_processes
+    rebind(check, _with_fake_off(check))
 
 
 def _pipeline_vote_real() -> None:
@@ -129,11 +127,13 @@ def shapes_only(sink):
 
 
 def value_read(exc: BaseException, script: str) -> str | None:
-    """The one-line error for a script that read a tensor's value under fake tensors, else None."""
+    """The one-line error for a script (a path, or the file of a ``-m`` module) that read a tensor's
+    value under fake tensors, else None."""
     if type(exc).__name__ not in DATA_DEPENDENT:
         return None
     frames = [f for f in traceback.extract_tb(exc.__traceback__)
               if os.path.abspath(f.filename) == os.path.abspath(script)]
     where = f" at {os.path.basename(script)}:{frames[-1].lineno} ({(frames[-1].line or '').strip()})" if frames else ""
-    return (f"the script reads a tensor's value{where} ({exc}); with --fake-tensors tensors have shapes and no "
+    what = (str(exc).splitlines() or [type(exc).__name__])[0]
+    return (f"the script reads a tensor's value{where} ({what}); with --fake-tensors tensors have shapes and no "
             f"values: trace it in a fake world without --fake-tensors")

@@ -19,7 +19,7 @@ from pathlib import Path
 from ..run import rundir
 from .assemble import assemble, begin, conclude, created_groups
 from .fake import rank_classes
-from .fork_server import ForkServer
+from .fork_server import ForkServer, ServerFailed
 
 
 def trace_fake_world(options, echo=None) -> tuple[Path, dict]:
@@ -35,20 +35,27 @@ def trace_fake_world(options, echo=None) -> tuple[Path, dict]:
     classes = None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     codes: dict[int, int] = {}
-    server = ForkServer(run_dir, options.rank_program(run_dir)[2:], world, per_node, options.fake_tensors)
+    asked: list[int] = []  # the ranks handed to the server so far: each must end with a record
+    server = ForkServer(run_dir, options.rank_arguments(run_dir), world, per_node, options.fake_tensors)
+    failure = None
     try:  # one rank per usable core, each forked from a server that imported torch once
         if chosen is None:  # auto: rank 0 first, then one representative per class of its groups
             # The last rank, the last member of every group it is in, is a class of its own or its
             # class's representative (a traced member is preferred): traced beside rank 0 on a second core
             first = [0, world - 1] if cores > 1 and world > 1 else [0]
             echo(f"meshscope trace: fake world of {world}: tracing ranks {first} to find the classes of ranks\n")
+            asked = first
             codes.update(server.run(first, cores))
             classes = rank_classes(world, created_groups(run_dir))
             chosen = sorted(_representative(members, codes) for members in classes.values())
         echo(f"meshscope trace: fake world of {world}: tracing ranks {chosen}\n")
+        asked = chosen
         codes.update(server.run([r for r in chosen if r not in codes], cores))
+    except ServerFailed as exc:
+        failure = str(exc)
     finally:
         server.close()
+    chosen = chosen or asked
     spec["traced"] = len(chosen)
     (run_dir / "spec.json").write_text(json.dumps(spec, indent=1))
     result = assemble(run_dir)
@@ -63,13 +70,15 @@ def trace_fake_world(options, echo=None) -> tuple[Path, dict]:
                         "splits computed from it) is assumed, marked in each call's `assumed` field, and received "
                         "P2P data is absent")
     failed = {r: c for r, c in codes.items() if c}
-    if failed:
+    if failure:
+        doc["error"], doc["passed"] = failure, False
+    elif failed:
         first = min(failed)
-        tail = (run_dir / "logs" / f"rank{first}.log").read_text().splitlines()[-15:]
-        end = run_dir / "ranks" / f"rank{first}.json"
+        end, log = run_dir / "ranks" / f"rank{first}.json", run_dir / "logs" / f"rank{first}.log"
         said = json.loads(end.read_text()).get("error") if end.exists() else None
         doc["error"], doc["passed"] = f"rank {first}: {said or f'exited with code {failed[first]}'}", False
-        echo("\n".join(tail) + "\n")
+        if log.exists():
+            echo("\n".join(log.read_text().splitlines()[-15:]) + "\n")
     conclude(run_dir, doc)
     return run_dir, doc
 

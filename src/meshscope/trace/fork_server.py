@@ -5,26 +5,33 @@ Each rank class of a fake world is one process, and a fresh process pays Python 
 (torch's test models: 1.4 s) before the script's first line: at 9 to 27 classes, most of the wall
 time. So `meshscope trace --fake-world` starts one server (``python -m meshscope.trace.fork_server``)
 that imports torch, its parallel APIs and meshscope's rank program once and forks every rank from
-that state (`trace.rank.main` runs in the child, as it would in a fresh process). Each forked rank
-also writes the library modules its script imported (`_write_imports`); the server imports them
-before it forks the next rank, so later ranks skip the script's imports too. Should such an import
-start a thread (which a forked child would lack), the server stops taking what ranks import and
-says so; the ranks stay correct, only slower.
+that state (`trace.rank.main` runs in the child, as it would in a fresh process).
 
-Protocol, one JSON object per line: the caller writes ``{"run": [ranks], "parallel": P}`` on the
-server's stdin and reads ``{"done": rank, "code": exit code}`` for each rank, P at a time; a forked
-rank's environment is `fake.environment` of its rank, its output goes to ``logs/rank<R>.log``.
+Each forked rank also lists the library modules its script imported (`_write_imports`); before it
+forks the next ranks the server imports them too, so later ranks skip the script's imports. First a
+probe child imports them: if that starts a thread (which a forked rank would lack) the server
+imports none of them and says so in ``logs/fork_server.log``, and the ranks import them themselves.
+The trace's patches of torch (`entry_points.rebind`) reach names that such a module bound at import.
+A module that reads the rank's environment when it is imported reads the server's (no ``RANK``).
+
+Protocol, one JSON object per line on a descriptor of its own (the server's stdout goes to its log):
+the caller writes ``{"run": [ranks], "parallel": P}`` on the server's stdin and reads ``{"done":
+rank, "code": exit code}`` for each rank, P at a time. A forked rank's environment is
+`fake.environment` of its rank, its output goes to ``logs/rank<R>.log``. The server and every rank
+die with their parent (``PR_SET_PDEATHSIG``): a trace that is killed leaves nothing running.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import sysconfig
-import threading
 from pathlib import Path
+
+from ..core.errors import UsageError
 
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.device_mesh", "torch.distributed.tensor",
            "torch.distributed.tensor.parallel", "torch.distributed.fsdp", "torch.distributed.pipelining",
@@ -34,44 +41,74 @@ PRELOAD = ("torch", "torch.distributed", "torch.distributed.device_mesh", "torch
 IMPORTS = "imports"
 """Folder of the run directory where forked ranks list the library modules their script imported."""
 
+LIBRARY_ROOTS = tuple({sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")})
+"""Where the standard library and installed packages live: only their modules are imported ahead."""
+
+
+class ServerFailed(RuntimeError):
+    """The fork server died; the message is the last line of its log."""
+
 
 class ForkServer:
     """The caller's side: start the server, run ranks through it, stop it."""
 
-    def __init__(self, run_dir: Path, program: list[str], world: int, per_node: int, fake_tensors: bool):
-        self.run_dir = run_dir
+    def __init__(self, run_dir: Path, rank_flags: list[str], world: int, per_node: int, fake_tensors: bool):
+        if not hasattr(os, "fork"):
+            raise UsageError("--fake-world forks its ranks (os.fork), which this platform lacks: run it on Linux")
+        self.log_path = run_dir / "logs" / "fork_server.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        read, self._replies_fd = os.pipe()
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # no thread pool before a fork
         args = [sys.executable, "-m", "meshscope.trace.fork_server", str(run_dir), str(world), str(per_node),
-                *(["--fake-tensors"] if fake_tensors else []), "--", *program]
-        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-        self._log = open(run_dir / "logs" / "fork_server.log", "w")
-        self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True,
-                                     env=env)
+                str(self._replies_fd), *(["--fake-tensors"] if fake_tensors else []), "--", *rank_flags]
+        with open(self.log_path, "w") as log:
+            self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=log, stderr=log, text=True, env=env,
+                                         pass_fds=(self._replies_fd,), start_new_session=True)
+        os.close(self._replies_fd)
+        self._replies = os.fdopen(read)
 
     def run(self, ranks: list[int], parallel: int) -> dict[int, int]:
-        """Exit code per rank, `parallel` ranks at a time."""
+        """Exit code per rank, `parallel` ranks at a time; `ServerFailed` if the server dies."""
         if not ranks:
             return {}
-        self.proc.stdin.write(json.dumps({"run": ranks, "parallel": parallel}) + "\n")
-        self.proc.stdin.flush()
+        try:
+            self.proc.stdin.write(json.dumps({"run": ranks, "parallel": parallel}) + "\n")
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise self._failed() from None
         codes: dict[int, int] = {}
         while len(codes) < len(ranks):
-            line = self.proc.stdout.readline()
-            if not line:  # the server died: what it did not run failed
-                return {**{r: 1 for r in ranks}, **codes}
+            line = self._replies.readline()
+            if not line:
+                raise self._failed()
             reply = json.loads(line)
             codes[reply["done"]] = reply["code"]
         return codes
 
+    def _failed(self) -> ServerFailed:
+        self.proc.wait(timeout=30)
+        lines = self.log_path.read_text().strip().splitlines()
+        return ServerFailed(f"the fork server exited with code {self.proc.returncode}: "
+                            f"{lines[-1] if lines else 'nothing in its log'} ({self.log_path})")
+
     def close(self) -> None:
+        """Stop the server; on an error path (ranks still running) it and its ranks are killed."""
         if self.proc.poll() is None:
-            self.proc.stdin.close()
-            self.proc.wait(timeout=30)
-        self._log.close()
+            try:
+                self.proc.stdin.close()
+                self.proc.wait(timeout=10)
+            except (BrokenPipeError, subprocess.TimeoutExpired):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self._replies.close()
 
 
-LIBRARY_ROOTS = tuple({sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")})
-"""Where the standard library and installed packages live: only their modules are imported ahead."""
+def _die_with_parent() -> None:
+    """Linux: get SIGKILL when the parent process dies (nothing elsewhere: the parent's EOF ends the server)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _library_module(module) -> bool:
@@ -85,45 +122,67 @@ def _write_imports(run_dir: Path, rank: int, before: set[str]):
         names = [name for name, module in list(sys.modules.items())
                  if name not in before and name != "__main__" and module is not None and _library_module(module)]
         (run_dir / IMPORTS).mkdir(exist_ok=True)
-        (run_dir / IMPORTS / f"rank{rank}.json").write_text(json.dumps(names))
+        tmp = run_dir / IMPORTS / f"rank{rank}.json.tmp"
+        tmp.write_text(json.dumps(names))
+        tmp.replace(run_dir / IMPORTS / f"rank{rank}.json")  # whole or absent for the server's reader
     return on_end
 
 
-class _Server:
-    def __init__(self, run_dir: Path, world: int, per_node: int, fake_tensors: bool, program: list[str]):
-        self.run_dir, self.world, self.per_node, self.program = run_dir, world, per_node, program
-        self.learning = True
-        self.learned: set[Path] = set()
-        for name in PRELOAD:
+def _threads() -> int:
+    """This process's threads, native ones included."""
+    return len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
+
+
+def _import_all(names: list[str]) -> None:
+    for name in names:
+        try:
             __import__(name)
+        except Exception:  # noqa: BLE001 - a module its rank imported its own way: it will again
+            continue
+
+
+class _Server:
+    def __init__(self, run_dir: Path, world: int, per_node: int, fake_tensors: bool, rank_flags: list[str]):
+        self.run_dir, self.world, self.per_node, self.rank_flags = run_dir, world, per_node, rank_flags
+        self.learning = True
+        self.learned: set[str] = set()
+        _import_all(PRELOAD)
         if fake_tensors:
-            __import__("torch._subclasses.fake_tensor")
-            __import__("torch._dynamo")  # what FakeTensorMode's first use imports
+            _import_all(["torch._subclasses.fake_tensor", "torch._dynamo"])  # what FakeTensorMode's first use imports
 
-    def _learn(self) -> None:
-        """Import what finished ranks' scripts imported, unless that would start a thread."""
-        if not self.learning:
-            return
-        for path in sorted((self.run_dir / IMPORTS).glob("rank*.json")):
-            if path in self.learned:
+    def _learn(self, finished: list[int]) -> None:
+        """Import what finished ranks' scripts imported, if a probe child shows that starts no thread."""
+        names: list[str] = []
+        for rank in finished:
+            path = self.run_dir / IMPORTS / f"rank{rank}.json"
+            try:
+                names += [n for n in json.loads(path.read_text()) if n not in self.learned and n not in sys.modules]
+            except (OSError, ValueError):  # the rank failed before its end: nothing to learn from it
                 continue
-            self.learned.add(path)
-            for name in json.loads(path.read_text()):
-                try:
-                    __import__(name)
-                except Exception:  # noqa: BLE001 - a module the rank imported in its own way: it will again
-                    continue
-            if threading.active_count() > 1:
-                self.learning = False
-                print("fork server: a module the script imports started a thread; later ranks import it "
-                      "themselves", file=sys.stderr, flush=True)
-                return
+        names = list(dict.fromkeys(names))
+        if not self.learning or not names:
+            return
+        self.learned.update(names)
+        before = _threads()
+        probe = os.fork()
+        if probe == 0:
+            _import_all(names)
+            os._exit(0 if _threads() == before else 3)
+        _, status = os.waitpid(probe, 0)
+        if os.waitstatus_to_exitcode(status) != 0:
+            self.learning = False
+            print(f"fork server: importing what the script imports starts a thread (exit "
+                  f"{os.waitstatus_to_exitcode(status)} of the probe): later ranks import it themselves", flush=True)
+            return
+        _import_all(names)
 
-    def run(self, ranks: list[int], parallel: int) -> None:
-        pending, alive = list(ranks), {}
+    def run(self, ranks: list[int], parallel: int, replies) -> None:
+        pending, alive, finished = list(ranks), {}, []
         while pending or alive:
             while pending and len(alive) < max(1, parallel):
-                self._learn()
+                if finished:
+                    self._learn(finished)
+                    finished = []
                 rank = pending.pop(0)
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -133,11 +192,14 @@ class _Server:
                 alive[pid] = rank
             pid, status = os.wait()
             rank = alive.pop(pid)
-            print(json.dumps({"done": rank, "code": os.waitstatus_to_exitcode(status)}), flush=True)
+            finished.append(rank)
+            replies.write(json.dumps({"done": rank, "code": os.waitstatus_to_exitcode(status)}) + "\n")
+            replies.flush()
 
     def _child(self, rank: int) -> None:
         code = 1
         try:
+            _die_with_parent()
             import random
 
             from . import fake, rank as rank_program
@@ -145,14 +207,16 @@ class _Server:
             random.seed()  # as a fresh interpreter would
             os.environ.update(fake.environment(rank, self.world, self.per_node))
             log = os.open(self.run_dir / "logs" / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            for fd in (1, 2):
-                os.dup2(log, fd)
-            os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+            null = os.open(os.devnull, os.O_RDONLY)
+            for fd, target in ((log, 1), (log, 2), (null, 0)):
+                os.dup2(fd, target)
+            os.close(log)
+            os.close(null)
             sys.stdin = open(os.devnull)
             before = set(sys.modules)
-            code = rank_program.main(self.program, on_end=_write_imports(self.run_dir, rank, before))
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
+            code = rank_program.main(self.rank_flags, on_end=_write_imports(self.run_dir, rank, before))
+        except SystemExit as exc:  # as the interpreter maps it
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
         except BaseException:  # noqa: BLE001 - reported in the rank's log, as a fresh process would
             import traceback
 
@@ -164,12 +228,14 @@ class _Server:
 
 
 def main(argv: list[str]) -> int:
+    _die_with_parent()
     cut = argv.index("--")
-    run_dir, world, per_node = Path(argv[0]), int(argv[1]), int(argv[2])
-    server = _Server(run_dir, world, per_node, "--fake-tensors" in argv[3:cut], argv[cut + 1:])
-    for line in sys.stdin:
+    run_dir, world, per_node, replies_fd = Path(argv[0]), int(argv[1]), int(argv[2]), int(argv[3])
+    replies = os.fdopen(replies_fd, "w")
+    server = _Server(run_dir, world, per_node, "--fake-tensors" in argv[4:cut], argv[cut + 1:])
+    for line in sys.stdin:  # EOF: the caller is done (or gone)
         request = json.loads(line)
-        server.run(request["run"], request["parallel"])
+        server.run(request["run"], request["parallel"], replies)
     return 0
 
 

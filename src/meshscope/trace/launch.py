@@ -124,13 +124,18 @@ class TraceOptions:
         return Path("traces") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
     def rank_program(self, run_dir: Path) -> list[str]:
+        """What torchrun runs in every worker: `trace.rank` with `rank_arguments`."""
+        return ["-m", "meshscope.trace.rank", *self.rank_arguments(run_dir)]
+
+    def rank_arguments(self, run_dir: Path) -> list[str]:
+        """`trace.rank.main`'s arguments: the run directory, the options, ``--`` and the job."""
         flags = [*(["--steps", str(self.steps)] if self.steps else []), *(["--fake"] if self.fake_world else []),
                  *(["--fake-tensors"] if self.fake_tensors else []),
                  *(["--cheap"] if self.cheap else []), "--recorder", self.recorder,
                  *(["--flight-recorder"] if self.flight_recorder else []),
                  *(["--timeout", str(self.timeout)] if self.timeout else []),
                  *(["--step-optimizer", self.step_optimizer] if self.step_optimizer else [])]
-        return ["-m", "meshscope.trace.rank", str(run_dir), *flags, "--", *self.target]
+        return [str(run_dir), *flags, "--", *self.target]
 
 
 def ready_recorder(options: TraceOptions, echo=None) -> TraceOptions:

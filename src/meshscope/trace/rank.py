@@ -353,6 +353,17 @@ def _script_traceback(exc: BaseException) -> str:
     return "".join(tb.format())
 
 
+def _script_file(module: str) -> str:
+    """The file of a ``-m`` module (its name when it has none)."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return module
+    return spec.origin if spec is not None and spec.origin else module
+
+
 def parse(argv: list[str]) -> argparse.Namespace:
     if "--" not in argv:
         raise SystemExit("meshscope trace: missing '--' before the script")
@@ -434,7 +445,7 @@ def main(argv: list[str], on_end=None) -> int:
         sys.stderr.write(text)
         status, error, code = "error", f"{type(exc).__name__}: {exc}".splitlines()[0], 1
         if args.fake_tensors:
-            error = fake_tensors.value_read(exc, target) or error
+            error = fake_tensors.value_read(exc, _script_file(target) if module else target) or error
         if args.fake and ("recv_object_list" in "".join(traceback.format_tb(exc.__traceback__))
                           or type(exc).__name__ == "PipeliningMetadataError"):
             note = ("the script's pipeline stages exchange their shapes over P2P (recv_object_list), which a fake "
