@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # The fake world against a real NCCL job on the device machine (one H200, so world 1), with and without
-# --fake-tensors, then the fake-world scale benchmark (bench_fake_world.py, --fake-tensors) on two of its
-# host's cores (taskset, CUDA hidden); torch 2.11, nothing installed.
+# --fake-tensors; torch 2.11, nothing installed. (The scale benchmark: device_fake_world.sh.)
 # Usage (device tool, repository root): OUT=$OUT bash benchmarks/device_fake_vs_nccl.sh
 set -uo pipefail
 source benchmarks/device_env.sh
@@ -29,8 +28,4 @@ fsdp|tests/jobs/transformer.py --tp 1 --dp-mode fsdp --steps 3
 ddp|tests/jobs/ddp.py --steps 3
 tdp|tests/jobs/transformer.py --tp 1 --dp-mode ddp --steps 3
 JOBS
-for bench in "" "--pp 4 --batch 4"; do
-  CUDA_VISIBLE_DEVICES="" timeout 240 taskset -c 0,1 python3 benchmarks/bench_fake_world.py $bench >> "$OUT/fake_world.txt" 2>&1
-  echo "rc=$?" >> "$OUT/fake_world.txt"
-done
-cat "$OUT/summary.txt"; grep -E "^(meshscope|machine|wall|resident|rc=)" "$OUT/fake_world.txt"
+cat "$OUT/summary.txt"

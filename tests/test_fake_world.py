@@ -78,6 +78,12 @@ def test_rank_classes_hold_on_a_world_traced_whole(tmp_path):
     for rep, ranks in members.items():
         for r in ranks:
             assert _relabelled(result, r) == _relabelled(result, rep), (rep, r)
+    # The fork server imported what the first ranks' script imported before it forked the others, so a
+    # later rank imports none of those modules itself (each rank lists what its script imported).
+    imported = {int(p.stem.removeprefix("rank")): set(json.loads(p.read_text()))
+                for p in (tmp_path / "auto" / "imports").glob("rank*.json")}
+    later = [r for r in auto["fake_world"]["traced"] if r not in (0, 7)]
+    assert imported[0] and later and all(not imported[r] & imported[0] for r in later), imported
 
 
 def test_pipelining_with_static_shapes_issues_what_gloo_does(tmp_path):

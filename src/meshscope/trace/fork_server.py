@@ -2,8 +2,8 @@
 
 Each rank class of a fake world is one process, and a fresh process pays Python and torch's import
 (1.2 s on a 2-core EPYC), FakeTensorMode's Dynamo (1.7 s) and the script's own library imports
-(torch's test models: 1.4 s) before the script's first line: at 9 to 27 classes, most of the wall
-time. So `meshscope trace --fake-world` starts one server (``python -m meshscope.trace.fork_server``)
+(torch's test models: 1.4 s; Megatron-core: 912 modules) before the script's first line: at 9 to 54
+classes, most of the wall time. So `meshscope trace --fake-world` starts one server (``python -m meshscope.trace.fork_server``)
 that imports torch, its parallel APIs and meshscope's rank program once and forks every rank from
 that state (`trace.rank.main` runs in the child, as it would in a fresh process).
 
@@ -146,6 +146,7 @@ class _Server:
         self.run_dir, self.world, self.per_node, self.rank_flags = run_dir, world, per_node, rank_flags
         self.learning = True
         self.learned: set[str] = set()
+        self.finished: list[int] = []
         _import_all(PRELOAD)
         if fake_tensors:
             _import_all(["torch._subclasses.fake_tensor", "torch._dynamo"])  # what FakeTensorMode's first use imports
@@ -177,12 +178,12 @@ class _Server:
         _import_all(names)
 
     def run(self, ranks: list[int], parallel: int, replies) -> None:
-        pending, alive, finished = list(ranks), {}, []
+        pending, alive = list(ranks), {}
         while pending or alive:
             while pending and len(alive) < max(1, parallel):
-                if finished:
-                    self._learn(finished)
-                    finished = []
+                if self.finished:  # ranks reaped since the last fork, this request's or an earlier one's
+                    self._learn(self.finished)
+                    self.finished = []
                 rank = pending.pop(0)
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -192,7 +193,7 @@ class _Server:
                 alive[pid] = rank
             pid, status = os.wait()
             rank = alive.pop(pid)
-            finished.append(rank)
+            self.finished.append(rank)
             replies.write(json.dumps({"done": rank, "code": os.waitstatus_to_exitcode(status)}) + "\n")
             replies.flush()
 
