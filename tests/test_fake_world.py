@@ -107,6 +107,7 @@ def test_pipelining_with_static_shapes_issues_what_gloo_does(tmp_path):
     (("--fake-world", 8, "--ranks", "a"), "must be 'auto' or a comma list"),
     (("--fake-world", 8, "--nnodes", 2), "--fake-world runs every rank on this machine"),
     (("--fake-tensors",), "--fake-tensors needs --fake-world N"),
+    (("--fake-world", 10, "--nproc-per-node", 4), "--nproc-per-node 4 does not divide --fake-world 10"),
 ])
 def test_fake_world_bad_input(args, needle, tmp_path):
     proc = cli("trace", *args, "--out", tmp_path / "x", "--", str(JOBS / "ddp.py"))

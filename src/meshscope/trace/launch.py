@@ -106,6 +106,11 @@ class TraceOptions:
                 raise UsageError(f"--fake-world {self.fake_world} must be a positive number of ranks")
             if self.nnodes != 1 or self.rendezvous:
                 raise UsageError("--fake-world runs every rank on this machine: leave out --nnodes and the rendezvous flags")
+            if self.nproc_per_node and self.fake_world % self.nproc_per_node:
+                divisors = [d for d in range(1, min(self.fake_world, 64) + 1) if self.fake_world % d == 0]
+                raise UsageError(f"--nproc-per-node {self.nproc_per_node} does not divide --fake-world "
+                                 f"{self.fake_world}: every node holds as many ranks (divisors up to 64: "
+                                 f"{', '.join(map(str, divisors))})")
             self.chosen_ranks()
         elif self.fake_tensors:
             raise UsageError("--fake-tensors needs --fake-world N: a real job's tensors hold its data")
