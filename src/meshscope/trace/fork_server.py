@@ -237,7 +237,8 @@ def main(argv: list[str]) -> int:
     for line in sys.stdin:  # EOF: the caller is done (or gone)
         request = json.loads(line)
         server.run(request["run"], request["parallel"], replies)
-    return 0
+    sys.stdout.flush()
+    os._exit(0)  # without the interpreter's teardown of torch (about a second): the caller waits for it
 
 
 if __name__ == "__main__":
