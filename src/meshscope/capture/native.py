@@ -43,6 +43,9 @@ def load():
     path = library()
     if path is None:
         raise NativeUnavailable(f"not built for torch {torch_version()} (no {NAME}*.so in {build_dir()})")
+    if torch.__version__.split("+")[0] != torch_version().split("+")[0]:  # the cache is keyed by the package
+        raise NativeUnavailable(f"the imported torch {torch.__version__} is not the installed package "
+                                f"{torch_version()} the cache is keyed by")
     if NAME in sys.modules:
         return sys.modules[NAME]
     spec = importlib.util.spec_from_file_location(NAME, path, loader=importlib.machinery.ExtensionFileLoader(NAME, str(path)))

@@ -27,8 +27,9 @@ it. `used` names what was mapped, for the result's note.
 from __future__ import annotations
 
 import os
-import sys
 import traceback
+
+from .entry_points import rebind
 
 used: list[str] = []
 """The CUDA calls this rank mapped to the CPU, each named once, in the order first met."""
@@ -51,12 +52,18 @@ def _is_cuda(device) -> bool:
     return isinstance(device, str) and device.split(":")[0] == "cuda"
 
 
+_installed: list[bool] = []
+
+
 def install() -> None:
-    """Map CUDA to the CPU in this process (only where torch has no CUDA)."""
+    """Map CUDA to the CPU in this process (only where torch has no CUDA). The fork server installs it
+    before it forks the ranks (what a rank's libraries compute at import then sees the same mapping as
+    in the first ranks); a second call does nothing."""
     import torch
 
-    if torch.cuda.is_available():
+    if _installed or torch.cuda.is_available():
         return
+    _installed.append(True)
     _patch_torch_cuda(torch)
     _patch_device_mesh()
     _patch_ddp()
@@ -66,7 +73,6 @@ def install() -> None:
 def _patch_torch_cuda(torch) -> None:
     cuda = torch.cuda
     lazy_init = cuda._lazy_init
-    local, local_world = int(os.environ.get("LOCAL_RANK", 0)), int(os.environ.get("LOCAL_WORLD_SIZE", 1))
 
     def answer_with(name, make):
         def call(*args, **kwargs):
@@ -77,7 +83,15 @@ def _patch_torch_cuda(torch) -> None:
     def answer(name, value):
         return answer_with(name, lambda *args, **kwargs: value)
 
-    for name, value in (("is_available", True), ("device_count", local_world), ("current_device", local),
+    def local_rank() -> int:  # the rank's environment, read at the call (not at install: fork_server)
+        return int(os.environ.get("LOCAL_RANK", 0))
+
+    def local_world() -> int:
+        return int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+
+    cuda.device_count = answer_with("cuda.device_count", lambda: local_world())
+    cuda.current_device = answer_with("cuda.current_device", lambda: local_rank())
+    for name, value in (("is_available", True),
                         ("set_device", None), ("synchronize", None), ("empty_cache", None),
                         ("manual_seed", None), ("manual_seed_all", None),
                         # torch 2.11's optimizers ask it of a CUDA build before every step: no capture on the CPU
@@ -98,7 +112,7 @@ def _patch_torch_cuda(torch) -> None:
         return torch.device("cuda")
 
     accelerator.current_accelerator = accelerator_type
-    accelerator.device_count = answer("accelerator.device_count", local_world)
+    accelerator.device_count = answer_with("accelerator.device_count", lambda: local_world())
 
     def unmapped_init(*args, **kwargs):
         """torch.cuda's own gate before it touches a device: name the call instead of 'not compiled'."""
@@ -107,12 +121,10 @@ def _patch_torch_cuda(torch) -> None:
         except (AssertionError, RuntimeError):
             raise _unmapped() from None
 
-    for module in [m for name, m in sys.modules.items() if name.startswith("torch.cuda") and m is not None]:
-        if getattr(module, "_lazy_init", None) is lazy_init:  # torch.cuda.random and others import it by name
-            module._lazy_init = unmapped_init
+    rebind(lazy_init, unmapped_init)  # torch.cuda.random and others import it by name
     cpu_state = torch.get_rng_state
     cuda.get_rng_state = answer_with("cuda.get_rng_state", lambda *args, **kwargs: cpu_state())
-    cuda.get_rng_state_all = answer_with("cuda.get_rng_state_all", lambda: [cpu_state()] * local_world)
+    cuda.get_rng_state_all = answer_with("cuda.get_rng_state_all", lambda: [cpu_state()] * local_world())
     cuda.set_rng_state = answer("cuda.set_rng_state", None)  # fork_rng's restore: no CUDA generator to set
     cuda.set_rng_state_all = answer("cuda.set_rng_state_all", None)
     for name in ("Stream", "Event"):  # CPU builds have dummy classes that fail without saying why

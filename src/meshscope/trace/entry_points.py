@@ -18,7 +18,7 @@ def rebind(original: Callable, replacement: Callable) -> None:
     """Every loaded module's global bound to `original` now names `replacement`."""
     for module in list(sys.modules.values()):
         namespace = getattr(module, "__dict__", None)
-        if not namespace:
+        if not isinstance(namespace, dict):  # a module with a read-only namespace (typing.io) binds nothing
             continue
         for name, value in list(namespace.items()):
             if value is original:

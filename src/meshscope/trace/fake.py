@@ -27,10 +27,17 @@ import functools
 import inspect
 import os
 
-from .entry_points import wrap
+from .entry_points import rebind, wrap
+
+_installed: list[bool] = []
+
 
 def use_fake_backend() -> None:
-    """Make the script's ``init_process_group`` a fake one of the world the environment names."""
+    """Make the script's ``init_process_group`` a fake one of the world the environment names (read at
+    the call: the fork server installs this before it forks the ranks; a second call does nothing)."""
+    if _installed:
+        return
+    _installed.append(True)
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     def fake_init(original):
@@ -61,7 +68,6 @@ def use_fake_backend() -> None:
 
 def _recv_ones() -> None:
     """``dist.recv`` returns a buffer of ones: what every real peer sends in pipelining's vote."""
-    import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
     original = c10d.recv
@@ -71,7 +77,7 @@ def _recv_ones() -> None:
         tensor.fill_(1)
         return out
 
-    c10d.recv = dist.recv = recv
+    rebind(original, recv)
 
 
 def _hook_ddp() -> None:

@@ -53,8 +53,10 @@ def trace_fake_world(options, echo=None) -> tuple[Path, dict]:
         codes.update(server.run([r for r in chosen if r not in codes], cores))
     except ServerFailed as exc:
         failure = str(exc)
-    finally:
-        server.close()
+    except BaseException:  # Ctrl-C or a bug of meshscope's while ranks run: none is left running
+        server.close(abort=True)
+        raise
+    server.close()
     chosen = chosen or asked
     spec["traced"] = len(chosen)
     (run_dir / "spec.json").write_text(json.dumps(spec, indent=1))

@@ -11,8 +11,11 @@ Each forked rank also lists the library modules its script imported (`_write_imp
 forks the next ranks the server imports them too, so later ranks skip the script's imports. First a
 probe child imports them: if that starts a thread (which a forked rank would lack) the server
 imports none of them and says so in ``logs/fork_server.log``, and the ranks import them themselves.
-The trace's patches of torch (`entry_points.rebind`) reach names that such a module bound at import.
-A module that reads the rank's environment when it is imported reads the server's (no ``RANK``).
+The server has installed the rank-independent part of a rank's set-up first (the fake backend and
+the CUDA mapping, which a rank then finds in place), so such a module computes at import what it
+computed in the first ranks; the trace's later patches of torch (`entry_points.rebind`) reach names
+it bound. What differs: a module that reads the rank's environment (``RANK``) when it is imported
+reads the server's, which has none, and under ``--fake-tensors`` a tensor it makes at import is real.
 
 Protocol, one JSON object per line on a descriptor of its own (the server's stdout goes to its log):
 the caller writes ``{"run": [ranks], "parallel": P}`` on the server's stdin and reads ``{"done":
@@ -61,10 +64,15 @@ class ForkServer:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # no thread pool before a fork
         args = [sys.executable, "-m", "meshscope.trace.fork_server", str(run_dir), str(world), str(per_node),
                 str(self._replies_fd), *(["--fake-tensors"] if fake_tensors else []), "--", *rank_flags]
-        with open(self.log_path, "w") as log:
-            self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=log, stderr=log, text=True, env=env,
-                                         pass_fds=(self._replies_fd,), start_new_session=True)
-        os.close(self._replies_fd)
+        try:
+            with open(self.log_path, "w") as log:
+                self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=log, stderr=log, text=True,
+                                             env=env, pass_fds=(self._replies_fd,), start_new_session=True)
+        except BaseException:
+            os.close(read)
+            raise
+        finally:
+            os.close(self._replies_fd)  # the server holds the write end now
         self._replies = os.fdopen(read)
 
     def run(self, ranks: list[int], parallel: int) -> dict[int, int]:
@@ -86,21 +94,35 @@ class ForkServer:
         return codes
 
     def _failed(self) -> ServerFailed:
-        self.proc.wait(timeout=30)
-        lines = self.log_path.read_text().strip().splitlines()
-        return ServerFailed(f"the fork server exited with code {self.proc.returncode}: "
-                            f"{lines[-1] if lines else 'nothing in its log'} ({self.log_path})")
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:  # its pipe closed but it lives on: it is stopped here
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        code = self.proc.returncode
+        if code < 0:
+            return ServerFailed(f"the fork server was killed by signal {-code} ({self.log_path})")
+        said = [line for line in self.log_path.read_text().splitlines() if line.strip() and not line[0].isspace()]
+        return ServerFailed(f"the fork server exited with code {code}: {said[-1] if said else 'nothing in its log'} "
+                            f"({self.log_path})")
 
-    def close(self) -> None:
-        """Stop the server; on an error path (ranks still running) it and its ranks are killed."""
-        if self.proc.poll() is None:
+    def close(self, abort: bool = False) -> None:
+        """Stop the server: it ends at the EOF of its stdin; with `abort` (an error or Ctrl-C while ranks
+        run, when the server is not reading) it and its ranks are killed at once."""
+        if self.proc.poll() is None and not abort:
             try:
                 self.proc.stdin.close()
                 self.proc.wait(timeout=10)
             except (BrokenPipeError, subprocess.TimeoutExpired):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self._replies.close()
+                abort = True
+        if self.proc.poll() is None and abort:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        for stream in (self.proc.stdin, self._replies):
+            try:
+                stream.close()
+            except OSError:  # the server is gone: nothing is left to flush to it
+                pass
 
 
 def _die_with_parent() -> None:
@@ -137,19 +159,28 @@ def _import_all(names: list[str]) -> None:
     for name in names:
         try:
             __import__(name)
-        except Exception:  # noqa: BLE001 - a module its rank imported its own way: it will again
-            continue
+        except BaseException:  # noqa: BLE001 - a module its rank imported its own way (even one that
+            continue  # exits when imported elsewhere): the rank will import it again
 
 
 class _Server:
-    def __init__(self, run_dir: Path, world: int, per_node: int, fake_tensors: bool, rank_flags: list[str]):
+    def __init__(self, run_dir: Path, world: int, per_node: int, fake_tensors: bool, rank_flags: list[str],
+                 replies_fd: int):
         self.run_dir, self.world, self.per_node, self.rank_flags = run_dir, world, per_node, rank_flags
+        self.replies_fd, self.pid = replies_fd, os.getpid()
         self.learning = True
         self.learned: set[str] = set()
         self.finished: list[int] = []
         _import_all(PRELOAD)
         if fake_tensors:
             _import_all(["torch._subclasses.fake_tensor", "torch._dynamo"])  # what FakeTensorMode's first use imports
+        from . import device_map, fake
+
+        # The rank-independent part of a fake-world rank's set-up (trace.rank makes the same calls, then
+        # no-ops): what a learned module computes at import sees the same backend and CUDA mapping here
+        # as in the first ranks, which imported it after this.
+        fake.use_fake_backend()
+        device_map.install()
 
     def _learn(self, finished: list[int]) -> None:
         """Import what finished ranks' scripts imported, if a probe child shows that starts no thread."""
@@ -164,11 +195,17 @@ class _Server:
         if not self.learning or not names:
             return
         self.learned.update(names)
-        before = _threads()
         probe = os.fork()
         if probe == 0:
-            _import_all(names)
-            os._exit(0 if _threads() == before else 3)
+            code = 4
+            try:
+                _die_with_parent()
+                os.close(self.replies_fd)
+                before = _threads()
+                _import_all(names)
+                code = 0 if _threads() == before else 3
+            finally:
+                os._exit(code)
         _, status = os.waitpid(probe, 0)
         if os.waitstatus_to_exitcode(status) != 0:
             self.learning = False
@@ -192,6 +229,8 @@ class _Server:
                     self._child(rank)  # never returns
                 alive[pid] = rank
             pid, status = os.wait()
+            if pid not in alive:  # a process some imported module started and left: not a rank
+                continue
             rank = alive.pop(pid)
             self.finished.append(rank)
             replies.write(json.dumps({"done": rank, "code": os.waitstatus_to_exitcode(status)}) + "\n")
@@ -201,6 +240,9 @@ class _Server:
         code = 1
         try:
             _die_with_parent()
+            if os.getppid() != self.pid:  # the server died before the line above took effect
+                os._exit(1)
+            os.close(self.replies_fd)  # only the server answers: a dead server is EOF for the caller
             import random
 
             from . import fake, rank as rank_program
@@ -232,8 +274,9 @@ def main(argv: list[str]) -> int:
     _die_with_parent()
     cut = argv.index("--")
     run_dir, world, per_node, replies_fd = Path(argv[0]), int(argv[1]), int(argv[2]), int(argv[3])
+    os.set_inheritable(replies_fd, False)  # no process a rank starts holds the caller's pipe open
     replies = os.fdopen(replies_fd, "w")
-    server = _Server(run_dir, world, per_node, "--fake-tensors" in argv[4:cut], argv[cut + 1:])
+    server = _Server(run_dir, world, per_node, "--fake-tensors" in argv[4:cut], argv[cut + 1:], replies_fd)
     for line in sys.stdin:  # EOF: the caller is done (or gone)
         request = json.loads(line)
         server.run(request["run"], request["parallel"], replies)
