@@ -32,5 +32,13 @@ def cli(*args, timeout: float = 120.0, env: dict | None = None) -> subprocess.Co
                           timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
 
 
+def trace_json(out: Path, *args, timeout: float = 240.0) -> tuple[subprocess.CompletedProcess, dict]:
+    """``meshscope trace ARGS[:-1] --out OUT --json -- JOB`` (the last argument is the job, a list): the
+    completed process and the one JSON document it printed."""
+    proc = cli("trace", *args[:-1], "--out", out, "--json", "--", *args[-1], timeout=timeout)
+    assert proc.stdout.strip(), proc.stderr[-3000:]
+    return proc, json.loads(proc.stdout)
+
+
 def failed_checks(result: dict) -> list[dict]:
     return [c for c in result["checks"] if not c["passed"]]

@@ -4,20 +4,11 @@ is named in one line."""
 
 from __future__ import annotations
 
-import json
-
 import torch
 
-from .helpers import ROOT, cli
+from .helpers import ROOT, trace_json
 
 JOBS = ROOT / "tests" / "jobs"
-
-
-def _trace(out, world, ranks, script, *args):
-    proc = cli("trace", "--fake-world", world, "--ranks", ranks, "--out", out, "--json", "--", script, *args,
-               timeout=240)
-    assert proc.stdout.strip(), proc.stderr[-3000:]
-    return proc, json.loads(proc.stdout)
 
 
 def test_a_cuda_script_runs_mapped_to_the_cpu(tmp_path):
@@ -25,7 +16,7 @@ def test_a_cuda_script_runs_mapped_to_the_cpu(tmp_path):
     DDP device_ids, FSDP2 on the mesh); per step it issues DDP's one bucket all-reduce and FSDP2's root
     all-gather and reduce-scatter, sized by hand from its two 32 x 32 fp32 weights over 4 ranks."""
     assert not torch.cuda.is_available()
-    proc, doc = _trace(tmp_path / "fake", 4, "0,3", JOBS / "cuda_style.py", "--steps", "2")
+    proc, doc = trace_json(tmp_path / "fake", "--fake-world", 4, "--ranks", "0,3", [JOBS / "cuda_style.py", "--steps", "2"])
     assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
     note = next(n for n in doc["notes"] if "mapped every CUDA device to the CPU" in n)
     for call in ("torch.cuda.set_device", "DeviceMesh('cuda')", ".cuda()", "DDP device_ids", "device='cuda'"):
@@ -49,7 +40,7 @@ def test_a_cuda_call_that_cannot_be_mapped_is_named(tmp_path):
                       "dist.init_process_group('nccl')\n"
                       "x = torch.ones(4).cuda()\n"
                       "side = torch.cuda.Stream()\n")
-    proc, doc = _trace(tmp_path / "out", 2, "0", script)
+    proc, doc = trace_json(tmp_path / "out", "--fake-world", 2, "--ranks", "0", [script])
     assert proc.returncode == 1 and not doc["passed"]
     error = next(r["error"] for r in doc["ranks"] if r["rank"] == 0)
     assert error.startswith("Unmapped: torch.cuda.Stream at streams.py:4 needs a CUDA device"), error

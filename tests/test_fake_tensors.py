@@ -16,7 +16,7 @@ import subprocess
 import sys
 from collections import Counter
 
-from .helpers import ROOT, cli
+from .helpers import ROOT, cli, trace_json
 
 JOBS = ROOT / "tests" / "jobs"
 
@@ -67,11 +67,6 @@ def test_functional_collectives_under_fake_tensors_decode_as_their_c10d_calls(tm
     assert doc["fake"][7][-2:] == [[2, 4], [1, 5]]  # uneven splits: rows sent, rows received
 
 
-def _trace(tmp_path, name, *args, timeout=240):
-    proc = cli("trace", *args[:-1], "--out", tmp_path / name, "--json", "--", *args[-1], timeout=timeout)
-    assert proc.stdout.strip(), proc.stderr[-3000:]
-    return proc, json.loads(proc.stdout)
-
 
 def _counts(doc, rank: int, step: int) -> Counter:
     steps = {s["step"]: s["events"] for r in doc["per_rank"] if r["rank"] == rank for s in r["steps"]}
@@ -83,12 +78,12 @@ def test_fsdp2_tp_sp_without_data_issues_the_hand_counted_ledger(tmp_path):
     and the ledgers of ranks 0 and 3 (first and last of both axes) equal the fake world's with real
     tensors, call for call."""
     job = [str(JOBS / "transformer.py"), "--sequence-parallel", "--dp-mode", "fsdp", "--steps", "3"]
-    proc, doc = _trace(tmp_path, "shapes", "--fake-world", 4, "--fake-tensors", "--ranks", "0,3", job)
+    proc, doc = trace_json(tmp_path / "shapes", "--fake-world", 4, "--fake-tensors", "--ranks", "0,3", job)
     assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
     # L = 2: tp 2L+2 + 2L+2 all-gathers, 2L+2 + 2L+1 reduce-scatters, 4L+2 all-reduces; dp 2L+1 and L+1
     assert _counts(doc, 3, 2) == {("tp", "all_gather"): 12, ("tp", "reduce_scatter"): 11, ("tp", "all_reduce"): 10,
                                   ("dp", "all_gather"): 5, ("dp", "reduce_scatter"): 3}
-    proc, _ = _trace(tmp_path, "values", "--fake-world", 4, "--ranks", "0,3", job)
+    proc, _ = trace_json(tmp_path / "values", "--fake-world", 4, "--ranks", "0,3", job)
     assert proc.returncode == 0, proc.stderr[-3000:]
     same = cli("diff", tmp_path / "values", tmp_path / "shapes", "--json")
     assert same.returncode == 0 and json.loads(same.stdout)["same"], same.stdout[-3000:]
@@ -97,13 +92,13 @@ def test_fsdp2_tp_sp_without_data_issues_the_hand_counted_ledger(tmp_path):
 def test_ddp_and_pipelining_without_data(tmp_path):
     """DDP (its C++ checks and bucket rebuild run on real bookkeeping tensors) keeps its bucket structure;
     1F1B over 2 stages keeps torch's order of sends and receives (the warm-up vote is real data)."""
-    proc, doc = _trace(tmp_path, "ddp", "--fake-world", 2, "--fake-tensors", "--ranks", "0,1",
+    proc, doc = trace_json(tmp_path / "ddp", "--fake-world", 2, "--fake-tensors", "--ranks", "0,1",
                        [str(JOBS / "ddp.py"), "--steps", "3"])
     assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
     steps = {s["step"]: [e["op"] for e in s["events"] if e["phase"] != "other"] for s in doc["per_rank"][0]["steps"]}
     assert steps[0] == ["all_reduce"] and steps[1] == ["broadcast"] * 2 + ["all_reduce"] * 4
     assert steps[2] == ["all_reduce"] * 4
-    proc, doc = _trace(tmp_path, "pp", "--fake-world", 2, "--fake-tensors", "--ranks", "0,1",
+    proc, doc = trace_json(tmp_path / "pp", "--fake-world", 2, "--fake-tensors", "--ranks", "0,1",
                        [str(JOBS / "pipelining.py"), "--schedule", "1f1b", "--steps", "2"])
     assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
     steady = {r["rank"]: [e["op"] for s in r["steps"] if s["step"] == 1 for e in s["events"] if e["op"] in ("send", "recv")]
@@ -115,7 +110,7 @@ def test_ddp_and_pipelining_without_data(tmp_path):
 def test_a_script_reading_a_value_gets_one_line_naming_its_line(tmp_path):
     """MoE routing counts (bincount of the router's choices) are data: without data the rank fails with
     one line naming the script's line, and no traceback of meshscope's."""
-    proc, doc = _trace(tmp_path, "moe", "--fake-world", 2, "--fake-tensors", "--ranks", "0",
+    proc, doc = trace_json(tmp_path / "moe", "--fake-world", 2, "--fake-tensors", "--ranks", "0",
                        [str(JOBS / "moe_a2a.py")])
     assert proc.returncode == 1 and not doc["passed"]
     end = json.loads((tmp_path / "moe" / "ranks" / "rank0.json").read_text())

@@ -9,22 +9,17 @@ import pytest
 
 from meshscope.core.result import TraceResult
 
-from .helpers import ROOT, cli
+from .helpers import ROOT, cli, trace_json
 
 JOBS = ROOT / "tests" / "jobs"
 
-
-def _trace(tmp_path, name, *args, timeout=240):
-    proc = cli("trace", *args[:-1], "--out", tmp_path / name, "--json", "--", *args[-1], timeout=timeout)
-    assert proc.stdout.strip(), proc.stderr[-3000:]
-    return proc, json.loads(proc.stdout)
 
 
 def test_a_fake_world_issues_what_the_real_one_does(tmp_path):
     """FSDP2 x TP at world 4: every rank on the fake backend issues exactly what a real gloo job does."""
     job = [str(JOBS / "fsdp_tp.py"), "--steps", "2"]
-    real, _ = _trace(tmp_path, "real", "--nproc-per-node", 4, job)
-    fake, doc = _trace(tmp_path, "fake", "--fake-world", 4, "--ranks", "0,1,2,3", job)
+    real, _ = trace_json(tmp_path / "real", "--nproc-per-node", 4, job)
+    fake, doc = trace_json(tmp_path / "fake", "--fake-world", 4, "--ranks", "0,1,2,3", job)
     assert real.returncode == 0 and fake.returncode == 0, fake.stderr[-3000:]
     assert doc["fake_world"]["traced"] == [0, 1, 2, 3] and doc["passed"]
     proc = cli("diff", tmp_path / "real", tmp_path / "fake", "--json")
@@ -35,8 +30,8 @@ def test_ddp_on_the_fake_backend_issues_what_gloo_does(tmp_path):
     """DDP's built-in hook asserts on the fake work's empty future; meshscope's hook issues the same bucket
     all-reduces, and the first step's single bucket and the second step's rebuild broadcasts stay as on gloo."""
     job = [str(JOBS / "ddp.py"), "--steps", "3"]
-    real, _ = _trace(tmp_path, "real", "--nproc-per-node", 2, job)
-    fake, doc = _trace(tmp_path, "fake", "--fake-world", 2, "--ranks", "0,1", job)
+    real, _ = trace_json(tmp_path / "real", "--nproc-per-node", 2, job)
+    fake, doc = trace_json(tmp_path / "fake", "--fake-world", 2, "--ranks", "0,1", job)
     assert real.returncode == 0 and fake.returncode == 0 and doc["passed"], fake.stderr[-3000:]
     steps = {s["step"]: [e["op"] for e in s["events"] if e["phase"] != "other"] for s in doc["per_rank"][0]["steps"]}
     assert steps[0] == ["all_reduce"] and steps[1] == ["broadcast"] * 2 + ["all_reduce"] * 4
@@ -61,8 +56,8 @@ def test_rank_classes_hold_on_a_world_traced_whole(tmp_path):
     """World 8 = tp 2 x dp 4: auto traces one rank per class; tracing every rank shows that the members
     of each class issue the same ledger up to relabelling, and that the classes are not all one."""
     job = [str(JOBS / "fsdp_tp.py"), "--steps", "2"]
-    _, auto = _trace(tmp_path, "auto", "--fake-world", 8, job)
-    _, whole = _trace(tmp_path, "whole", "--fake-world", 8, "--ranks", ",".join(map(str, range(8))), job)
+    _, auto = trace_json(tmp_path / "auto", "--fake-world", 8, job)
+    _, whole = trace_json(tmp_path / "whole", "--fake-world", 8, "--ranks", ",".join(map(str, range(8))), job)
     classes = auto["fake_world"]["classes"]
     assert auto["passed"] and whole["passed"] and auto["fake_world"]["traced"] == [c["representative"] for c in classes]
     assert auto["layout"]["sizes"] == {"tp": 2, "dp": 4}
@@ -92,11 +87,11 @@ def test_pipelining_with_static_shapes_issues_what_gloo_does(tmp_path):
     job = [str(JOBS / "pipelining.py"), "--schedule", "1f1b", "--steps", "2"]
     proc = cli("trace", "--nproc-per-node", 2, "--out", tmp_path / "real", "--", *job, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    proc, doc = _trace(tmp_path, "fake", "--fake-world", 2, "--ranks", "0,1", job)
+    proc, doc = trace_json(tmp_path / "fake", "--fake-world", 2, "--ranks", "0,1", job)
     assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
     same = cli("diff", tmp_path / "real", tmp_path / "fake", "--json")
     assert json.loads(same.stdout)["same"], same.stdout[-3000:]
-    proc, doc = _trace(tmp_path, "inferred", "--fake-world", 4, "--ranks", "0", [*job, "--infer-shapes"])
+    proc, doc = trace_json(tmp_path / "inferred", "--fake-world", 4, "--ranks", "0", [*job, "--infer-shapes"])
     assert proc.returncode == 1 and not doc["passed"]
     assert any("recv_object_list" in n and "input_args" in n for n in doc["notes"])
 
