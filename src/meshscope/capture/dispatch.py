@@ -151,25 +151,23 @@ def _functional_all_to_all(a):
 FUNCTIONAL_DECODERS = {
     # torch's functional collectives (``_c10d_functional``, DTensor's redistributions), by the schemas of
     # torch 2.4-2.13. On real tensors their kernels issue the c10d op that DECODERS reads; under
-    # FakeTensorMode they are answered without it, so `ModeRecorder` reads them as the same call.
-    "all_reduce": lambda a: ("all_reduce", a[2], a[0].dtype, a[0].nbytes, a[0].nbytes, None, None, None),
-    "all_reduce_": lambda a: ("all_reduce", a[2], a[0].dtype, a[0].nbytes, a[0].nbytes, None, None, None),
-    "all_reduce_coalesced": lambda a: ("all_reduce", a[2], a[0][0].dtype, _nbytes(a[0]), _nbytes(a[0]), None, None, None),
-    "all_reduce_coalesced_": lambda a: ("all_reduce", a[2], a[0][0].dtype, _nbytes(a[0]), _nbytes(a[0]), None, None, None),
-    "all_gather_into_tensor": lambda a: ("all_gather", a[2], a[0].dtype, a[0].nbytes, a[0].nbytes * a[1], None, None, None),
-    "all_gather_into_tensor_out": lambda a: ("all_gather", a[2], a[0].dtype, a[0].nbytes, a[0].nbytes * a[1], None, None,
-                                             None),
+    # FakeTensorMode they are answered without it, so `ModeRecorder` reads them as the same call. An
+    # in-place (``_``) or ``_out`` variant has its plain twin's arguments and decoder.
+    **dict.fromkeys(("all_reduce", "all_reduce_"),
+                    lambda a: ("all_reduce", a[2], a[0].dtype, a[0].nbytes, a[0].nbytes, None, None, None)),
+    **dict.fromkeys(("all_reduce_coalesced", "all_reduce_coalesced_"),
+                    lambda a: ("all_reduce", a[2], a[0][0].dtype, _nbytes(a[0]), _nbytes(a[0]), None, None, None)),
+    **dict.fromkeys(("all_gather_into_tensor", "all_gather_into_tensor_out"),
+                    lambda a: ("all_gather", a[2], a[0].dtype, a[0].nbytes, a[0].nbytes * a[1], None, None, None)),
     "all_gather_into_tensor_coalesced": lambda a: ("all_gather", a[2], a[0][0].dtype, _nbytes(a[0]), _nbytes(a[0]) * a[1],
                                                    None, None, None),
-    "reduce_scatter_tensor": lambda a: ("reduce_scatter", a[3], a[0].dtype, a[0].nbytes, a[0].nbytes // a[2], None, None,
-                                        None),
-    "reduce_scatter_tensor_out": lambda a: ("reduce_scatter", a[3], a[0].dtype, a[0].nbytes, a[0].nbytes // a[2], None,
-                                            None, None),
+    **dict.fromkeys(("reduce_scatter_tensor", "reduce_scatter_tensor_out"),
+                    lambda a: ("reduce_scatter", a[3], a[0].dtype, a[0].nbytes, a[0].nbytes // a[2], None, None, None)),
     "reduce_scatter_tensor_coalesced": lambda a: ("reduce_scatter", a[3], a[0][0].dtype, _nbytes(a[0]),
                                                   _nbytes(a[0]) // a[2], None, None, None),
     "all_to_all_single": _functional_all_to_all,
-    "broadcast": lambda a: ("broadcast", a[2], a[0].dtype, a[0].nbytes, a[0].nbytes, a[1], None, None),
-    "broadcast_": lambda a: ("broadcast", a[2], a[0].dtype, a[0].nbytes, a[0].nbytes, a[1], None, None),
+    **dict.fromkeys(("broadcast", "broadcast_"),
+                    lambda a: ("broadcast", a[2], a[0].dtype, a[0].nbytes, a[0].nbytes, a[1], None, None)),
 }
 """``_c10d_functional`` (and ``_c10d_functional_autograd``) op name -> argument decoder, as DECODERS.
 Not read: ``wait_tensor`` (moves nothing) and the functional P2P ops (``isend``, ``irecv``,

@@ -23,6 +23,17 @@ ARTEFACTS = ("spec.json", "flight", "errors", "traces", "records", "figures", "r
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
 
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write `path` whole or not at all: a reader (the doctor, a fork server, a node's rank 0) never
+    sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    if isinstance(data, bytes):
+        tmp.write_bytes(data)
+    else:
+        tmp.write_text(data)
+    tmp.replace(path)
+
+
 def check_timeout(seconds: float) -> float:
     """A collective timeout must be a finite number of seconds, more than 0 and at most a week."""
     if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT_S):

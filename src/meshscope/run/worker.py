@@ -21,14 +21,13 @@ from .. import experiments
 from ..capture.flightlog import FlightLog
 from ..timing.profiling import profile_config
 from ..verify.result import build_result
+from .rundir import write_atomic
 from .runtime import RankContext
 
 
 def write_json(path: Path, doc) -> None:
     """Write atomically: a reader never sees half a file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(doc, indent=1))
-    tmp.replace(path)
+    write_atomic(path, json.dumps(doc, indent=1))
 
 
 def run_experiments(ctx: RankContext, spec: dict) -> list[dict] | None:

@@ -26,6 +26,7 @@ it. `used` names what was mapped, for the result's note.
 
 from __future__ import annotations
 
+import functools
 import os
 import traceback
 
@@ -52,18 +53,15 @@ def _is_cuda(device) -> bool:
     return isinstance(device, str) and device.split(":")[0] == "cuda"
 
 
-_installed: list[bool] = []
-
-
+@functools.cache  # once per process: the fork server installs it before it forks the ranks, which call it again
 def install() -> None:
     """Map CUDA to the CPU in this process (only where torch has no CUDA). The fork server installs it
     before it forks the ranks (what a rank's libraries compute at import then sees the same mapping as
-    in the first ranks); a second call does nothing."""
+    in the first ranks)."""
     import torch
 
-    if _installed or torch.cuda.is_available():
+    if torch.cuda.is_available():
         return
-    _installed.append(True)
     _patch_torch_cuda(torch)
     _patch_device_mesh()
     _patch_ddp()
@@ -89,8 +87,8 @@ def _patch_torch_cuda(torch) -> None:
     def local_world() -> int:
         return int(os.environ.get("LOCAL_WORLD_SIZE", 1))
 
-    cuda.device_count = answer_with("cuda.device_count", lambda: local_world())
-    cuda.current_device = answer_with("cuda.current_device", lambda: local_rank())
+    cuda.device_count = answer_with("cuda.device_count", local_world)
+    cuda.current_device = answer_with("cuda.current_device", local_rank)
     for name, value in (("is_available", True),
                         ("set_device", None), ("synchronize", None), ("empty_cache", None),
                         ("manual_seed", None), ("manual_seed_all", None),
@@ -112,7 +110,7 @@ def _patch_torch_cuda(torch) -> None:
         return torch.device("cuda")
 
     accelerator.current_accelerator = accelerator_type
-    accelerator.device_count = answer_with("accelerator.device_count", lambda: local_world())
+    accelerator.device_count = answer_with("accelerator.device_count", local_world)
 
     def unmapped_init(*args, **kwargs):
         """torch.cuda's own gate before it touches a device: name the call instead of 'not compiled'."""

@@ -29,15 +29,10 @@ import os
 
 from .entry_points import rebind, wrap
 
-_installed: list[bool] = []
-
-
+@functools.cache  # once per process: the fork server installs it before it forks the ranks, which call it again
 def use_fake_backend() -> None:
     """Make the script's ``init_process_group`` a fake one of the world the environment names (read at
-    the call: the fork server installs this before it forks the ranks; a second call does nothing)."""
-    if _installed:
-        return
-    _installed.append(True)
+    the call: the fork server installs this before it forks the ranks)."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     def fake_init(original):

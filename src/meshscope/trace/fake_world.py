@@ -35,7 +35,7 @@ def trace_fake_world(options, echo=None) -> tuple[Path, dict]:
     classes = None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     codes: dict[int, int] = {}
-    asked: list[int] = []  # the ranks handed to the server so far: each must end with a record
+    asked: list[int] = []  # the first ranks handed to the server: each must end with a record
     server = ForkServer(run_dir, options.rank_arguments(run_dir), world, per_node, options.fake_tensors)
     failure = None
     try:  # one rank per usable core, each forked from a server that imported torch once
@@ -49,7 +49,6 @@ def trace_fake_world(options, echo=None) -> tuple[Path, dict]:
             classes = rank_classes(world, created_groups(run_dir))
             chosen = sorted(_representative(members, codes) for members in classes.values())
         echo(f"meshscope trace: fake world of {world}: tracing ranks {chosen}\n")
-        asked = chosen
         codes.update(server.run([r for r in chosen if r not in codes], cores))
     except ServerFailed as exc:
         failure = str(exc)
@@ -57,7 +56,7 @@ def trace_fake_world(options, echo=None) -> tuple[Path, dict]:
         server.close(abort=True)
         raise
     server.close()
-    chosen = chosen or asked
+    chosen = chosen or asked  # the server failed before the classes were known
     spec["traced"] = len(chosen)
     (run_dir / "spec.json").write_text(json.dumps(spec, indent=1))
     result = assemble(run_dir)
@@ -76,8 +75,8 @@ def trace_fake_world(options, echo=None) -> tuple[Path, dict]:
         doc["error"], doc["passed"] = failure, False
     elif failed:
         first = min(failed)
-        end, log = run_dir / "ranks" / f"rank{first}.json", run_dir / "logs" / f"rank{first}.log"
-        said = json.loads(end.read_text()).get("error") if end.exists() else None
+        log = run_dir / "logs" / f"rank{first}.log"
+        said = next((r.error for r in result.ranks if r.rank == first and r.status != "missing"), "")  # its record
         doc["error"], doc["passed"] = f"rank {first}: {said or f'exited with code {failed[first]}'}", False
         if log.exists():
             echo("\n".join(log.read_text().splitlines()[-15:]) + "\n")

@@ -35,6 +35,7 @@ import sysconfig
 from pathlib import Path
 
 from ..core.errors import UsageError
+from ..run.rundir import write_atomic
 
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.device_mesh", "torch.distributed.tensor",
            "torch.distributed.tensor.parallel", "torch.distributed.fsdp", "torch.distributed.pipelining",
@@ -97,14 +98,18 @@ class ForkServer:
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:  # its pipe closed but it lives on: it is stopped here
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            self._kill()
         code = self.proc.returncode
         if code < 0:
             return ServerFailed(f"the fork server was killed by signal {-code} ({self.log_path})")
         said = [line for line in self.log_path.read_text().splitlines() if line.strip() and not line[0].isspace()]
         return ServerFailed(f"the fork server exited with code {code}: {said[-1] if said else 'nothing in its log'} "
                             f"({self.log_path})")
+
+    def _kill(self) -> None:
+        """The server and every rank it forked (its own session), at once."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
 
     def close(self, abort: bool = False) -> None:
         """Stop the server: it ends at the EOF of its stdin; with `abort` (an error or Ctrl-C while ranks
@@ -116,8 +121,7 @@ class ForkServer:
             except (BrokenPipeError, subprocess.TimeoutExpired):
                 abort = True
         if self.proc.poll() is None and abort:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+            self._kill()
         for stream in (self.proc.stdin, self._replies):
             try:
                 stream.close()
@@ -144,9 +148,7 @@ def _write_imports(run_dir: Path, rank: int, before: set[str]):
         names = [name for name, module in list(sys.modules.items())
                  if name not in before and name != "__main__" and module is not None and _library_module(module)]
         (run_dir / IMPORTS).mkdir(exist_ok=True)
-        tmp = run_dir / IMPORTS / f"rank{rank}.json.tmp"
-        tmp.write_text(json.dumps(names))
-        tmp.replace(run_dir / IMPORTS / f"rank{rank}.json")  # whole or absent for the server's reader
+        write_atomic(run_dir / IMPORTS / f"rank{rank}.json", json.dumps(names))  # whole or absent for the server
     return on_end
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ..run.rundir import write_atomic
+
 BUFFER_SIZE = "2000"
 """Entries kept per process (torch's ring buffer): a few steps of a large job."""
 
@@ -49,8 +51,6 @@ def dump(run_dir: Path, rank: int) -> list[Path]:
             data = fn()
         except RuntimeError:  # the recorder is off (no buffer size) or has nothing to say
             continue
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(data if isinstance(data, bytes) else str(data).encode())
-        tmp.replace(path)
+        write_atomic(path, data if isinstance(data, bytes) else str(data).encode())
         written.append(path)
     return written

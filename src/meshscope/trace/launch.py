@@ -145,8 +145,8 @@ class TraceOptions:
 
 def ready_recorder(options: TraceOptions, echo=None) -> TraceOptions:
     """Build the C++ recorder before any rank starts (a rank only loads it), or fall back to the
-    Python kernel, saying why."""
-    if options.recorder != "native":
+    Python kernel, saying why. Not with fake tensors: their calls are recorded by a dispatch mode."""
+    if options.recorder != "native" or options.fake_tensors:
         return options
     from ..capture.native_build import NativeUnavailable, ensure  # torch only if it must be compiled
 
@@ -162,7 +162,7 @@ def ready_recorder(options: TraceOptions, echo=None) -> TraceOptions:
 def trace(options: TraceOptions, echo=None) -> tuple[Path, dict]:
     """Run the traced job; returns its run directory and the result document (also result.json)."""
     options.validate()
-    options = options if options.fake_tensors else ready_recorder(options, echo)  # fake tensors: a dispatch mode
+    options = ready_recorder(options, echo)
     if options.fake_world:
         from .fake_world import trace_fake_world
 

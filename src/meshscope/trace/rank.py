@@ -47,6 +47,7 @@ from ..capture.dispatch import errors as decode_errors
 from ..capture.job_context import JobContext
 from ..core.axes import axis_of
 from ..core.events import CommEvent
+from ..run.rundir import write_atomic
 from . import device_map, fake, fake_tensors, fr_dump
 from .created import note_creations
 from .entry_points import wrap
@@ -211,9 +212,8 @@ class RankTrace:
         events = self.ledger()
         for d in ("ledgers", "ranks"):
             (self.run_dir / d).mkdir(exist_ok=True)
-        tmp = self.run_dir / "ledgers" / f"rank{self.rank}.jsonl.tmp"
-        tmp.write_text("".join(json.dumps(e.to_json()) + "\n" for e in events))
-        tmp.replace(self.run_dir / "ledgers" / f"rank{self.rank}.jsonl")
+        write_atomic(self.run_dir / "ledgers" / f"rank{self.rank}.jsonl",
+                     "".join(json.dumps(e.to_json()) + "\n" for e in events))
         doc = {"rank": self.rank, "status": status, "steps": self.context.step,
                "optimizer_steps": self.context.optimizers_seen, "events": len(events),
                "groups": [{"name": g.name, "desc": g.desc, "axis": self.axis(g), "ranks": list(g.ranks)}
