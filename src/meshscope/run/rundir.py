@@ -18,7 +18,8 @@ from pathlib import Path
 from ..core.errors import UsageError
 
 ARTEFACTS = ("spec.json", "flight", "errors", "traces", "records", "figures", "result.json", "report.md",
-             "launcher.log", "failure.txt", "ledgers", "ranks", "trace.json", "INCOMPLETE")
+             "launcher.log", "failure.txt", "ledgers", "ranks", "trace.json", "INCOMPLETE",
+             "groups", "fr", "logs", "imports")  # a trace's: group creations, Flight Recorder dumps, fake-world logs
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 
