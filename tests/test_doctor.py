@@ -64,7 +64,7 @@ def test_a_hang_with_no_call_pending_is_placed_by_the_last_progress_marks(tmp_pa
     logs = {r: call(r, "all_reduce", (0, 1), 1, axis="tp") + [mark(2, "verify done"), mark(3, f"time tp_ar_b32 r{r}")]
             for r in (0, 1)}
     report = diagnose(write_run(tmp_path, logs, errors={1: "no rank made progress for 70 s"}))
-    assert not report["findings"] and report["last_marks"] == {0: "time tp_ar_b32 r0", 1: "time tp_ar_b32 r1"}
+    assert not report.findings and report.last_marks == {0: "time tp_ar_b32 r0", 1: "time tp_ar_b32 r1"}
     assert render(report)[-1] == "last progress: rank 0 'time tp_ar_b32 r0'; rank 1 'time tp_ar_b32 r1'"
 
 
@@ -89,7 +89,7 @@ def test_complementary_p2p_is_healthy(tmp_path):
     logs = {0: call(0, "send", (0, 1), 1, peer=1) + call(0, "recv", (0, 1), 2, seq=1, peer=1),
             1: call(1, "recv", (0, 1), 1, peer=0) + call(1, "send", (0, 1), 2, seq=1, peer=0)}
     report = diagnose(write_run(tmp_path, logs))
-    assert report["healthy"] and report["findings"] == []
+    assert report.healthy and report.findings == []
     assert render(report) == ["no problem found in the flight logs of ranks [0, 1]"]
 
 
@@ -127,7 +127,7 @@ def test_group_creations_in_another_order_while_one_rank_is_stuck(tmp_path):
     write_run(tmp_path, {0: [], 1: []})
     creations(tmp_path, {0: [("metrics", [0], True, False), ("dp", [0, 1], False, False)],
                          1: [("side", [1], True, True), ("dp", [0, 1], False, False)]})
-    [f] = diagnose(tmp_path)["findings"]
+    [f] = diagnose(tmp_path).to_json()["findings"]
     assert (f["kind"], f["axis"], f["group"], f["ranks"]) == ("group-order", "dp", [0, 1], [0, 1])
     assert "rank 1 created dp[0, 1], rank 0 created metrics[0] (rank 1 is stuck creating dp[0, 1])" in f["entry"]
 
@@ -135,7 +135,7 @@ def test_group_creations_in_another_order_while_one_rank_is_stuck(tmp_path):
 def test_group_built_with_other_members_is_group_members(tmp_path):
     write_run(tmp_path, {0: [], 1: []})
     creations(tmp_path, {0: [("tp", [0, 1], False, False)], 1: [("tp", [0], True, False), ("tp", [1], True, False)]})
-    [f] = diagnose(tmp_path)["findings"]
+    [f] = diagnose(tmp_path).to_json()["findings"]
     assert (f["kind"], f["axis"]) == ("group-members", "tp")
     assert "rank 1 a group of 1 [0], rank 0 a group of 2 [0, 1]" in f["cause"]
 
@@ -148,7 +148,7 @@ def test_fewer_bucket_all_reduces_in_one_backward_is_ddp_unused(tmp_path):
     mark = {"t": 9, "kind": "mark", "text": "step 3 done"}
     write_run(tmp_path, {0: bucket(0, 0, 1, 1) + bucket(0, 1, 2, 2, done=False),
                          1: bucket(1, 0, 1, 1) + [mark]})
-    first = diagnose(tmp_path)["findings"][0]
+    first = diagnose(tmp_path).to_json()["findings"][0]
     assert (first["kind"], first["axis"], first["ranks"]) == ("ddp-unused", "dp", [1])
     assert "in step 2's backward rank 1 issued 0 gradient all-reduces on this group and rank 0 1" in first["cause"]
 
@@ -168,7 +168,7 @@ def test_earliest_finding_is_the_root_cause(tmp_path):
             1: call(1, "send", (0, 1), 1, done=False, peer=0),
             2: call(2, "all_reduce", (0, 2), 2, done=False)}
     report = diagnose(write_run(tmp_path, logs))
-    kinds = [(f["kind"], f["axis"], f["root_cause"]) for f in report["findings"]]
+    kinds = [(f["kind"], f["axis"], f["root_cause"]) for f in report.to_json()["findings"]]
     assert kinds == [("p2p", "pp", True), ("missing", "dp", False)]
     assert render(report)[0].startswith("likely root cause: [p2p] pp[0, 1] ranks [0, 1]")
 
@@ -181,7 +181,7 @@ def test_a_wait_for_a_blocked_rank_follows_the_block(tmp_path):
             1: call(1, "all_to_all", t=2, input_splits=(2, 2), output_splits=(3, 2), **a2a)
             + call(1, "all_to_all", t=3, done=False, seq=1, input_splits=(3, 2), output_splits=(2, 2), **a2a),
             3: call(3, "all_reduce", (1, 3), 1, done=False, axis="edp")}
-    findings = diagnose(write_run(tmp_path, logs))["findings"]
+    findings = diagnose(write_run(tmp_path, logs)).to_json()["findings"]
     assert [(f["kind"], f["axis"], f["derived"]) for f in findings] == [("mismatch", "ep", False),
                                                                         ("missing", "edp", True)]
 
@@ -191,7 +191,7 @@ def test_gradient_never_sent_back_is_pp_no_grad(tmp_path):
     act = dict(region="pp.boundary0.activation", microbatch=0, peer=0)
     logs = {0: call(0, "send", (0, 1), 1, peer=1) + call(0, "recv", (0, 1), 2, seq=1, peer=1, phase="backward"),
             1: call(1, "recv", (0, 1), 1, **act) + call(1, "recv", (0, 1), 3, seq=1, **act)}
-    [f] = diagnose(write_run(tmp_path, logs))["findings"]  # the unanswered recv is the same fault, not a 2nd
+    [f] = diagnose(write_run(tmp_path, logs)).to_json()["findings"]  # the unanswered recv is the same fault, not a 2nd
     assert (f["kind"], f["group"], f["ranks"]) == ("pp-no-grad", [0, 1], [1])
     assert "sent no gradient back; rank 0 waits in its recv backward" in f["summary"]
 
@@ -246,7 +246,7 @@ def test_injected_fault_is_named_first(injected, kind):
     assert "no rank made progress" not in proc.stderr
     assert subprocess.run(["pgrep", "-f", str(out)], capture_output=True).returncode == 1
     assert f"meshscope doctor: [{expect_kind}]" in proc.stderr  # the launcher ran the doctor
-    report = diagnose(out)
+    report = diagnose(out).to_json()
     assert not report["healthy"]
     first = report["findings"][0]
     assert first["root_cause"] and first["kind"] == expect_kind and expect_text in first["summary"], report["findings"]

@@ -8,7 +8,7 @@ import argparse
 import json
 
 from meshscope.cli.trace_command import cmd_diff
-from meshscope.core.result import TraceResult
+from meshscope.core.trace_result import TraceResult
 
 from .helpers import ROOT, cli
 

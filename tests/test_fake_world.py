@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from meshscope.core.result import TraceResult
+from meshscope.core.trace_result import TraceResult
 
 from .helpers import ROOT, cli, trace_json
 

@@ -79,5 +79,5 @@ def test_both_sources_name_the_group_by_the_traces_axis(faults):
     on dp, resting on both sources."""
     from meshscope.doctor import diagnose
 
-    report = diagnose(faults["skip_collective"].run_dir)
+    report = diagnose(faults["skip_collective"].run_dir).to_json()
     assert [(f["kind"], f["axis"], f["evidence"]) for f in report["findings"]] == [("mismatch", "dp", "both")]

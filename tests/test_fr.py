@@ -31,11 +31,12 @@ def _write(tmp_path, docs: dict[int, dict], prefix: str = "rank_"):
 
 
 def _kinds(report) -> list[tuple]:
-    return [(f["kind"], f["axis"], f["group"], f["ranks"], f["evidence"]) for f in report["findings"]]
+    doc = report if isinstance(report, dict) else report.to_json()
+    return [(f["kind"], f["axis"], f["group"], f["ranks"], f["evidence"]) for f in doc["findings"]]
 
 
 def test_a_rank_that_skipped_a_collective_is_named_with_its_last_entry():
-    report = diagnose(FIXTURES / "missing")
+    report = diagnose(FIXTURES / "missing").to_json()
     assert _kinds(report)[0] == ("missing", "world", [0, 1, 2, 3], [1], "flight recorder")
     f = report["findings"][0]
     assert f["entry"] == "collective #3 of world[0, 1, 2, 3]: all_reduce other 16 B"
@@ -47,13 +48,13 @@ def test_a_rank_that_skipped_a_collective_is_named_with_its_last_entry():
 def test_json_is_preferred_and_reads_as_the_pickle(tmp_path):
     for r in range(4):
         shutil.copy(FIXTURES / "missing" / f"rank_{r}", tmp_path)
-    from_pickle, from_json = diagnose(tmp_path), diagnose(FIXTURES / "missing")
+    from_pickle, from_json = diagnose(tmp_path).to_json(), diagnose(FIXTURES / "missing").to_json()
     assert _kinds(from_pickle) == _kinds(from_json)
     assert [f["entry"] for f in from_pickle["findings"]] == [f["entry"] for f in from_json["findings"]]
 
 
 def test_a_different_collective_at_the_same_position_is_a_mismatch():
-    [f] = diagnose(FIXTURES / "mismatch")["findings"]
+    [f] = diagnose(FIXTURES / "mismatch").to_json()["findings"]
     assert (f["kind"], f["axis"], f["group"], f["ranks"]) == ("mismatch", "tp", [0, 1], [0, 1])
     assert "rank 0 all_reduce other 16 B; rank 1 broadcast other 16 B" in f["entry"]
 
@@ -89,7 +90,7 @@ def _as_version(doc: dict, version: str) -> dict:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_every_known_version_reads_to_the_same_finding(tmp_path, version):
     docs = {r: _as_version(d, version) for r, d in _docs("missing").items()}
-    report = diagnose(_write(tmp_path, docs))
+    report = diagnose(_write(tmp_path, docs)).to_json()
     assert _kinds(report)[0] == ("missing", "world", [0, 1, 2, 3], [1], "flight recorder")
     assert report["sources"]["flight_recorder"]["version"] == version
 
@@ -171,14 +172,14 @@ def test_mixed_jobs_are_refused(tmp_path):
 def test_nccl_send_without_recv(tmp_path):
     docs = {0: _nccl(0, [_entry(0, "nccl:all_reduce", 1), _entry(1, "nccl:send 0->1", 0, "started", p2p=1)]),
             1: _nccl(1, [_entry(0, "nccl:all_reduce", 1)])}
-    [f] = diagnose(_write(tmp_path, docs))["findings"]
+    [f] = diagnose(_write(tmp_path, docs)).to_json()["findings"]
     assert (f["kind"], f["axis"], f["ranks"]) == ("p2p", "world", [0, 1])
     assert "rank 0 issued send other 16 B; rank 1 never posted the recv" in f["entry"]
 
 
 def test_every_rank_stuck_in_the_same_collective(tmp_path):
     docs = {r: _nccl(r, [_entry(0, "nccl:all_reduce", 1), _entry(1, "nccl:all_gather", 2, "started")]) for r in (0, 1)}
-    [f] = diagnose(_write(tmp_path, docs))["findings"]
+    [f] = diagnose(_write(tmp_path, docs)).to_json()["findings"]
     assert (f["kind"], f["axis"], f["ranks"]) == ("stuck", "world", [0, 1])
     assert f["entry"].startswith("collective #1 of world[0, 1]: all_gather") and "none finished" in f["cause"]
 
@@ -188,7 +189,7 @@ def test_groups_created_in_different_orders(tmp_path):
     for e in docs[1]["entries"]:
         if e["process_group"][0] == "1":
             e["process_group"] = ("1", "mesh_dp")
-    [f] = diagnose(_write(tmp_path, docs))["findings"]
+    [f] = diagnose(_write(tmp_path, docs)).to_json()["findings"]
     assert (f["kind"], f["ranks"]) == ("group-order", [1]) and "rank 1 has mesh_dp" in f["entry"]
 
 
@@ -198,7 +199,7 @@ def test_group_membership_that_differs(tmp_path):
 
     docs = {0: _nccl(0, [_entry(0, "nccl:all_reduce", 1, group=("1", "mesh_tp"))], extra_groups=tp([0, 1])),
             1: _nccl(1, [_entry(0, "nccl:all_reduce", 1, group=("1", "mesh_tp"))], extra_groups=tp([1]))}
-    [f] = diagnose(_write(tmp_path, docs))["findings"]
+    [f] = diagnose(_write(tmp_path, docs)).to_json()["findings"]
     assert (f["kind"], f["axis"], f["ranks"]) == ("group-membership", "tp", [1])
 
 
@@ -210,7 +211,7 @@ def test_a_trace_directory_with_both_sources_says_what_each_finding_rests_on(tmp
     (run / "fr").mkdir()
     for r in range(4):
         shutil.copy(FIXTURES / "missing" / f"rank_{r}.json", run / "fr")
-    report = diagnose(run)
+    report = diagnose(run).to_json()
     assert report["sources"]["flight_log"] and report["sources"]["flight_recorder"]["backend"] == "gloo"
     assert [(f["kind"], f["axis"], f["evidence"]) for f in report["findings"]] == [("missing", "world", "both")]
 
@@ -229,7 +230,7 @@ def test_a_real_nccl_dump_reads_with_its_groups_axes_and_states(form):
     assert calls == [("all_reduce", "world", "float32", "completed"), ("all_gather", "world", "float32", "completed"),
                      ("reduce_scatter", "world", "float32", "completed"), ("all_to_all", "world", "float32", "completed"),
                      ("broadcast", "tp", "bfloat16", "completed")]
-    assert diagnose(FIXTURES / "nccl_world1" / form)["healthy"]
+    assert diagnose(FIXTURES / "nccl_world1" / form).to_json()["healthy"]
 
 
 def test_torchs_analyzer_finds_no_more_than_the_doctor_in_the_nccl_dump():

@@ -53,7 +53,7 @@ def test_gloo_recorder_limits(skipped):
 
 
 def test_doctor_names_the_rank_that_skipped(skipped):
-    f = diagnose(skipped / "rank_")["findings"][0]
+    f = diagnose(skipped / "rank_").to_json()["findings"][0]
     assert (f["kind"], f["axis"], f["ranks"], f["evidence"]) == ("missing", "world", [1], "flight recorder")
 
 

@@ -209,7 +209,7 @@ def test_injected_pp_hang_is_placed_on_the_pp_axis(tmp_path):
     proc = cli("run", "nd_mlp", *flags, "--inject", "pp-no-grad", "--timeout", 10, "--out", tmp_path, "--json",
                timeout=300)
     assert proc.returncode == 1, proc.stderr[-2000:]
-    findings = diagnose(tmp_path)["findings"]
+    findings = diagnose(tmp_path).to_json()["findings"]
     first = findings[0]
     assert (first["kind"], first["axis"], first["group"], first["ranks"], first["root_cause"]) == \
         ("pp-no-grad", "pp", [1, 5], [5], True)

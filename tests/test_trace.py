@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from meshscope.core.result import TraceResult
+from meshscope.core.trace_result import TraceResult
 
 from .helpers import ROOT, cli
 
@@ -218,14 +218,15 @@ def test_the_scripts_own_traceback_and_a_failed_trace(tmp_path):
     assert not doc["passed"] and "ValueError: bad batch 7" in doc["ranks"][0]["error"]
 
 
-def test_a_script_without_a_process_group_gets_an_empty_ledger_and_a_note(tmp_path):
-    job = tmp_path / "plain.py"
-    job.write_text("print('no distributed here')\n")
+def test_a_script_that_steps_no_optimizer_gets_one_step_and_a_note(tmp_path):
+    job = tmp_path / "stepless.py"
+    job.write_text("import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+                   "dist.all_reduce(torch.ones(2))\ndist.all_reduce(torch.ones(2))\n")
     proc = cli("trace", "--out", tmp_path / "run", "--json", "--", job, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
-    assert doc["per_rank"][0]["steps"] == [] and any("never initialised a process group" in n for n in doc["notes"])
-    assert any("no torch.optim optimizer" in n for n in doc["notes"])
+    assert [s["step"] for s in doc["per_rank"][0]["steps"]] == [0] and len(doc["per_rank"][0]["steps"][0]["events"]) == 2
+    assert any("no torch.optim optimizer: one step holds everything" in n for n in doc["notes"])
 
 
 @pytest.mark.parametrize("args, needle", [

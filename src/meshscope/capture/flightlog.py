@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
-
 from typing import TYPE_CHECKING
+
+from ..core.rundir import RunDir
 
 if TYPE_CHECKING:
     from .recorder import Capture
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
 
 class FlightLog:
     def __init__(self, run_dir: Path, rank: int):
-        path = Path(run_dir) / "flight" / f"rank{rank}.jsonl"
+        path = RunDir(run_dir).flight(rank)
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._file = open(path, "a", buffering=1)  # line-buffered: each line reaches the OS at once
@@ -101,19 +103,30 @@ def _expand(record: list, groups: dict) -> dict:
     return {**d, "kind": "issued", "axis": g["axis"], "group": g["ranks"]}
 
 
-def read_creations(path: Path) -> list[dict]:
-    """One traced rank's ``new_group`` calls in order, member or not: {index, desc, ranks, local, done, t}
-    (``done``: it returned; ``local``: members-only synchronisation), from the
-    ``groups/rank<R>.jsonl`` that `trace.created` writes. A torn last line is skipped."""
+@dataclass
+class GroupLog:
+    """One traced rank's ``groups/rank<R>.jsonl`` (`trace.created`): whether it initialised the default
+    group, and its ``new_group`` calls in order, member or not: {index, desc, ranks, local, done, t}
+    (``done``: it returned; ``local``: members-only synchronisation)."""
+
+    initialised: bool
+    creations: list[dict]
+
+
+def read_creations(path: Path) -> GroupLog:
+    """A traced rank's group log; a torn last line is skipped."""
     out: dict[int, dict] = {}
+    initialised = False
     for line in Path(path).read_text().splitlines():
         try:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if rec.get("kind") == "creating":
+        if rec.get("kind") == "initialised":
+            initialised = True
+        elif rec.get("kind") == "creating":
             out[rec["index"]] = {"index": rec["index"], "desc": rec["desc"], "ranks": rec["ranks"],
                                  "local": rec.get("local", False), "done": False, "t": rec["t"]}
         elif rec.get("kind") == "created" and rec.get("index") in out:
             out[rec["index"]]["done"] = True
-    return [out[i] for i in sorted(out)]
+    return GroupLog(initialised, [out[i] for i in sorted(out)])

@@ -1,4 +1,4 @@
-"""Layer 13: the command line. `parser` defines every subcommand and its flags, `commands` their
+"""The command line. `parser` defines every subcommand and its flags, `commands` their
 bodies, `worker` the process torchrun starts for each rank."""
 
 from .parser import main

@@ -17,7 +17,7 @@ from ..core.faults import RUN_LEVEL
 from ..core.mesh import Layout
 from ..core.overrides import overrides_of
 from ..core.result import RunResult, SuiteResult
-from ..run import rundir
+from ..core.rundir import RunDir, check_timeout
 
 
 def cmd_layout(args) -> int:
@@ -81,7 +81,7 @@ def cmd_run(args) -> int:
     run_level = _inject(exp, args.inject, overrides)
     cfg = exp.config(overrides)
     layout = cfg.layout
-    rundir.check_timeout(args.timeout)
+    check_timeout(args.timeout)
     if args.profile < 0:
         raise UsageError(f"--profile {args.profile} must be a number of steps >= 1")
     spec = {"backend": args.backend, "timeout": args.timeout, "inject": run_level, "profile": args.profile,
@@ -112,7 +112,7 @@ def launch_spec(run_dir: Path, spec: dict, world: int, timeout: float) -> dict |
     """Write the spec, launch the ranks, return rank 0's result (None after printing why it failed)."""
     from ..run.launch import launch
 
-    rundir.start(run_dir, spec)
+    RunDir(run_dir).start(spec)
     outcome = launch(run_dir, world, timeout, on_progress=lambda m: print(f"  {m}", file=sys.stderr, flush=True))
     if outcome.returncode != 0 or not (run_dir / "result.json").exists():
         (run_dir / "failure.txt").write_text(outcome.error or "no result written")
@@ -137,11 +137,11 @@ def _auto_doctor(run_dir: Path) -> dict | None:
         print(f"meshscope doctor: could not diagnose {run_dir}: {type(exc).__name__}: {exc}".splitlines()[0],
               file=sys.stderr)
         return None
-    for f in report["findings"]:
-        print(f"meshscope doctor: {f['summary']}", file=sys.stderr)
-    if not report["findings"] and (line := progress(report)):  # nothing pending: where each rank last was
+    for f in report.findings:
+        print(f"meshscope doctor: {f.line()}", file=sys.stderr)
+    if not report.findings and (line := progress(report)):  # nothing pending: where each rank last was
         print(f"meshscope doctor: no collective left pending; {line}", file=sys.stderr)
-    return report
+    return report.to_json()
 
 
 def _failed_launch(args, what: str, run_dir: Path, report: dict | None = None) -> int:
@@ -165,7 +165,7 @@ def cmd_suite(args) -> int:
                            cv_threshold=args.cv_threshold, profile=args.profile, profile_steps=args.profile_steps,
                            world=args.world, sweep=args.sweep, cuda_graph=args.cuda_graph)
     world = world_of(options)  # validates everything before anything is written
-    rundir.check_timeout(args.timeout)
+    check_timeout(args.timeout)
     _check_backend(args.backend, world)
     _check_cuda_graph(args.cuda_graph, args.backend)
     if args.profile and args.backend != "nccl":
@@ -193,7 +193,7 @@ def cmd_report(args) -> int:
     from ..report.suite import print_terminal, write_all
     from ..suite.verdicts import summary
 
-    if (args.run_dir / "spec.json").is_file() and json.loads((args.run_dir / "spec.json").read_text()).get("kind") == "trace":
+    if RunDir(args.run_dir).kind() == "trace":
         from .trace_command import report_trace
 
         return report_trace(args.run_dir)
@@ -230,12 +230,12 @@ def cmd_doctor(args) -> int:
                          f"of Flight Recorder dumps)")
     report = diagnose(args.run_dir)
     if args.json:
-        print(json.dumps(report))
+        print(json.dumps(report.to_json()))
     else:
         from ..doctor import render
 
         print("\n".join(render(report)))
-    return 0 if report["healthy"] else 1
+    return 0 if report.healthy else 1
 
 
 def _run_as_rank(args, spec) -> int:
@@ -297,7 +297,7 @@ def cmd_sweep(args) -> int:
                       iters=args.iters, warmup=args.warmup, back_to_back=args.back_to_back, cuda_graph=args.cuda_graph,
                       **{k: v for k, v in given.items() if v is not None})
     cfg.validate()
-    rundir.check_timeout(args.timeout)
+    check_timeout(args.timeout)
     _check_cuda_graph(args.cuda_graph, args.backend)
     from ..run.launch import in_torchrun
 

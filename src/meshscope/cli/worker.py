@@ -7,11 +7,11 @@ programs live in the layers that own them (`run.worker` for experiments, `suite.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
+from ..core.rundir import RunDir
 from ..run.worker import Program, execute, run_experiments
 from ..suite.rank import suite_program
 from ..timing.sweep import sweep_program
@@ -26,7 +26,7 @@ def program_of(spec: dict) -> Program:
 
 if __name__ == "__main__":
     directory = Path(sys.argv[1])
-    spec = json.loads((directory / "spec.json").read_text())
+    spec = RunDir(directory).read_spec()
     code = execute(directory, spec, program_of(spec))
     sys.stdout.flush()
     sys.stderr.flush()

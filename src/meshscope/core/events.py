@@ -20,6 +20,15 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv
 """Every op name a ledger uses. The ``*_object`` calls and ``monitored_barrier`` are recorded as the
 ops torch issues for them (an object all-gather is an all_gather of sizes, then of the bytes)."""
 
+P2P = ("send", "recv")
+"""Point-to-point ops: paired between two ranks, not agreed on by a group."""
+
+ROOTED = ("broadcast", "reduce", "gather", "scatter")
+"""Ops with a root (``CommEvent.peer`` holds it)."""
+
+WORLD = "world"
+"""The axis label of the default group."""
+
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int64": 8, "int32": 4, "int8": 1, "uint8": 1}
 
 

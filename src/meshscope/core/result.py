@@ -17,20 +17,45 @@ from .events import CommEvent, counts
 from .mesh import Layout
 
 
+CHECK_STATUSES = ("passed", "failed", "not_checked")
+"""A check held, found a fault, or could not run (too few steps, no calls): never a "yes" it did not earn."""
+
+
 @dataclass
 class Check:
-    """One verified invariant: its name, whether it held, and the figure behind it."""
+    """One verified invariant: its name, whether it held, and the figure behind it; a check that could
+    not run (`not_checked`) says why in `detail` and is neither passed nor failed."""
 
     name: str
     passed: bool
     detail: str
+    checked: bool = True
+    """False: the check did not run (what it needs was not there), whatever `passed` says."""
+
+    @classmethod
+    def not_checked(cls, name: str, why: str) -> Check:
+        return cls(name, False, why, checked=False)
+
+    @property
+    def status(self) -> str:
+        """``passed``, ``failed`` or ``not_checked`` (`CHECK_STATUSES`)."""
+        if not self.checked:
+            return "not_checked"
+        return "passed" if self.passed else "failed"
+
+    @property
+    def failed(self) -> bool:
+        return self.status == "failed"
 
     def to_json(self) -> dict:
-        return {"name": self.name, "passed": bool(self.passed), "detail": self.detail}
+        return {"name": self.name, "passed": self.status == "passed", "status": self.status, "detail": self.detail}
 
     @classmethod
     def from_json(cls, d: dict) -> Check:
-        return cls(d["name"], bool(d["passed"]), d["detail"])
+        status = d.get("status") or ("passed" if d["passed"] else "failed")
+        if status not in CHECK_STATUSES:
+            raise ValueError(f"check status {status!r} is not one of {', '.join(CHECK_STATUSES)}")
+        return cls(d["name"], status == "passed", d["detail"], checked=status != "not_checked")
 
 
 _CONTRACT = ("experiment", "backend", "world", "config", "layout", "axis_labels", "passed", "checks", "comm",
@@ -148,80 +173,3 @@ class SuiteResult:
                    results={k: RunResult.from_json(r) for k, r in d["results"].items()},
                    timing_method=d.get("timing_method", ""), environment=d.get("environment", {}),
                    summary=d.get("summary", {}))
-
-
-@dataclass
-class RankEnd:
-    """How one rank of a traced job ended."""
-
-    rank: int
-    status: str
-    """``ok`` (the script returned), ``stopped`` (``--steps`` reached), ``error`` or ``missing`` (no record:
-    killed before it could write one)."""
-    steps: int = 0
-    """Step boundaries (outermost ``optimizer.step()`` returns) the rank passed."""
-    error: str = ""
-    note: str = ""
-    mapped: tuple[str, ...] = ()
-    """A fake world's CUDA calls mapped to the CPU on this rank (``trace.device_map``)."""
-
-    def to_json(self) -> dict:
-        return {"rank": self.rank, "status": self.status, "steps": self.steps, "error": self.error, "note": self.note,
-                **({"mapped": list(self.mapped)} if self.mapped else {})}
-
-    @classmethod
-    def from_json(cls, d: dict) -> RankEnd:
-        return cls(d["rank"], d["status"], d.get("steps", 0), d.get("error", ""), d.get("note", ""),
-                   tuple(d.get("mapped", ())))
-
-
-@dataclass
-class TraceResult:
-    """The ledger of a user's job, traced (`meshscope trace`), with the checks that need no prediction.
-
-    The sibling of `RunResult`: the same `CommEvent`s and `Check`s, but per step and without a
-    predicted ledger. `to_json` is the ``trace --json`` document."""
-
-    world: int
-    command: list[str]
-    """The script (or ``-m MODULE``) and its arguments."""
-    events: list[CommEvent]
-    """Every traced rank's calls, each with its step."""
-    axes: dict[str, list[list[int]]]
-    """Axis label -> its groups (member ranks), from the groups the job's calls used."""
-    layout: dict
-    """The reconstructed layout: ``order``, ``sizes``, ``fits`` and ``text`` (`core.mesh_fit`)."""
-    checks: list[Check]
-    ranks: list[RankEnd]
-    run_dir: str = ""
-    notes: list[str] = field(default_factory=list)
-    complete: bool = True
-    """False when the job did not finish (a rank failed, was stopped by --timeout, or is missing)."""
-
-    @property
-    def passed(self) -> bool:
-        return self.complete and all(c.passed for c in self.checks)
-
-    def steps_of(self, rank: int) -> dict[int, list[CommEvent]]:
-        out: dict[int, list[CommEvent]] = {}
-        for e in self.events:
-            if e.rank == rank:
-                out.setdefault(e.step or 0, []).append(e)
-        return out
-
-    def to_json(self) -> dict:
-        return {"kind": "trace", "world": self.world, "passed": self.passed, "complete": self.complete,
-                "command": self.command, "layout": self.layout, "axes": self.axes,
-                "checks": [c.to_json() for c in self.checks],
-                "per_rank": [{"rank": r.rank, "status": r.status,
-                              "steps": [{"step": s, "events": [e.to_json() for e in evs]}
-                                        for s, evs in sorted(self.steps_of(r.rank).items())]} for r in self.ranks],
-                "ranks": [r.to_json() for r in self.ranks], "notes": self.notes, "run_dir": self.run_dir}
-
-    @classmethod
-    def from_json(cls, d: dict) -> TraceResult:
-        events = [CommEvent.from_json(e) for r in d["per_rank"] for s in r["steps"] for e in s["events"]]
-        return cls(world=d["world"], command=d.get("command", []), events=events, axes=d["axes"], layout=d["layout"],
-                   checks=[Check.from_json(c) for c in d["checks"]],
-                   ranks=[RankEnd.from_json(r) for r in d.get("ranks", [])], run_dir=d.get("run_dir", ""),
-                   notes=d.get("notes", []), complete=d.get("complete", True))

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from ..core.agreement import disagreement
 from ..core.axes import axis_of
-from ..core.events import CommEvent
-from .evidence import P2P, Finding, RankLog, blocked_in, brief, issued_at, key, last_call
+from ..core.events import P2P, CommEvent
+from ..core.findings import Finding
+from .evidence import RankLog, blocked_in, brief, issued_at, key, last_call
 
 
 def group_order(ranks: dict[int, RankLog]) -> list[Finding]:
@@ -113,12 +115,12 @@ def collectives(ranks: dict[int, RankLog], predicted: dict | None = None) -> lis
                 out.append(Finding(kind, axis, list(group), missing, f"collective #{k} of {axis}{list(group)}: {brief(e)}",
                                    cause, t, derived=bool(blocks)))
                 break
-            bad = _disagreement(have, group)
-            if bad and len({e.op for e in have.values()}) > 1 and predicted:
-                bad = _skipped(have, predicted.get((axis, group), {}), k) or bad
-            if bad:
-                out.append(Finding("mismatch", axis, list(group), bad[0], f"collective #{k} of {axis}{list(group)}: "
-                                   + "; ".join(f"rank {m} {brief(e)}" for m, e in sorted(have.items())), bad[1],
+            bad = disagreement(group, have)
+            if bad is not None:
+                skipped = _skipped(have, predicted.get((axis, group), {}), k) if bad.field == "op" and predicted else None
+                who, cause = skipped or (bad.ranks, bad.cause)
+                out.append(Finding("mismatch", axis, list(group), who, f"collective #{k} of {axis}{list(group)}: "
+                                   + "; ".join(f"rank {m} {brief(e)}" for m, e in sorted(have.items())), cause,
                                    issued_at(ranks, *have.values())))
                 break
     return out
@@ -161,26 +163,3 @@ def _skipped(have: dict[int, CommEvent], plan: dict[int, list[str]], k: int) -> 
     return off, (f"rank {m} issued {have[m].op} where {expected[m]} was predicted, while its peers issued "
                  f"{expected[m]}: rank {m} skipped that collective (a call made on some ranks only, e.g. under a "
                  f"rank-dependent branch)")
-
-
-def _disagreement(have: dict[int, CommEvent], group) -> tuple[list[int], str] | None:
-    events = list(have.values())
-    for field_, cause in (("op", "ranks issued different collectives at the same position of one group: "
-                                  "a missing or extra call on some rank (see docs/chapter.md, Faults the doctor names)"),
-                          ("dtype", "ranks reduce tensors of different dtypes")):
-        values = {getattr(e, field_) for e in events}
-        if len(values) > 1:
-            return sorted(have), cause
-    op = events[0].op
-    if op == "all_to_all":
-        for i, ei in have.items():
-            for j, ej in have.items():
-                gi, gj = group.index(i), group.index(j)
-                if ei.input_splits and ej.output_splits and ei.input_splits[gj] != ej.output_splits[gi]:
-                    return [i, j], (f"split sizes disagree: rank {i} sends {ei.input_splits[gj]} rows to rank {j}, "
-                                    f"which expects {ej.output_splits[gi]} (input_splits/output_splits must mirror "
-                                    f"each other; see docs/chapter.md, Q20 and Q21)")
-        return None
-    if op != "barrier" and len({e.bytes_in for e in events}) > 1:
-        return sorted(have), "ranks pass tensors of different sizes to the same collective"
-    return None

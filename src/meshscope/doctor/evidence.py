@@ -1,4 +1,5 @@
-"""The doctor's evidence: each rank's flight log loaded for comparison, and the Finding it produces.
+"""The doctor's evidence: each rank's flight log loaded for comparison (`core.findings.Finding` is what
+the rules make of it).
 
 A rank's log (`flightlog`) lists its group creations and every call as ``issued`` and, once it
 returned, ``completed``; a call issued and never completed is where that rank was blocked when it
@@ -16,37 +17,7 @@ from pathlib import Path
 from ..capture.flightlog import read, read_creations
 from ..core.errors import UsageError
 from ..core.events import CommEvent, human_bytes
-
-P2P = ("send", "recv")
-
-
-@dataclass
-class Finding:
-    """One diagnosis: the group (axis and ranks) it is placed on, the entry where the ranks first diverge,
-    and the cause in plain words."""
-
-    kind: str
-    axis: str
-    group: list[int]
-    ranks: list[int]
-    """The ranks the finding is about (stuck, divergent, or offending)."""
-    entry: str
-    """The first divergent entry, e.g. 'collective #3: all_reduce 256 KiB'."""
-    cause: str
-    t: float = float("inf")
-    """When the first divergent entry was issued; the earliest finding is the likeliest root cause."""
-    derived: bool = False
-    """Dated by the call a peer was blocked in instead: the wait follows from that block, so it sorts
-    after a finding of the same date (load skews ranks on a busy host, so issue times alone can put a
-    healthy group's wait before the fault that caused it)."""
-    evidence: str = "flight log"
-    """What the finding rests on: ``flight log`` (meshscope's own), ``flight recorder`` (torch's dumps)
-    or ``both`` (each source shows it on its own)."""
-
-    def line(self) -> str:
-        where = f"{self.axis}{self.group}" if self.group else self.axis
-        source = "" if self.evidence == "flight log" else f" (evidence: {self.evidence})"
-        return f"[{self.kind}] {where} ranks {self.ranks}: {self.entry} -- {self.cause}{source}"
+from ..core.rundir import RunDir
 
 
 @dataclass
@@ -70,15 +41,15 @@ def key(e: CommEvent) -> tuple:
     return (e.axis, e.group, e.seq)
 
 
-def load(run_dir: Path) -> dict[int, RankLog]:
+def load(run_dir: RunDir | Path) -> dict[int, RankLog]:
     """Every rank's flight log of a run directory; UsageError if it has none."""
-    files = sorted((run_dir / "flight").glob("rank*.jsonl"))
-    if not files:
+    run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
+    present = run_dir.ranks_with("flight")
+    if not present:
         raise UsageError(f"{run_dir} has no flight logs (flight/rank*.jsonl); is it a meshscope run directory?")
     ranks = {}
-    for path in files:
-        r = int(path.stem.removeprefix("rank"))
-        lines = read(path)
+    for r in present:
+        lines = read(run_dir.flight(r))
         ranks[r] = RankLog(
             r,
             [(ln["axis"], tuple(ln["ranks"])) for ln in lines if ln["kind"] == "group"],
@@ -87,9 +58,9 @@ def load(run_dir: Path) -> dict[int, RankLog]:
             {key(CommEvent.from_json(ln)): ln["t"] for ln in lines if ln["kind"] == "issued"},
             next((ln["text"] for ln in reversed(lines) if ln["kind"] == "mark"), None),
         )
-        created = run_dir / "groups" / f"rank{r}.jsonl"
+        created = run_dir.groups(r)
         if created.exists():
-            ranks[r].created = read_creations(created)
+            ranks[r].created = read_creations(created).creations
     return ranks
 
 

@@ -19,8 +19,10 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import replace
 
+from ..core.agreement import OWN
 from .collective import collectives
-from .evidence import Finding, RankLog, brief, key
+from ..core.findings import Finding
+from .evidence import RankLog, brief, key
 from .fr_job import FrJob
 from .fr_records import FrEntry
 from .p2p import p2p
@@ -70,6 +72,13 @@ def group_views(job: FrJob) -> list[Finding]:
     return out
 
 
+def _own_shapes(x: FrEntry) -> tuple[tuple[int, ...], ...]:
+    """The shapes of the rank's own tensors, the ones members must agree on (`core.agreement`): a
+    scatter's output (the root's input is its list of every member's chunk), else the input (a
+    gather's root receives the list)."""
+    return x.output_sizes if OWN.get(x.event.op) == "bytes_out" else x.input_sizes
+
+
 def shapes(job: FrJob, already: set[tuple]) -> list[Finding]:
     """Collective #k of a group with equal sizes but different shapes (groups not already diagnosed)."""
     out = []
@@ -77,11 +86,12 @@ def shapes(job: FrJob, already: set[tuple]) -> list[Finding]:
         for k in range(min(len(v) for v in per_rank.values())):
             have = {r: v[k] for r, v in per_rank.items()}
             e = next(iter(have.values())).event
-            if (e.axis, e.group) in already or len({x.input_sizes for x in have.values()}) < 2 or e.op == "all_to_all":
+            if (e.axis, e.group) in already or len({_own_shapes(x) for x in have.values()}) < 2 or e.op == "all_to_all":
                 continue
             out.append(Finding("shape", e.axis, list(e.group), sorted(have),
                                f"collective #{k} of {e.axis}{list(e.group)}: " + "; ".join(
-                                   f"rank {r} {x.event.op} {[list(s) for s in x.input_sizes]}" for r, x in sorted(have.items())),
+                                   f"rank {r} {x.event.op} {[list(s) for s in _own_shapes(x)]}"
+                                   for r, x in sorted(have.items())),
                                "ranks pass tensors of different shapes to the same collective",
                                min(x.event.t_issue for x in have.values()), evidence=EVIDENCE))
             break

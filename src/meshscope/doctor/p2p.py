@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..core.events import CommEvent
-from .evidence import P2P, Finding, RankLog, blocked_in, brief, issued_at, last_call, pending
+from ..core.events import P2P, CommEvent
+from ..core.findings import Finding
+from .evidence import RankLog, blocked_in, brief, issued_at, last_call, pending
 
 
 def _stopped(errors: dict[int, str], r: int) -> str:

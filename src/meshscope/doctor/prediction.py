@@ -14,7 +14,8 @@ from collections import defaultdict
 
 from ..core.events import CommEvent
 from ..core.result import RunResult
-from .evidence import Finding, RankLog, brief
+from ..core.findings import Finding
+from .evidence import RankLog, brief
 
 
 def dp_wrong_group(ranks: dict[int, RankLog], layout) -> list[Finding]:

@@ -1,4 +1,4 @@
-"""Layer 11: where the axes go on nodes. `advisor` ranks the distinct placements of the parallel
+"""Where the axes go on nodes. `advisor` ranks the distinct placements of the parallel
 axes by a predicted step time (slowest stage), `node_crossing` counts the groups that leave a
 node, `report` prints and plots the ranking; `traced` reads a trace directory's steady step as the
 same traffic records (`place --from-trace` ranks by them), and `compare` holds the model against it

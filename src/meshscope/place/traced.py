@@ -21,7 +21,7 @@ from pathlib import Path
 from ..core.errors import UsageError
 from ..core.events import CommEvent
 from ..core.mesh import Layout
-from ..core.result import TraceResult
+from ..core.trace_result import TraceResult
 from ..predict.alpha_beta import model_bytes
 from ..predict.volume import Traffic
 from ..trace.checks import FIRST_STEADY

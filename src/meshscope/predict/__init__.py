@@ -1,4 +1,4 @@
-"""Layer 3: what a rank must issue, from shapes alone (docs/chapter.md, Q27). `placement` holds the
+"""What a rank must issue, from shapes alone (docs/chapter.md, Q27). `placement` holds the
 layout-transition rules (Partial->Replicate all-reduce, Partial->Shard reduce-scatter, Shard->Replicate
 all-gather) and their autograd duals, `edges` the one predictor mechanism every mode walks (placement changes,
 token-order all-to-alls, stage P2P), `ledger` the predicted events with their per-group sequence numbers;

@@ -1,2 +1,2 @@
-"""Layer 12: what the user reads. `terminal` prints layouts, predictions and run results; `suite`
+"""What the user reads. `terminal` prints layouts, predictions and run results; `suite`
 renders a suite directory's tables, report.md, records and figures (`meshscope report DIR`)."""

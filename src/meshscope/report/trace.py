@@ -12,7 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 from ..core.events import human_bytes
-from ..core.result import TraceResult
+from ..core.trace_result import TraceResult
 from .table import make_console, print_table
 
 TOP_MODULES = 10
@@ -69,11 +69,65 @@ def module_rows(result: TraceResult) -> list[list[str]]:
     return [[name, str(n), human_bytes(b)] for name, n, b in top_modules(result)]
 
 
+LAYOUT_GROUP_MEMBERS = 8
+"""Members of an axis's example group shown before ``...`` (every group is in result.json)."""
+
+LAYOUT_LINES = 30
+"""The most lines the layout block takes, at any world."""
+
+STATUS_WORDS = {"passed": "yes", "failed": "NO", "not_checked": "not checked"}
+
+
+def layout_lines(result: TraceResult) -> list[str]:
+    """The layout and, per axis, how many groups of what size with one example: one line per axis
+    whatever the world (1,024 ranks make hundreds of groups; result.json keeps them all)."""
+    lines = [f"layout: {result.layout['text']}"]
+    for axis, groups in result.axes.items():
+        sizes = sorted({len(g) for g in groups})
+        size = str(sizes[0]) if len(sizes) == 1 else f"{sizes[0]}-{sizes[-1]}"
+        first = groups[0]
+        shown = first if len(first) <= LAYOUT_GROUP_MEMBERS else [*first[:LAYOUT_GROUP_MEMBERS - 1], "...", first[-1]]
+        example = "[" + ", ".join(map(str, shown)) + "]"
+        lines.append(f"  {axis}: {len(groups)} group{'s' if len(groups) != 1 else ''} of {size}, e.g. {example}")
+    if len(lines) > LAYOUT_LINES:
+        lines = [*lines[:LAYOUT_LINES - 1], f"  ... and {len(lines) - LAYOUT_LINES + 1} more axes (result.json)"]
+    return lines
+
+
+def check_rows(result: TraceResult) -> list[list[str]]:
+    return [[c.name, STATUS_WORDS[c.status], c.detail] for c in result.checks]
+
+
+def verdict_lines(result: TraceResult) -> list[str]:
+    """The last lines of the console: the outcome in one line, the checks that did not run, and for a job
+    that did not pass what its explaining rank printed last (its exit code and where its log is)."""
+    ranks = len(result.ranks)
+    head = {"passed": "PASSED", "failed": "FAILED", "empty": "EMPTY", "incomplete": "INCOMPLETE"}[result.outcome]
+    line = f"{head}: {len(result.events)} calls on {ranks} rank{'s' if ranks != 1 else ''}"
+    if result.outcome == "empty":
+        line += ": every rank ended without issuing a collective, so there is nothing to check"
+    elif result.error is not None:
+        line += f"; {result.error.line()}"
+    elif result.outcome == "failed":
+        failed = [c.name for c in result.checks if c.failed]
+        line += f"; check{'s' if len(failed) != 1 else ''} failed: {', '.join(failed)}"
+    skipped = [c.name for c in result.checks if c.status == "not_checked"]
+    if skipped and result.events:
+        line += f" (not checked: {', '.join(skipped)})"
+    lines = [line]
+    said = result.last_lines
+    if said is not None:
+        code = f"exited with code {said.exit_code}" if said.exit_code is not None else "left no exit code"
+        lines.append(f"rank {said.rank} {code}; the last {len(said.lines)} of the {said.total} lines it printed "
+                     f"({said.log}):")
+        lines += [f"  | {text}" for text in said.lines]
+    return lines
+
+
 def print_trace(result: TraceResult, console: Console | None = None) -> None:
     console = console or make_console()
-    console.print(f"layout: {result.layout['text']}")
-    for axis, groups in result.axes.items():
-        console.print(f"  {axis}: {groups}")
+    for line in layout_lines(result):
+        console.print(line, highlight=False)
     first = min((r.rank for r in result.ranks), default=0)
     print_table(console, f"calls per step (rank {first}; ranks: those that issued the same)",
                 ["step", "axis", "op", "phase", "count", "in", "out", "ranks"], step_rows(result), key=4)
@@ -81,14 +135,14 @@ def print_trace(result: TraceResult, console: Console | None = None) -> None:
         console.print(LEGEND)
     if result.events:
         print_table(console, "top modules by bytes (all ranks)", ["module", "calls", "bytes"], module_rows(result))
-    print_table(console, "checks", ["check", "ok", "detail"],
-                [[c.name, "yes" if c.passed else "NO", c.detail] for c in result.checks])
+    print_table(console, "checks", ["check", "ok", "detail"], check_rows(result))
     for r in result.ranks:
-        if r.status not in ("ok", "stopped"):
-            console.print(f"rank {r.rank}: {r.status}: {r.error}")
+        if not r.ended:
+            console.print(f"rank {r.rank}: {r.status}: {r.error}", highlight=False)
     for note in result.notes:
-        console.print(f"note: {note}")
-    console.print(f"{'PASSED' if result.passed else 'FAILED'}: {len(result.events)} calls on {len(result.ranks)} ranks")
+        console.print(f"note: {note}", highlight=False)
+    for line in verdict_lines(result):
+        console.print(line, highlight=False, markup=False)
 
 
 def chrome_trace(result: TraceResult) -> dict:
@@ -110,17 +164,16 @@ def write_files(result: TraceResult, run_dir: Path) -> list[str]:
     run_dir = Path(run_dir)
     (run_dir / "trace.json").write_text(json.dumps(chrome_trace(result)))
     lines = ["# meshscope trace", "", f"command: `{' '.join(result.command)}`", "",
-             f"layout: {result.layout['text']}", ""]
+             *layout_lines(result), ""]
     for title, head, rows in (("calls per step", ["step", "axis", "op", "phase", "count", "in", "out", "ranks"],
                                step_rows(result)),
                               ("top modules by bytes", ["module", "calls", "bytes"], module_rows(result)),
-                              ("checks", ["check", "ok", "detail"],
-                               [[c.name, "yes" if c.passed else "NO", c.detail] for c in result.checks])):
+                              ("checks", ["check", "ok", "detail"], check_rows(result))):
         lines += [f"## {title}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in rows] + [""]
         if title == "calls per step" and has_assumed(result):
             lines += [LEGEND.replace(ASSUMED, "\\" + ASSUMED, 1), ""]
-    lines += [f"note: {n}" for n in result.notes]
+    lines += [f"note: {n}" for n in result.notes] + ["", *verdict_lines(result)]
     (run_dir / "report.md").write_text("\n".join(lines) + "\n")
     written = [str(run_dir / "report.md"), str(run_dir / "trace.json")]
     if result.events:
@@ -152,7 +205,10 @@ def _modules_figure(result: TraceResult, path: Path) -> str:
     return str(path)
 
 
-def _bytes_figure(result: TraceResult, path: Path) -> str:
+def bytes_figure(result: TraceResult):
+    """Rank 0's logical bytes per axis per step, stacked: one colour per axis (tab20's 20 colours, so a
+    Megatron job's 16 axes stay apart) and the legend in a column of its own beside the plot, inside
+    the image whatever the number of axes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -164,17 +220,24 @@ def _bytes_figure(result: TraceResult, path: Path) -> str:
         if e.rank == rank:
             by[e.axis][e.step or 0] += max(e.bytes_in, e.bytes_out)
     steps = sorted({s for d in by.values() for s in d})
-    fig, ax = plt.subplots(figsize=(7, 3.5))
+    colours = plt.get_cmap("tab20").colors
+    fig, ax = plt.subplots(figsize=(8.5, 3.5), layout="constrained")
     bottom = [0] * len(steps)
-    for axis, d in sorted(by.items()):
+    for i, (axis, d) in enumerate(sorted(by.items())):
         vals = [d.get(s, 0) / 2**20 for s in steps]
-        ax.bar([str(s) for s in steps], vals, bottom=bottom, label=axis)
+        ax.bar([str(s) for s in steps], vals, bottom=bottom, label=axis, color=colours[i % len(colours)])
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_xlabel("step")
     ax.set_ylabel(f"MiB moved by rank {rank}")
     ax.set_title("logical bytes per axis per step")
-    ax.legend()
-    fig.tight_layout()
+    fig.legend(loc="outside right upper", fontsize="small", ncols=1 + len(by) // 12)
+    return fig
+
+
+def _bytes_figure(result: TraceResult, path: Path) -> str:
+    import matplotlib.pyplot as plt
+
+    fig = bytes_figure(result)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -1,4 +1,4 @@
-"""Layer 7: ranks on torch's elastic agent. `launch` starts ``torch.distributed.run`` (or detects a
+"""Ranks on torch's elastic agent. `launch` starts ``torch.distributed.run`` (or detects a
 torchrun the user already has), `runtime.RankContext` is one rank's process group, mesh and
-timeouts, `worker.execute` runs a rank program with its flight log, and `rundir` guards the run
-directory."""
+timeouts, and `worker.execute` runs a rank program with its flight log (the run directory itself is
+`core.rundir`)."""

@@ -25,6 +25,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core.rundir import RunDir
+
 PROGRESS_PREFIX = "[meshscope] "
 """Lines a rank writes to stderr with this prefix are progress; the launcher shows them (defined here,
 where torch is not imported: the command line starts without it)."""
@@ -46,10 +48,10 @@ class Outcome:
     timed_out: bool = False
 
 
-def first_failure(run_dir: Path) -> str | None:
+def first_failure(run_dir: RunDir) -> str | None:
     """The earliest error any rank recorded: later ones are usually peers seeing it disconnect."""
     errors = []
-    for path in sorted((run_dir / "errors").glob("rank*.json")):
+    for path in run_dir.files("errors"):
         try:
             errors.append(json.loads(path.read_text()))
         except (OSError, json.JSONDecodeError):
@@ -67,12 +69,13 @@ def launch(run_dir: Path, nproc: int, timeout_s: float | None, on_progress=None,
 
     `echo` receives every output line (a traced script's own output); `timeout_s` None: no watchdog
     (a traced job may compute quietly for as long as it likes)."""
+    run_dir = RunDir(run_dir)
     program = program or ["-m", "meshscope.cli.worker", str(run_dir)]
     cmd = [sys.executable, "-m", "torch.distributed.run", *(rendezvous or ["--standalone"]),
            f"--nproc-per-node={nproc}", "--max-restarts=0", "--monitor-interval=0.2", *program]
     child_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                  "PYTHONUNBUFFERED": "1", **(env or {})}
-    log = open(run_dir / "launcher.log", "w")
+    log = open(run_dir.launcher_log, "w")
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env,
                             start_new_session=True, text=True, bufsize=1)
     last_activity = [time.monotonic()]
@@ -108,14 +111,14 @@ def launch(run_dir: Path, nproc: int, timeout_s: float | None, on_progress=None,
     if timed_out and error is None:
         error = f"no rank made progress for {timeout_s + GRACE_S:.0f} s; every rank was stopped"
     if proc.returncode != 0 and error is None:
-        error = f"torchrun exited with code {proc.returncode} and no rank recorded an error; see {run_dir / 'launcher.log'}"
+        error = f"torchrun exited with code {proc.returncode} and no rank recorded an error; see {run_dir.launcher_log}"
     return Outcome(proc.returncode if not timed_out else 124, error, timed_out)
 
 
-def _flight_bytes(run_dir: Path) -> int:
+def _flight_bytes(run_dir: RunDir) -> int:
     """Total size of the ranks' flight logs (they grow with every collective)."""
     total = 0
-    for path in (run_dir / "flight").glob("rank*.jsonl"):
+    for path in run_dir.files("flight"):
         try:
             total += path.stat().st_size
         except OSError:

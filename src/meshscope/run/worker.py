@@ -21,7 +21,7 @@ from .. import experiments
 from ..capture.flightlog import FlightLog
 from ..timing.profiling import profile_config
 from ..verify.result import build_result
-from .rundir import write_atomic
+from ..core.rundir import RunDir, write_atomic
 from .runtime import RankContext
 
 
@@ -73,14 +73,15 @@ def execute(run_dir: Path, spec: dict, program: Program = run_experiments) -> in
         finally:
             ctx.flight.close()
         if results is not None:
-            write_json(run_dir / "result.json", results[0] if len(results) == 1 else {"results": results})
+            write_json(RunDir(run_dir).result, results[0] if len(results) == 1 else {"results": results})
         ok = True
         return 0
     except Exception as exc:  # noqa: BLE001 - every failure is reported, then the rank exits non-zero
         rank = int(os.environ.get("RANK", -1))
-        (run_dir / "errors").mkdir(exist_ok=True)
+        path = RunDir(run_dir).errors(rank)
+        path.parent.mkdir(exist_ok=True)
         message = f"{type(exc).__name__}: {exc}".splitlines()[0]
-        write_json(run_dir / "errors" / f"rank{rank}.json",
+        write_json(path,
                    {"rank": rank, "time": time.time(), "error": message, "traceback": traceback.format_exc()})
         print(f"rank {rank} failed: {message}", file=sys.stderr, flush=True)
         return 1

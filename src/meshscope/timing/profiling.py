@@ -18,6 +18,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ..capture.recorder import suspended
+from ..core.rundir import RunDir
 from .kernels import (
     comm_counts,
     comm_records,
@@ -63,7 +64,7 @@ def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None
     an eager kernel's duration mostly waits for the peer's launch.
     """
     step = exp.step_fn(ctx, cfg)
-    path = ctx.run_dir / "traces" / f"{label}.rank{ctx.rank}.json"
+    path = RunDir(ctx.run_dir).profile(label, ctx.rank)
     with suspended():  # as in timing: recording would delay the launches the kernels then wait for
         for _ in range(max(warmup, 1)):
             step()
@@ -79,7 +80,7 @@ def profile_config(ctx, exp, cfg, label: str, steps: int, warmup: int, fits=None
     from .graph_kernels import MIN_CALLS, graph_kernel_seconds
 
     if fits and cuda_graph and ctx.device.type == "cuda" and exp.graph_blocker(cfg) is None and steps >= MIN_CALLS:
-        graph_s = graph_kernel_seconds(step, ctx.device, steps, warmup, path.with_name(f"{label}.graph.rank{ctx.rank}.json"),
+        graph_s = graph_kernel_seconds(step, ctx.device, steps, warmup, RunDir(ctx.run_dir).profile(f"{label}.graph", ctx.rank),
                                        lambda: dist.barrier(group=ctx.control))
     gathered = ctx.gather((fingerprint(trace), kernel_seconds_per_step(trace, steps), comm_counts(comm_records(trace)),
                            graph_s))

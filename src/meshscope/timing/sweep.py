@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass
 from ..core.errors import UsageError
 from ..core.events import human_bytes
 from ..core.mesh import GROUP_NAMES, Layout
+from ..core.rundir import RunDir
 from ..core.sizes import check_int
 from ..predict.alpha_beta import ELEM_BYTES, OPS, busbw, fit_alpha_beta
 
@@ -141,7 +142,7 @@ def run_sweep_rank(ctx, cfg: SweepConfig) -> dict | None:
                            steps_per_sample=cfg.back_to_back, cuda_graph=cfg.cuda_graph)
             table[(op, size)] = t.gpu_s if t.gpu_s is not None else t.host_s
             if kernels:
-                trace = ctx.run_dir / "traces" / f"sweep.{op}.{size}.rank{ctx.rank}.json"
+                trace = RunDir(ctx.run_dir).profile(f"sweep.{op}.{size}", ctx.rank)
                 per_call = graph_kernel_seconds(call, ctx.device, cfg.back_to_back, cfg.warmup, trace,
                                                 lambda: dist.barrier(group=ctx.control))
                 kernel[(op, size)] = percentile(per_call, 50)

@@ -13,11 +13,12 @@ stand for the options of `meshscope trace`; ``MESHSCOPE_TRACE_FLIGHT_RECORDER=0`
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
+from ..core.rundir import RunDir
+from ..core.trace_result import TraceSpec
 from . import rank
 
 
@@ -35,8 +36,9 @@ def main(argv: list[str]) -> int:
     local = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     if os.environ.get("LOCAL_RANK", "0") == "0":  # one writer per node
         _clear_earlier_runs(run_dir)
-        spec = {"kind": "trace", "world": world, "traced": local, "command": argv, "nproc_per_node": local}
-        (run_dir / "spec.json").write_text(json.dumps(spec, indent=1))
+        RunDir(run_dir).write_spec(TraceSpec(world=world, command=tuple(argv), traced=local,
+                                             expected=tuple(range(world)) if local == world else None,
+                                             nproc_per_node=local).to_json())
     flags = [*(["--steps", os.environ["MESHSCOPE_TRACE_STEPS"]] if os.environ.get("MESHSCOPE_TRACE_STEPS") else []),
              *(["--timeout", os.environ["MESHSCOPE_TRACE_TIMEOUT"]] if os.environ.get("MESHSCOPE_TRACE_TIMEOUT") else []),
              *(["--step-optimizer", os.environ["MESHSCOPE_STEP_OPTIMIZER"]]
@@ -72,14 +74,15 @@ def _assemble_on_local_zero(run_dir: Path, local: int):
         import time
 
         deadline = time.monotonic() + 60
-        while len(list((run_dir / "ranks").glob("rank*.json"))) < local and time.monotonic() < deadline:
+        directory = RunDir(run_dir)
+        while len(directory.ranks_with("ranks")) < local and time.monotonic() < deadline:
             time.sleep(0.1)
         from .assemble import assemble
 
-        result = assemble(run_dir)
-        (run_dir / "result.json").write_text(json.dumps(result.to_json()))
-        print(f"meshscope trace: {'passed' if result.passed else 'FAILED'}: {run_dir}/result.json "
-              f"(meshscope report {run_dir} for the tables)", file=sys.stderr)
+        result = assemble(directory)
+        directory.conclude(result.to_json())
+        print(f"meshscope trace: {result.outcome}: {directory.result} (meshscope report {run_dir} for the tables)",
+              file=sys.stderr)
 
     return on_end
 

@@ -1,9 +1,12 @@
-"""A trace directory -> one `TraceResult`: the ranks' ledgers, the axes and layout they imply, the checks.
+"""A trace directory -> one `TraceResult`: the ranks' ledgers and ends, the axes and layout they
+imply, the checks, and notes each derived from the record it states.
 
 It reads only the directory, so the launcher (after the job), rank 0 of a user's own torchrun
 (after every rank wrote its ledger) and ``meshscope report DIR`` all assemble the same result.
 A rank that wrote no ledger (killed, or still hung) is read from its flight log, whose lines were
-flushed as the job ran.
+flushed as the job ran; an expected rank with neither is ``missing``. `load` is the one reader of a
+finished trace for every command that compares or renders one (its ``result.json``, which also holds
+what the launcher added: the fake world's classes, the doctor's findings).
 """
 
 from __future__ import annotations
@@ -13,41 +16,35 @@ from pathlib import Path
 
 from ..capture.flightlog import read, read_creations
 from ..core.axes import axis_of
-from ..core.errors import UsageError
 from ..core.events import CommEvent
+from ..core.findings import Diagnosis
 from ..core.mesh_fit import dims, fit_layout
-from ..core.result import RankEnd, TraceResult
-from ..run import rundir
+from ..core.rundir import RunDir
+from ..core.trace_result import FakeWorld, LastLines, RankEnd, TraceError, TraceResult
 from . import device_map
 from .checks import run_all
 
 
-def _events(run_dir: Path, rank: int) -> list[CommEvent]:
-    ledger = run_dir / "ledgers" / f"rank{rank}.jsonl"
+def _events(run_dir: RunDir, rank: int) -> list[CommEvent]:
+    ledger = run_dir.ledger(rank)
     if ledger.exists():
         return [CommEvent.from_json(json.loads(line)) for line in ledger.read_text().splitlines() if line]
-    flight = run_dir / "flight" / f"rank{rank}.jsonl"
+    flight = run_dir.flight(rank)
     return [CommEvent.from_json(ln) for ln in read(flight) if ln["kind"] == "issued"] if flight.exists() else []
 
 
-def _end(run_dir: Path, rank: int) -> RankEnd:
-    path = run_dir / "ranks" / f"rank{rank}.json"
-    if not path.exists():
-        return RankEnd(rank, "missing", error="no record: the rank was killed or never finished")
-    return RankEnd.from_json(json.loads(path.read_text()))  # the rank's own record (trace.rank)
-
-
-def created_groups(run_dir: Path) -> list[tuple[str, list[int]]]:
+def created_groups(run_dir: RunDir) -> list[tuple[str, list[int]]]:
     """(description, ranks) of every group rank 0 created, member or not, in order (`trace.created`)."""
-    path = run_dir / "groups" / "rank0.jsonl"
-    return [(c["desc"], c["ranks"]) for c in read_creations(path)] if path.exists() else []
+    path = run_dir.groups(0)
+    return [(c["desc"], c["ranks"]) for c in read_creations(path).creations] if path.exists() else []
 
 
 def layout_section(world: int, axes: dict[str, list[list[int]]]) -> dict:
     """The layout the groups imply, as `meshscope layout` names it where it can (`core.mesh_fit`)."""
-    if set(axes) <= {"world"}:  # DDP, a pipeline over the world, a plain script: nothing to reconstruct
-        return {"fits": True, "order": None, "sizes": {"world": world},
-                "text": f"world {world}: every call is on the default group, so there is no mesh axis to reconstruct"}
+    if set(axes) <= {"world"}:
+        text = (f"world {world}: every call is on the default group, so there is no mesh axis to reconstruct" if axes
+                else f"world {world}: no collective was issued, so there is no layout to reconstruct")
+        return {"fits": True, "order": None, "sizes": {"world": world}, "text": text}
     fit = fit_layout(world, axes)
     if fit.ok:
         return {"fits": True, "order": fit.layout.order, "sizes": fit.sizes, "text": fit.describe(),
@@ -58,54 +55,117 @@ def layout_section(world: int, axes: dict[str, list[list[int]]]) -> dict:
     return {"fits": False, "order": None, "sizes": {}, "text": f"{fit.reason}; {mesh.reason}"}
 
 
-def assemble(run_dir: Path) -> TraceResult:
-    run_dir = Path(run_dir)
-    spec_path = run_dir / "spec.json"
-    if not spec_path.exists():
-        raise UsageError(f"{run_dir} is not a meshscope trace directory (no spec.json)")
-    spec = json.loads(spec_path.read_text())
-    world = spec["world"]
-    present = sorted(int(p.stem.removeprefix("rank")) for p in (run_dir / "flight").glob("rank*.jsonl"))
-    ranks = [_end(run_dir, r) for r in present]
-    events = [e for r in present for e in _events(run_dir, r)]
+def _process_group_note(run_dir: RunDir, ranks: list[int]) -> str:
+    """Why a job issued no collective, from what its ranks recorded of their process groups."""
+    logs = [read_creations(run_dir.groups(r)) for r in ranks if run_dir.groups(r).exists()]
+    created = max((len(g.creations) for g in logs), default=0)
+    if not any(g.initialised for g in logs):
+        return "no collective was issued: no rank initialised a process group (init_process_group never returned)"
+    groups = f" and {created} more with new_group" if created else ""
+    return (f"no collective was issued, though the ranks initialised the default process group{groups} "
+            f"(groups/rank<R>.jsonl): the script ended before its first collective")
+
+
+def _error(ranks: list[RankEnd], run_dir: RunDir, account: str | None) -> TraceError | None:
+    """The first rank that failed on its own (by when it wrote its end), else what the launcher saw, else
+    which ranks did not finish."""
+    failed = [r for r in ranks if r.status == "error"]
+    if failed:
+        first = min(failed, key=lambda r: (not r.script_error, r.time))  # a script's error before its peers' timeouts
+        log = run_dir.log(first.rank)
+        return TraceError(first.error, first.rank, str(log) if log.is_file() else "", first.exit_code)
+    unfinished = [r for r in ranks if not r.ended]
+    if account:
+        return TraceError(account)
+    if unfinished:
+        statuses = sorted({r.status for r in unfinished})
+        return TraceError(f"ranks {[r.rank for r in unfinished]} did not finish ({', '.join(statuses)})")
+    return None
+
+
+def assemble(run_dir: Path | RunDir, account: str | None = None, fake_world: FakeWorld | None = None) -> TraceResult:
+    """The result of a trace directory. `account`: what the launcher saw when the job did not end well
+    (torchrun's exit, a fork server that died), used where no rank says why; `fake_world`: its section."""
+    run_dir = RunDir(run_dir) if not isinstance(run_dir, RunDir) else run_dir
+    spec = run_dir.trace_spec()
+    world = spec.world
+    present = set(run_dir.ranks_with("flight")) | set(run_dir.ranks_with("ranks"))
+    listed = sorted(present | set(spec.expected or ()))
+    ranks = [run_dir.read_end(r) for r in listed]
+    events = [e for r in listed for e in _events(run_dir, r)]
     axes: dict[str, set] = {}
     for e in events:
         if e.op not in ("send", "recv") or e.axis != "world":
             axes.setdefault(e.axis, set()).add(e.group)
-    for desc, members in created_groups(run_dir) if spec.get("fake_world") else ():  # its rank 0 saw every group created
+    for desc, members in created_groups(run_dir) if spec.fake_world else ():  # its rank 0 saw every group created
         axis = axis_of(desc)
         if axis not in ("world", "group"):
             axes.setdefault(axis, set()).add(tuple(members))
     axes_sorted = {a: sorted(map(list, gs)) for a, gs in sorted(axes.items())}
-    traced = set(present)
-    complete = {r.rank: r.steps for r in ranks}
-    checks = run_all(events, axes_sorted, traced, world, complete)
+    traced = {r.rank for r in ranks if r.status != "missing"}
+    checks = run_all(events, axes_sorted, traced, world, {r.rank: r.steps for r in ranks if r.status != "missing"},
+                     {r.rank for r in ranks if r.ended})
     notes = sorted({r.note for r in ranks if r.note})
     mapped = list(dict.fromkeys(call for r in ranks for call in r.mapped))  # one note for all ranks
     if mapped:
         notes.append(device_map.note(mapped))
     if len(traced) < world:
         notes.append(f"ranks traced: {len(traced)} of {world}; cross-rank checks ran among the traced ranks only")
-    if not events:
-        notes.append("no collective was issued: the script never initialised a process group, or used none")
-    # >=: with a directory shared by several nodes, each node's spec counts only its own ranks
-    done = all(r.status in ("ok", "stopped") for r in ranks) and len(ranks) >= spec.get("traced", world)
-    return TraceResult(world=world, command=spec["command"], events=events, axes=axes_sorted,
-                       layout=layout_section(world, axes_sorted), checks=checks, ranks=ranks, run_dir=str(run_dir),
-                       notes=notes, complete=done)
+    if not events and traced:
+        notes.append(_process_group_note(run_dir, sorted(traced)))
+    # several nodes writing one directory: each node's spec counts only its own ranks, so the directory
+    # holds at least that many
+    expected = len(spec.expected) if spec.expected is not None else spec.traced
+    result = TraceResult(world=world, command=list(spec.command), events=events, axes=axes_sorted,
+                         layout=layout_section(world, axes_sorted), checks=checks, ranks=ranks,
+                         run_dir=str(run_dir), notes=notes, expected=expected, fake_world=fake_world)
+    if result.outcome in ("failed", "incomplete"):
+        result.error = _error(ranks, run_dir, account)
+    if result.outcome != "passed":
+        result.last_lines = _last_lines(run_dir, result)
+    return result
 
 
-INCOMPLETE = "INCOMPLETE"
-"""The marker of a trace directory whose job has not finished (or whose launcher was killed)."""
+LAST_LINES = 10
+"""Lines of the explaining rank's output a result keeps (the whole output is in ``logs/rank<R>.log``)."""
 
 
-def begin(run_dir: Path, spec: dict) -> None:
-    """Take `run_dir` for a trace: clear an earlier run's files, write the spec and the marker."""
-    rundir.start(run_dir, spec)
-    (run_dir / INCOMPLETE).write_text("the traced job has not finished; result.json is written when it has\n")
+def _last_lines(run_dir: RunDir, result: TraceResult) -> LastLines | None:
+    """What the rank that explains the outcome printed last: the failing rank, else the first that did
+    not finish, else (an empty job) the lowest."""
+    rank = result.error.rank if result.error is not None and result.error.rank is not None else next(
+        (r.rank for r in result.ranks if not r.ended), result.ranks[0].rank if result.ranks else None)
+    tail = run_dir.log_tail(rank, LAST_LINES) if rank is not None else None
+    if tail is None:
+        return None
+    end = next(r for r in result.ranks if r.rank == rank)
+    return LastLines(rank, end.exit_code, str(run_dir.log(rank)), tuple(tail[0]), tail[1])
 
 
-def conclude(run_dir: Path, doc: dict) -> None:
-    """Write the result document and remove the marker."""
-    (run_dir / "result.json").write_text(json.dumps(doc))
-    (run_dir / INCOMPLETE).unlink()
+def load(run_dir: Path | RunDir) -> TraceResult:
+    """A trace directory's result: its ``result.json`` once the trace has concluded, else assembled from
+    what the ranks wrote (a hung or killed trace)."""
+    run_dir = RunDir(run_dir) if not isinstance(run_dir, RunDir) else run_dir
+    run_dir.trace_spec()  # a trace directory, or a one-line error
+    doc = run_dir.read_result()
+    if doc is not None and not run_dir.incomplete.exists():
+        return TraceResult.from_json(doc)
+    return assemble(run_dir)
+
+
+def conclude(run_dir: RunDir, result: TraceResult) -> TraceResult:
+    """A job that failed or did not finish gets the doctor's findings (gloo lets some faults through
+    silently, so a failed check is diagnosed too); then result.json is written and the marker removed."""
+    if result.outcome in ("failed", "incomplete"):
+        result.doctor = _doctor(run_dir)
+    run_dir.conclude(result.to_json())
+    return result
+
+
+def _doctor(run_dir: RunDir) -> Diagnosis:
+    from ..doctor import diagnose
+
+    try:
+        return diagnose(run_dir.path)
+    except Exception as exc:  # noqa: BLE001 - the job already failed; the diagnosis is a bonus
+        return Diagnosis(str(run_dir), [], failure=f"could not diagnose: {type(exc).__name__}: {exc}".splitlines()[0])

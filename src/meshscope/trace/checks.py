@@ -1,8 +1,8 @@
 """Checks of a traced job that need no prediction, each named after the mistake it catches.
 
-- ``group members agree``: every member of a group issued the same ordered sequence of ops and dtypes
-  on it, with equal bytes where the op has no split sizes and no root (collective ordering, a
-  conditional collective, a shape that differs by rank);
+- ``group members agree``: every member of a group issued the same ordered sequence of calls on it,
+  each agreeing as `core.agreement` says (the doctor's rule too: op, dtype, sizes, root, splits):
+  collective ordering, a conditional collective, a shape that differs by rank;
 - ``every send has its recv``: the sends from a to b and the receives at b from a pair up in order
   and size (pipeline P2P order, a stage that skips its gradient);
 - ``all-to-all splits mirror``: what member i sends to j is what j receives from i, per call (split
@@ -14,19 +14,19 @@
   traced (named non-mesh groups such as Megatron's embedding groups are exempt).
 
 Only the ranks traced take part; with some ranks missing (a fake world's representatives, a rank
-that died) a check says which groups it could not see whole.
+that died) a check says which groups it could not see whole. A check with nothing to look at (no
+point-to-point call, fewer than two steady steps, no mesh axis) is ``not_checked``, saying why: it
+never reads as a pass (`core.result.Check`).
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 
+from ..core.agreement import disagreement
 from ..core.axes import is_mesh_axis
-from ..core.events import CommEvent, by_group
+from ..core.events import P2P, CommEvent, by_group
 from ..core.result import Check
-from ..doctor.evidence import P2P
-
-ROOTED = ("broadcast", "reduce", "gather", "scatter")
 
 
 def _brief(e: CommEvent) -> str:
@@ -43,37 +43,38 @@ def _by_group(events, p2p: bool) -> dict[tuple[str, tuple[int, ...]], dict[int, 
     return out
 
 
-def group_agreement(events, traced: set[int]) -> Check:
+def group_agreement(events, traced: set[int], finished: set[int] | None = None) -> Check:
+    """Call #k of every group, member against member, by the one rule of `core.agreement`. A rank that
+    did not finish (`finished`: those that did; None: all) lacks the calls after its end, which is its
+    failure, not a disagreement: only its calls are compared."""
     name = "group members agree"
-    problems, groups, partial = [], 0, 0
+    finished = traced if finished is None else finished
+    groups, partial, cut = 0, 0, 0
     for (axis, group), per_rank in sorted(_by_group(events, p2p=False).items()):
         groups += 1
         members = [m for m in group if m in traced]
-        if len(members) < len(group):
-            partial += 1
-        ref = members[0]
-        for m in members[1:]:
-            a, b = per_rank.get(ref, []), per_rank.get(m, [])
-            for k in range(max(len(a), len(b))):
-                if k >= len(a) or k >= len(b):
-                    have, lacking = (ref, m) if k < len(a) else (m, ref)
-                    e = (a if k < len(a) else b)[k]
-                    problems.append(f"{axis}{list(group)} call #{k}: rank {have} issued {_brief(e)}, rank {lacking} "
-                                    f"issued no call #{k}")
-                    break
-                x, y = a[k], b[k]
-                same = (x.op, x.dtype) == (y.op, y.dtype)
-                if same and x.input_splits is None and x.op not in ROOTED:
-                    same = (x.bytes_in, x.bytes_out) == (y.bytes_in, y.bytes_out)
-                if not same:
-                    problems.append(f"{axis}{list(group)} call #{k}: rank {ref} issued {_brief(x)}, rank {m} {_brief(y)}")
-                    break
-            if problems:
-                break
-    if problems:
-        return Check(name, False, problems[0])
+        partial += len(members) < len(group)
+        calls = {m: per_rank.get(m, []) for m in members}
+        for k in range(max(len(c) for c in calls.values())):
+            have = {m: c[k] for m, c in calls.items() if k < len(c)}
+            lacking = [m for m in members if m not in have]
+            cut += bool(lacking) and not any(m in finished for m in lacking)
+            lacking = [m for m in lacking if m in finished]
+            if lacking:
+                m = min(have)
+                return Check(name, False, f"{axis}{list(group)} call #{k}: rank {m} issued {_brief(have[m])}, rank "
+                                          f"{lacking[0]} issued no call #{k}")
+            bad = disagreement(group, have) if len(have) > 1 else None
+            if bad is not None:
+                a, b = bad.ranks[0], bad.ranks[-1]
+                return Check(name, False, f"{axis}{list(group)} call #{k}: rank {a} issued {_brief(have[a])}, rank {b} "
+                                          f"{_brief(have[b])}: {bad.cause}")
+    if not groups:
+        return Check.not_checked(name, "no collective on any group: nothing to compare")
     seen = f" ({partial} seen only in part: not every member was traced)" if partial else ""
-    return Check(name, True, f"{groups} groups, every member issued the same ops, dtypes and sizes in order{seen}")
+    ended = f"; {cut} calls past the end of a rank that did not finish were not compared" if cut else ""
+    return Check(name, True, f"{groups} group{'s' if groups != 1 else ''}, every member issued the same ops, dtypes "
+                             f"and sizes in order{seen}{ended}")
 
 
 def p2p_pairs(events, traced: set[int]) -> Check:
@@ -103,7 +104,7 @@ def p2p_pairs(events, traced: set[int]) -> Check:
                 return Check(name, False, f"message #{k} from rank {src} to rank {dst}: {s[k].bytes_in} B sent, "
                                           f"{r[k].bytes_out} B expected by the receiver")
     if not checked:
-        return Check(name, True, "no point-to-point calls between traced ranks")
+        return Check.not_checked(name, "no point-to-point calls between traced ranks")
     total = sum(len(v) for v in sends.values())
     return Check(name, True, f"{total} sends over {checked} rank pairs, each received in order with its size")
 
@@ -133,8 +134,9 @@ def a2a_mirror(events, traced: set[int]) -> Check:
     if calls and assumed:
         return Check(name, True, f"{calls} all_to_all calls; {assumed} sender-receiver pairs not checked: their "
                                  "splits are assumed (a fake world)")
-    return Check(name, True, f"{calls} all_to_all calls, every pair's splits mirror" if calls else
-                 "no all_to_all among fully traced groups")
+    if not calls:
+        return Check.not_checked(name, "no all_to_all among fully traced groups")
+    return Check(name, True, f"{calls} all_to_all calls, every pair's splits mirror")
 
 
 def _signature(e: CommEvent) -> tuple:
@@ -149,7 +151,7 @@ FIRST_STEADY = 2
 def steady_steps(events, complete_steps: dict[int, int]) -> Check:
     """`complete_steps`: rank -> number of steps it finished (step k < that is complete)."""
     name = "steady steps repeat"
-    routing, compared = [], 0
+    routing, compared = [], {}  # rank -> True once one of its steps was compared
     for rank, n in sorted(complete_steps.items()):
         steps: dict[int, list[CommEvent]] = defaultdict(list)
         for e in events:
@@ -157,7 +159,7 @@ def steady_steps(events, complete_steps: dict[int, int]) -> Check:
                 steps[e.step].append(e)
         for k in range(FIRST_STEADY + 1, n):
             prev, cur = steps.get(k - 1, []), steps.get(k, [])
-            compared += 1
+            compared[rank] = True
             for i in range(max(len(prev), len(cur))):
                 if i >= len(prev) or i >= len(cur):
                     extra = cur[i] if i < len(cur) else prev[i]
@@ -171,9 +173,14 @@ def steady_steps(events, complete_steps: dict[int, int]) -> Check:
                     return Check(name, False, f"rank {rank} step {k} call {i} is {_brief(cur[i])} where step {k - 1} "
                                               f"issued {_brief(prev[i])}")
     if not compared:
-        return Check(name, True, f"fewer than two steady steps to compare (steps {FIRST_STEADY} and on; trace more steps)")
+        most = max(complete_steps.values(), default=0)
+        return Check.not_checked(name, f"{most} complete steps; comparing needs steps {FIRST_STEADY} and "
+                                       f"{FIRST_STEADY + 1} at least ({FIRST_STEADY + 2} steps: trace more)")
     why = f"; all_to_all splits changed with the routing in steps {sorted(set(routing))}" if routing else ""
-    return Check(name, True, f"{compared} steps compared with the one before, same calls{why}")
+    last = sorted({complete_steps[r] - 1 for r in compared})
+    upto = str(last[0]) if len(last) == 1 else f"{last[0]}..{last[-1]}"
+    return Check(name, True, f"steady steps {FIRST_STEADY}-{upto} on each of {len(compared)} ranks: each issued the "
+                             f"same calls as the step before{why}")
 
 
 def axes_partition(axes: dict[str, list[list[int]]], traced: set[int], world: int) -> Check:
@@ -190,10 +197,14 @@ def axes_partition(axes: dict[str, list[list[int]]], traced: set[int], world: in
         if missing and len(traced) == world:
             return Check(name, False, f"the {axis} groups {groups} leave out ranks {missing}")
     exempt = sorted(set(axes) - set(mesh))
+    if not mesh:
+        return Check.not_checked(name, "no mesh axis among the groups used" + (f" (not mesh axes: {', '.join(exempt)})"
+                                                                               if exempt else ""))
     return Check(name, True, f"{len(mesh)} mesh axes ({', '.join(sorted(mesh)) or 'none'}), each a partition"
                  + (f"; not mesh axes: {', '.join(exempt)}" if exempt else ""))
 
 
-def run_all(events, axes, traced: set[int], world: int, complete_steps: dict[int, int]) -> list[Check]:
-    return [group_agreement(events, traced), p2p_pairs(events, traced), a2a_mirror(events, traced),
+def run_all(events, axes, traced: set[int], world: int, complete_steps: dict[int, int],
+            finished: set[int] | None = None) -> list[Check]:
+    return [group_agreement(events, traced, finished), p2p_pairs(events, traced), a2a_mirror(events, traced),
             steady_steps(events, complete_steps), axes_partition(axes, traced, world)]

@@ -1,5 +1,8 @@
 """Every process group a traced rank creates, in creation order, member or not, written as it happens.
 
+The default group's ``init_process_group`` is noted too (``initialised``), once it returned: the
+result's notes say whether a job that issued nothing had a process group at all from this record.
+
 Group creation is a global protocol: every rank must call ``new_group`` for every group, with the
 same ranks, in the same order. A job that breaks it hangs (or fails) inside ``new_group`` itself,
 before any collective that the flight log would show, so each call is noted twice in
@@ -16,16 +19,15 @@ import inspect
 import json
 import threading
 import time
-from pathlib import Path
-
+from ..core.rundir import RunDir
 from .entry_points import wrap
 
 
-def note_creations(run_dir: Path, rank: int) -> None:
+def note_creations(run_dir: RunDir, rank: int) -> None:
     """Wrap ``new_group`` (DeviceMesh's binding too) to log each creation of this rank."""
     import torch.distributed as dist
 
-    path = Path(run_dir) / "groups" / f"rank{rank}.jsonl"
+    path = run_dir.groups(rank)
     path.parent.mkdir(parents=True, exist_ok=True)
     # open for the rank's life, line-buffered: a rank killed while stuck keeps every line
     log = open(path, "w", buffering=1)  # noqa: SIM115
@@ -53,5 +55,14 @@ def note_creations(run_dir: Path, rank: int) -> None:
             return group
         return new_group
 
+    def initialising(original):
+        @functools.wraps(original)  # its signature stays visible to the wrappers after this one
+        def init_process_group(*args, **kwargs):
+            out = original(*args, **kwargs)
+            write(kind="initialised", world=dist.get_world_size())  # a fact the result's notes rest on
+            return out
+        return init_process_group
+
     wrap("new_group", noted)
+    wrap("init_process_group", initialising)
 

@@ -31,22 +31,16 @@ import os
 import signal
 import subprocess
 import sys
-import sysconfig
-from pathlib import Path
 
 from ..core.errors import UsageError
-from ..run.rundir import write_atomic
+from ..core.rundir import RunDir, write_atomic
+from ..core.trace_result import exit_code
+from .script_frames import LIBRARY_ROOTS
 
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.device_mesh", "torch.distributed.tensor",
            "torch.distributed.tensor.parallel", "torch.distributed.fsdp", "torch.distributed.pipelining",
            "torch.nn.parallel", "torch.testing._internal.distributed.fake_pg", "meshscope.trace.rank")
 """What every rank imports before its script: torch's parallel APIs and the rank program."""
-
-IMPORTS = "imports"
-"""Folder of the run directory where forked ranks list the library modules their script imported."""
-
-LIBRARY_ROOTS = tuple({sysconfig.get_paths()[k] + os.sep for k in ("stdlib", "platstdlib", "purelib", "platlib")})
-"""Where the standard library and installed packages live: only their modules are imported ahead."""
 
 
 class ServerFailed(RuntimeError):
@@ -56,14 +50,14 @@ class ServerFailed(RuntimeError):
 class ForkServer:
     """The caller's side: start the server, run ranks through it, stop it."""
 
-    def __init__(self, run_dir: Path, rank_flags: list[str], world: int, per_node: int, fake_tensors: bool):
+    def __init__(self, run_dir: RunDir, rank_flags: list[str], world: int, per_node: int, fake_tensors: bool):
         if not hasattr(os, "fork"):
             raise UsageError("--fake-world forks its ranks (os.fork), which this platform lacks: run it on Linux")
-        self.log_path = run_dir / "logs" / "fork_server.log"
+        self.log_path = run_dir.fork_server_log
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         read, self._replies_fd = os.pipe()
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # no thread pool before a fork
-        args = [sys.executable, "-m", "meshscope.trace.fork_server", str(run_dir), str(world), str(per_node),
+        args = [sys.executable, "-m", "meshscope.trace.fork_server", str(run_dir.path), str(world), str(per_node),
                 str(self._replies_fd), *(["--fake-tensors"] if fake_tensors else []), "--", *rank_flags]
         try:
             with open(self.log_path, "w") as log:
@@ -142,13 +136,13 @@ def _library_module(module) -> bool:
     return (getattr(module, "__file__", None) or "").startswith(LIBRARY_ROOTS)
 
 
-def _write_imports(run_dir: Path, rank: int, before: set[str]):
+def _write_imports(run_dir: RunDir, rank: int, before: set[str]):
     """The `rank.main` ``on_end`` of a forked rank: list the library modules its script imported."""
     def on_end() -> None:
         names = [name for name, module in list(sys.modules.items())
                  if name not in before and name != "__main__" and module is not None and _library_module(module)]
-        (run_dir / IMPORTS).mkdir(exist_ok=True)
-        write_atomic(run_dir / IMPORTS / f"rank{rank}.json", json.dumps(names))  # whole or absent for the server
+        run_dir.imports(rank).parent.mkdir(exist_ok=True)
+        write_atomic(run_dir.imports(rank), json.dumps(names))  # whole or absent for the server
     return on_end
 
 
@@ -166,7 +160,7 @@ def _import_all(names: list[str]) -> None:
 
 
 class _Server:
-    def __init__(self, run_dir: Path, world: int, per_node: int, fake_tensors: bool, rank_flags: list[str],
+    def __init__(self, run_dir: RunDir, world: int, per_node: int, fake_tensors: bool, rank_flags: list[str],
                  replies_fd: int):
         self.run_dir, self.world, self.per_node, self.rank_flags = run_dir, world, per_node, rank_flags
         self.replies_fd, self.pid = replies_fd, os.getpid()
@@ -188,11 +182,11 @@ class _Server:
         """Import what finished ranks' scripts imported, if a probe child shows that starts no thread."""
         names: list[str] = []
         for rank in finished:
-            path = self.run_dir / IMPORTS / f"rank{rank}.json"
             try:
-                names += [n for n in json.loads(path.read_text()) if n not in self.learned and n not in sys.modules]
+                listed = json.loads(self.run_dir.imports(rank).read_text())
             except (OSError, ValueError):  # the rank failed before its end: nothing to learn from it
                 continue
+            names += [n for n in listed if n not in self.learned and n not in sys.modules]
         names = list(dict.fromkeys(names))
         if not self.learning or not names:
             return
@@ -251,7 +245,7 @@ class _Server:
 
             random.seed()  # as a fresh interpreter would
             os.environ.update(fake.environment(rank, self.world, self.per_node))
-            log = os.open(self.run_dir / "logs" / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            log = os.open(self.run_dir.log(rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             null = os.open(os.devnull, os.O_RDONLY)
             for fd, target in ((log, 1), (log, 2), (null, 0)):
                 os.dup2(fd, target)
@@ -260,8 +254,8 @@ class _Server:
             sys.stdin = open(os.devnull)
             before = set(sys.modules)
             code = rank_program.main(self.rank_flags, on_end=_write_imports(self.run_dir, rank, before))
-        except SystemExit as exc:  # as the interpreter maps it
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        except SystemExit as exc:
+            code = exit_code(exc)
         except BaseException:  # noqa: BLE001 - reported in the rank's log, as a fresh process would
             import traceback
 
@@ -275,7 +269,7 @@ class _Server:
 def main(argv: list[str]) -> int:
     _die_with_parent()
     cut = argv.index("--")
-    run_dir, world, per_node, replies_fd = Path(argv[0]), int(argv[1]), int(argv[2]), int(argv[3])
+    run_dir, world, per_node, replies_fd = RunDir(argv[0]), int(argv[1]), int(argv[2]), int(argv[3])
     os.set_inheritable(replies_fd, False)  # no process a rank starts holds the caller's pipe open
     replies = os.fdopen(replies_fd, "w")
     server = _Server(run_dir, world, per_node, "--fake-tensors" in argv[4:cut], argv[cut + 1:], replies_fd)

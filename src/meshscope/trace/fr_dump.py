@@ -15,33 +15,29 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..run.rundir import write_atomic
+from ..core.rundir import RunDir, write_atomic
 
 BUFFER_SIZE = "2000"
 """Entries kept per process (torch's ring buffer): a few steps of a large job."""
 
 
-def prefix(run_dir: Path) -> Path:
-    return Path(run_dir) / "fr" / "rank_"
-
-
-def enable(run_dir: Path) -> None:
+def enable(run_dir: RunDir) -> None:
     """Turn the recorder on for this process, dumping into `run_dir`; call before init_process_group."""
     if not (os.environ.get("TORCH_FR_BUFFER_SIZE") or os.environ.get("TORCH_NCCL_TRACE_BUFFER_SIZE")):
         os.environ["TORCH_FR_BUFFER_SIZE"] = BUFFER_SIZE
-    prefix(run_dir).parent.mkdir(parents=True, exist_ok=True)
-    os.environ["TORCH_FR_DUMP_TEMP_FILE"] = str(prefix(run_dir))
+    run_dir.fr.mkdir(parents=True, exist_ok=True)
+    os.environ["TORCH_FR_DUMP_TEMP_FILE"] = str(run_dir.fr_prefix)
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
 
 
-def dump(run_dir: Path, rank: int) -> list[Path]:
+def dump(run_dir: RunDir, rank: int) -> list[Path]:
     """Write this rank's recorder entries (pickle, and JSON where torch has it); keeps a dump NCCL
     already wrote. Returns the files written, none if the recorder is off or torch lacks it."""
     try:
         from torch._C import _distributed_c10d as c10d
     except ImportError:
         return []
-    base = Path(f"{prefix(run_dir)}{rank}")
+    base = run_dir.fr_dump(rank)
     written = []
     for path, name in ((base, "_dump_fr_trace"), (base.with_name(base.name + ".json"), "_dump_fr_trace_json")):
         fn = getattr(c10d, name, None)

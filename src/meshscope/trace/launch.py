@@ -5,13 +5,12 @@ The command is the user's torchrun command with ``meshscope trace`` in front: th
 are torchrun's own and go to it unchanged (``--standalone`` when none is given, as for one node);
 each worker runs `trace.rank` before the script. The run directory is written like `run`'s:
 ``spec.json`` first, an ``INCOMPLETE`` marker until the result is in, ``flight/`` and ``ledgers/``
-per rank, ``ranks/`` (how each rank ended), then ``result.json`` (`core.result.TraceResult`), with
+per rank, ``ranks/`` (how each rank ended), then ``result.json`` (`core.trace_result.TraceResult`), with
 the doctor's findings when the job failed or hung.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
@@ -19,9 +18,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..core.errors import UsageError
-from ..run import rundir
+from ..core.rundir import RunDir, check_timeout
+from ..core.trace_result import TraceResult, TraceSpec
 from ..run.launch import launch
-from .assemble import assemble, begin, conclude
+from .assemble import assemble, conclude
 
 RECORDERS = ("native", "python")
 
@@ -118,7 +118,7 @@ class TraceOptions:
             raise UsageError(f"--steps {self.steps} must be a positive number of steps (leave it out to run the "
                              f"script to its end)")
         if self.timeout is not None:
-            rundir.check_timeout(self.timeout)
+            check_timeout(self.timeout)
         if self.recorder not in RECORDERS:
             raise UsageError(f"--recorder {self.recorder!r}: choose one of {', '.join(RECORDERS)}")
 
@@ -159,52 +159,24 @@ def ready_recorder(options: TraceOptions, echo=None) -> TraceOptions:
     return options
 
 
-def trace(options: TraceOptions, echo=None) -> tuple[Path, dict]:
-    """Run the traced job; returns its run directory and the result document (also result.json)."""
+def trace(options: TraceOptions, echo=None) -> TraceResult:
+    """Run the traced job; returns its result (also the run directory's result.json)."""
     options.validate()
+    run_dir = RunDir(options.run_dir())
+    run_dir.check()
     options = ready_recorder(options, echo)
     if options.fake_world:
         from .fake_world import trace_fake_world
 
-        return trace_fake_world(options, echo)
-    run_dir = options.run_dir()
-    rundir.check(run_dir)
-    spec = {"kind": "trace", "world": options.world, "traced": options.local, "command": list(options.target),
-            "nproc_per_node": options.local, "nnodes": options.nnodes, "steps": options.steps,
-            "timeout": options.timeout}
-    begin(run_dir, spec)
+        return trace_fake_world(options, run_dir, echo)
+    one_node = options.nnodes == 1
+    run_dir.begin(TraceSpec(world=options.world, command=tuple(options.target), traced=options.local,
+                            expected=tuple(range(options.world)) if one_node else None,
+                            nproc_per_node=options.local, nnodes=options.nnodes, steps=options.steps,
+                            timeout=options.timeout))
     rendezvous = list(options.rendezvous) or ["--standalone"]
-    outcome = launch(run_dir, options.local, None, program=options.rank_program(run_dir),
-                     rendezvous=[f"--nnodes={options.nnodes}", *rendezvous] if options.nnodes > 1 else rendezvous,
-                     echo=echo or (lambda line: sys.stderr.write(line)), env=options.env)
-    result = assemble(run_dir)
-    doc = result.to_json()
-    if not result.complete or outcome.returncode != 0:
-        doc["error"], doc["passed"] = _rank_error(run_dir) or outcome.error or "a rank did not finish", False
-    if not doc["passed"]:  # a hang, a failure, or a job that ran to its end with a check failed (gloo
-        doc["doctor"] = _doctor(run_dir)  # lets mismatched all-to-all splits through silently)
-    conclude(run_dir, doc)
-    return run_dir, doc
-
-
-def _rank_error(run_dir: Path) -> str | None:
-    """'rank R: <error>' of the rank that failed first, by the time it wrote its end, None if no rank
-    recorded an error (its peers then fail with "connection closed"); a rank the launcher stopped is a
-    consequence, named only when no rank failed on its own."""
-    failed = []
-    for path in (run_dir / "ranks").glob("rank*.json"):
-        end = json.loads(path.read_text())
-        if end.get("status") == "error" and end.get("error"):
-            failed.append(end)
-    own = [e for e in failed if "stopped by the launcher" not in e["error"]] or failed
-    first = min(own, key=lambda e: e["time"], default=None)
-    return f"rank {first['rank']}: {first['error']}" if first else None
-
-
-def _doctor(run_dir: Path) -> dict | None:
-    from ..doctor import diagnose
-
-    try:
-        return diagnose(run_dir)
-    except Exception as exc:  # noqa: BLE001 - the job already failed; the diagnosis is a bonus
-        return {"error": f"could not diagnose: {type(exc).__name__}: {exc}"}
+    launched = launch(run_dir.path, options.local, None, program=options.rank_program(run_dir.path),
+                      rendezvous=rendezvous if one_node else [f"--nnodes={options.nnodes}", *rendezvous],
+                      echo=echo or (lambda line: sys.stderr.write(line)), env=options.env)
+    result = assemble(run_dir, account=launched.error if launched.returncode else None)
+    return conclude(run_dir, result)

@@ -47,10 +47,12 @@ from ..capture.dispatch import errors as decode_errors
 from ..capture.job_context import JobContext
 from ..core.axes import axis_of
 from ..core.events import CommEvent
-from ..run.rundir import write_atomic
-from . import device_map, fake, fake_tensors, fr_dump
+from ..core.rundir import RunDir, write_atomic
+from ..core.trace_result import GroupUse, RankEnd, exit_code
+from . import device_map, fake, fake_tensors, fr_dump, script_frames
 from .created import note_creations
 from .entry_points import wrap
+from .output import tee
 
 FLUSH_S = 0.5
 """How often the flusher thread writes new calls to the flight log."""
@@ -65,7 +67,7 @@ class RankTrace:
     """This rank's calls as they happen: recorded as tuples (cheap; by the C++ recorder where it is
     built), turned into CommEvents and written by the flusher."""
 
-    def __init__(self, run_dir: Path, rank: int, context: JobContext, stream: bool = True,
+    def __init__(self, run_dir: RunDir, rank: int, context: JobContext, stream: bool = True,
                  recorder: str = "python"):
         self.run_dir, self.rank, self.context, self.stream = run_dir, rank, context, stream
         self.native, self.recorder_note, self.kind = None, None, "python" if recorder == "native" else recorder
@@ -86,8 +88,8 @@ class RankTrace:
         self._seq: dict[str, int] = {}
         self._open: dict[str, int] = {}  # group name -> index in `calls` of its last, unfinished call
         self._text: dict[tuple, str] = {}  # a call's JSON fields (all but time, seq, step), made once
-        (run_dir / "flight").mkdir(parents=True, exist_ok=True)
-        self._flight = open(run_dir / "flight" / f"rank{rank}.jsonl", "w", buffering=1)
+        run_dir.flight(rank).parent.mkdir(parents=True, exist_ok=True)
+        self._flight = open(run_dir.flight(rank), "w", buffering=1)
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._flusher = threading.Thread(target=self._flush_loop, name="meshscope-trace-flush", daemon=True)
@@ -197,10 +199,9 @@ class RankTrace:
         if self.stream:  # --cheap writes everything at the end instead
             self._flusher.start()
 
-    def finish(self, status: str, error: str | None = None, note: str | None = None, mapped=()) -> None:
-        """Last flush, the ledger and how the rank ended (`mapped`: the CUDA calls `device_map` mapped,
-        which the result names once for all ranks)."""
-        note = "; ".join(n for n in (note, self.recorder_note) if n) or None
+    def finish(self, status: str, code: int, failure: dict | None = None, note: str | None = None, mapped=()) -> None:
+        """Last flush, the ledger and how the rank ended (`failure`: the `RankEnd` fields of what failed;
+        `mapped`: the CUDA calls `device_map` mapped, which the result names once for all ranks)."""
         self._stop.set()
         with self._lock:
             lines = self._drain()
@@ -210,18 +211,16 @@ class RankTrace:
                 self._flight.write("\n".join(lines) + "\n")
             self._flight.close()
         events = self.ledger()
-        for d in ("ledgers", "ranks"):
-            (self.run_dir / d).mkdir(exist_ok=True)
-        write_atomic(self.run_dir / "ledgers" / f"rank{self.rank}.jsonl",
-                     "".join(json.dumps(e.to_json()) + "\n" for e in events))
-        doc = {"rank": self.rank, "status": status, "steps": self.context.step,
-               "optimizer_steps": self.context.optimizers_seen, "events": len(events),
-               "groups": [{"name": g.name, "desc": g.desc, "axis": self.axis(g), "ranks": list(g.ranks)}
-                          for g in self.groups.values()],
-               "decode_errors": decode_errors[:10], "time": time.time(), "recorder": self.recorder,
-               **({"error": error} if error else {}), **({"note": note} if note else {}),
-               **({"mapped": list(mapped)} if mapped else {})}
-        (self.run_dir / "ranks" / f"rank{self.rank}.json").write_text(json.dumps(doc, indent=1))
+        stepless = ("the script stepped no torch.optim optimizer: one step holds everything"
+                    if events and not self.context.optimizers_seen and status != "error" else None)
+        note = "; ".join(n for n in (note, stepless, self.recorder_note) if n)
+        self.run_dir.ledger(self.rank).parent.mkdir(exist_ok=True)
+        write_atomic(self.run_dir.ledger(self.rank), "".join(json.dumps(e.to_json()) + "\n" for e in events))
+        self.run_dir.write_end(RankEnd(
+            self.rank, status, steps=self.context.step, exit_code=code, note=note, mapped=tuple(mapped),
+            events=len(events), optimizer_steps=self.context.optimizers_seen,
+            groups=tuple(GroupUse(g.name, g.desc, self.axis(g), g.ranks) for g in self.groups.values()),
+            decode_errors=tuple(decode_errors[:10]), time=time.time(), recorder=self.recorder, **(failure or {})))
 
 
 MESH_DIMS: dict[str, str] = {}
@@ -339,18 +338,9 @@ def _stop_on_sigterm(stop) -> None:
             try:
                 handler(signal.SIGTERM, None)
             except SystemExit as exc:
-                os._exit(exc.code if isinstance(exc.code, int) else 1)
+                os._exit(exit_code(exc))
 
     threading.Thread(target=wait, name="meshscope-trace-stop", daemon=True).start()
-
-
-def _script_traceback(exc: BaseException) -> str:
-    """The script's traceback, without the frames of meshscope and runpy that ran it."""
-    tb = traceback.TracebackException.from_exception(exc)
-    here = str(Path(__file__).resolve().parent.parent)
-    tb.stack = traceback.StackSummary.from_list(
-        [f for f in tb.stack if not f.filename.startswith(here) and "runpy" not in Path(f.filename).name])
-    return "".join(tb.format())
 
 
 def _script_file(module: str) -> str:
@@ -388,25 +378,29 @@ def main(argv: list[str], on_end=None) -> int:
     """Run the traced script as this rank; `on_end` runs after its ledger is written."""
     args = parse(argv)
     rank = int(os.environ.get("RANK", "0"))
+    run_dir = RunDir(args.run_dir)
+    if not args.fake:  # a fake world's ranks write their log themselves (fork_server)
+        tee(run_dir.log(rank))
     context = JobContext(args.step_optimizer, modules=not args.cheap)
-    trace = RankTrace(args.run_dir, rank, context, stream=not args.cheap,
+    trace = RankTrace(run_dir, rank, context, stream=not args.cheap,
                       recorder="mode" if args.fake_tensors else args.recorder)
     if args.flight_recorder and not args.fake:
-        fr_dump.enable(args.run_dir)
+        fr_dump.enable(run_dir)
     ending, written = threading.Lock(), threading.Event()  # the rank's end is written once, by either path
 
     def stopped() -> None:
         with ending:  # a rank writing its own end finishes that first
             if not written.is_set():
-                trace.finish("error", "stopped by the launcher (SIGTERM), e.g. because another rank failed")
+                trace.finish("terminated", 128 + signal.SIGTERM, {"error": "SIGTERM from outside (another rank "
+                             "failed, the watchdog stopped the job, or it was interrupted)"})
                 if args.flight_recorder:
-                    fr_dump.dump(args.run_dir, rank)
+                    fr_dump.dump(run_dir, rank)
                 written.set()
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(128 + signal.SIGTERM)  # also from the script's exit handlers: the launcher wants it gone
 
-    note_creations(args.run_dir, rank)  # first: the wrappers below see torch's own new_group signature
+    note_creations(run_dir, rank)  # first: the wrappers below see torch's own new_group signature
     if args.fake:
         fake.use_fake_backend()
         device_map.install()
@@ -426,7 +420,7 @@ def main(argv: list[str], on_end=None) -> int:
     _label_device_meshes()
     wrap("destroy_process_group", lambda original: _flushed_first(trace, original))
     trace.start()
-    status, error, code, note = "ok", None, 0, None
+    status, failure, code, note = "ok", None, 0, None
     try:
         with fake_tensors.shapes_only(trace.sink) if args.fake_tensors else trace.recording():
             if module:
@@ -436,16 +430,20 @@ def main(argv: list[str], on_end=None) -> int:
     except StopTrace:
         status = "stopped"
     except SystemExit as exc:
-        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+        code = exit_code(exc)
         if code:
-            status, error = "error", (f"the script exited: {exc.code}" if isinstance(exc.code, str)
-                                      else f"the script exited with code {exc.code}")
+            where, origin = script_frames.raised_at(exc)
+            status, failure = "error", {"error": (f"the script exited: {exc.code}" if isinstance(exc.code, str)
+                                                  else f"the script exited with code {exc.code}"),
+                                        "exception": "SystemExit", "where": where, "origin": origin}
     except BaseException as exc:  # noqa: BLE001 - the script's failure is reported as the script's
-        text = _script_traceback(exc)
-        sys.stderr.write(text)
-        status, error, code = "error", f"{type(exc).__name__}: {exc}".splitlines()[0], 1
+        sys.stderr.write(script_frames.script_traceback(exc))
+        where, origin = script_frames.raised_at(exc)
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0]
         if args.fake_tensors:
             error = fake_tensors.value_read(exc, _script_file(target) if module else target) or error
+        status, code = "error", 1
+        failure = {"error": error, "exception": type(exc).__name__, "where": where, "origin": origin}
         if args.fake and ("recv_object_list" in "".join(traceback.format_tb(exc.__traceback__))
                           or type(exc).__name__ == "PipeliningMetadataError"):
             note = ("the script's pipeline stages exchange their shapes over P2P (recv_object_list), which a fake "
@@ -455,12 +453,10 @@ def main(argv: list[str], on_end=None) -> int:
         context.remove()
         if args.steps and status != "stopped" and not args.fake:
             count_done()
-    if not context.optimizers_seen and status != "error":
-        note = "the script stepped no torch.optim optimizer: one step holds everything"
     with ending:
-        trace.finish(status, error, note, mapped=device_map.used)
+        trace.finish(status, code, failure, note, mapped=device_map.used)
         if status == "error" and args.flight_recorder and not args.fake:  # gloo dumps nothing on its own timeout
-            fr_dump.dump(args.run_dir, rank)
+            fr_dump.dump(run_dir, rank)
         written.set()
     if on_end is not None:
         on_end()
