@@ -25,7 +25,6 @@ from meshscope.core.result import Check
 from meshscope.core.rundir import RunDir
 from meshscope.core.trace_result import (EXIT_CODES, GroupUse, RankEnd, TraceError, TraceResult, TraceSpec,
                                          exit_code)
-from meshscope.doctor import diagnose
 from meshscope.doctor.ends import blocked, order, script_errors
 from meshscope.report.trace import bytes_figure, layout_lines, verdict_lines
 from meshscope.trace.assemble import assemble
