@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -96,3 +97,41 @@ def test_without_a_compiler_the_trace_says_so_and_records_with_the_python_kernel
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "the C++ recorder cannot be built here" in proc.stderr
     assert json.loads((tmp_path / "run" / "ranks" / "rank0.json").read_text())["recorder"] == "python"
+
+
+# A stand-in compiler: counts its runs, takes a second, writes its -o file (or fails, with FAIL set).
+COMPILER = """#!/bin/sh
+echo run >> "$COUNT"
+[ -n "$FAIL" ] && { echo "native_recorder.cpp:1:1: error: $FAIL" >&2; exit 1; }
+while [ "$1" != "-o" ]; do shift; done
+sleep 1
+echo built > "$2"
+"""
+ENSURE = ("from meshscope.capture import native_build as b\n"
+          "try: print(b.ensure())\nexcept b.NativeUnavailable as e: print(e)")
+
+
+def _ensure_at_once(tmp_path, n: int, **env) -> list[str]:
+    compiler = tmp_path / "c++"
+    compiler.write_text(COMPILER)
+    compiler.chmod(0o755)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "MESHSCOPE_CACHE": str(tmp_path / "cache"),
+           "CXX": str(compiler), "COUNT": str(tmp_path / "count"), **env}
+    procs = [subprocess.Popen([sys.executable, "-c", ENSURE], stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(n)]
+    return [p.communicate(timeout=60)[0].strip() for p in procs]
+
+
+def test_builds_started_at_once_compile_once_and_share_the_library(tmp_path):
+    """The oracle: the stand-in compiler's own count of its runs, and the cache folder's listing."""
+    paths = _ensure_at_once(tmp_path, 2)
+    assert paths[0] == paths[1] and paths[0].endswith("meshscope_native_recorder.so")
+    assert (tmp_path / "count").read_text().split() == ["run"]
+    assert sorted(p.name for p in Path(paths[0]).parent.iterdir()) == ["lock", "meshscope_native_recorder.so"]
+
+
+def test_a_failed_build_says_why_and_leaves_nothing_to_load(tmp_path):
+    said = _ensure_at_once(tmp_path, 1, FAIL="no such header")
+    assert said == ["the compiler failed: native_recorder.cpp:1:1: error: no such header"]
+    (folder,) = (tmp_path / "cache" / "native").iterdir()
+    assert [p.name for p in folder.iterdir()] == ["lock"]

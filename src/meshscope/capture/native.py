@@ -7,13 +7,15 @@ calls, and writes a numbers-only summary of each call's arguments into a buffer.
 turns the summaries back into the argument shapes `dispatch.DECODERS` read (stand-in tensors with
 ``nbytes``, ``dtype``, ``shape[0]`` and ``dim()``), so every c10d schema is decoded in one place.
 
-The extension is compiled by `torch.utils.cpp_extension` the first time, once per torch release and
-source version, into ``~/.cache/meshscope/native`` (``MESHSCOPE_CACHE`` moves it; `native_build`);
-about 30 s on 2 cores. ``meshscope trace`` makes sure it is built before it launches the ranks
-(`native_build.ensure`, without importing torch when it is); a rank then only loads it (`build`
-finds it in the cache), never compiling while the job waits. ``MESHSCOPE_RECORDER=python`` (``meshscope trace
---recorder python``) skips it; without a C++ compiler the trace falls back to the Python kernel and
-says so.
+The extension is compiled the first time, once per torch release and source version, by one compiler
+command with `torch.utils.cpp_extension`'s flags, into ``~/.cache/meshscope/native``
+(``MESHSCOPE_CACHE`` moves it; `native_build`): about 7 s of CPU, and a first trace 13-20 s slower
+than the next, on this project's 2-core AMD EPYC box at load 2-10 (torch 2.13 CPU, 2026-12-01; 30-36 s
+of CPU and 33-42 s slower before the source shed <torch/extension.h>). ``meshscope trace`` makes sure it
+is built before it launches the ranks (`native_build.ensure`, without importing torch); a rank then
+only loads it (`build` finds it in the cache), never compiling while the job waits.
+``MESHSCOPE_RECORDER=python`` (``meshscope trace --recorder python``) skips it; without a C++
+compiler the trace falls back to the Python kernel and says so.
 """
 
 from __future__ import annotations

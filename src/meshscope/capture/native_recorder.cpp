@@ -12,13 +12,19 @@
 // Context the kernel cannot know (step, optimizer, module) is set from Python as a small integer
 // when it changes (`set_context`); whether the call is inside the autograd engine is asked of
 // autograd here, on the calling thread, as the Python kernel does.
+//
+// A newcomer's first trace waits for this file's compilation, so it includes only what the kernel
+// uses (native_build.py has the figures). Not <torch/extension.h> (all of ATen's operators and
+// pybind11), nor the headers of the process group and of autograd's graph task, which pull in all
+// of ATen's operators too (torch 2.13: ProcessGroup.hpp includes <ATen/ATen.h>, graph_task.h reaches
+// <ATen/Functions.h> through input_buffer.h). The one function of each it calls is declared below,
+// and the module is bound with Python's C API, not pybind11, whose templates alone cost more to
+// compile than the kernel.
 
-#include <torch/extension.h>
-#include <torch/library.h>
-#include <torch/csrc/autograd/graph_task.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
-#include <torch/csrc/utils/tensor_dtypes.h>
+#include <Python.h>  // first, as Python's C API asks
+#include <pybind11/pytypes.h>  // py::object, for toPyObject's declaration only
 #include <torch/csrc/DynamicTypes.h>
+#include <torch/library.h>
 
 #include <atomic>
 #include <chrono>
@@ -27,6 +33,19 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+// Declared as in torch 2.13's torch/csrc/autograd/graph_task.h (libtorch_cpu) and
+// torch/csrc/jit/python/pybind_utils.h (libtorch_python): the cache is keyed by the torch release,
+// and a changed signature fails the link, so the trace falls back to the Python kernel and says so.
+namespace torch::autograd {
+TORCH_API int get_current_graph_task_id();
+}
+namespace torch::jit {
+TORCH_PYTHON_API pybind11::object toPyObject(c10::IValue ivalue);
+}
+namespace c10d {
+class ProcessGroup;  // only named: the kernel tells its arguments apart by type, Python names the group
+}
 
 namespace {
 
@@ -42,7 +61,7 @@ struct Record {
   bool main_thread;   // issued on the thread that installed the recorder
   int64_t t_ns;       // steady clock (CLOCK_MONOTONIC, as Python's time.perf_counter)
   std::vector<int64_t> args;
-  std::vector<std::string> groups;  // names of the process groups among the args
+  std::vector<c10::IValue> groups;  // the process groups among the args, named when drained
 };
 
 std::mutex mutex;
@@ -100,10 +119,9 @@ void summarise(const c10::IValue& v, Record& r) {
     out.push_back(INT);
     out.push_back(v.toInt());
   } else if (v.isCustomClass() && v.type() == group_type()) {  // not ReduceOp, the other custom class
-    auto pg = v.toCustomClass<c10d::ProcessGroup>();
     out.push_back(GROUP);
     out.push_back(r.groups.size());
-    r.groups.push_back(pg->getGroupName());
+    r.groups.push_back(v);
   } else {
     out.push_back(NONE);
   }
@@ -182,40 +200,137 @@ void mark(int64_t step) {
   buffer.push_back(std::move(r));
 }
 
+// The name of a process group (an Object whose one slot holds the group: ivalue_inl.h's
+// IValue(intrusive_ptr<T> custom_class), torch 2.13), asked of Python once per group and drain:
+// ``ProcessGroup.unbox(obj).group_name`` of the ScriptObject a Python kernel receives for it.
+PyObject* group_name(const c10::IValue& group, std::vector<std::pair<void*, PyObject*>>& named) {
+  void* pg = group.toObjectRef().getSlot(0).toCapsule().get();  // a fresh Object per call, the same group
+  for (const auto& [seen, name] : named)
+    if (seen == pg) return name;
+  static PyObject* unbox = [] {  // kept for the process's life, as the module is
+    PyObject* dist = PyImport_ImportModule("torch.distributed");
+    PyObject* cls = dist ? PyObject_GetAttrString(dist, "ProcessGroup") : nullptr;
+    PyObject* f = cls ? PyObject_GetAttrString(cls, "unbox") : nullptr;
+    Py_XDECREF(cls);
+    Py_XDECREF(dist);
+    return f;
+  }();
+  if (unbox == nullptr) return nullptr;
+  pybind11::object box;
+  try {
+    box = torch::jit::toPyObject(group);
+  } catch (const std::exception& exc) {  // no C++ exception may cross into Python
+    PyErr_SetString(PyExc_RuntimeError, exc.what());
+    return nullptr;
+  }
+  PyObject* own = PyObject_CallOneArg(unbox, box.ptr());
+  PyObject* name = own ? PyObject_GetAttrString(own, "group_name") : nullptr;
+  Py_XDECREF(own);
+  if (name != nullptr) named.emplace_back(pg, name);
+  return name;
+}
+
 // Every record since the last drain: (op, t in seconds, context, backward, main thread, flat args,
 // group names); capture/native.py rebuilds the arguments from the flat ints.
-py::list drain() {
+PyObject* drain(PyObject*, PyObject*) {
   std::vector<Record> taken;
   {
     std::lock_guard<std::mutex> lock(mutex);
     taken.swap(buffer);
   }
-  py::list out;
-  for (const auto& r : taken) {
-    py::tuple args(r.args.size());
-    for (size_t i = 0; i < r.args.size(); ++i) args[i] = py::int_(r.args[i]);
-    py::list groups;
-    for (const auto& g : r.groups) groups.append(py::str(g));
-    out.append(py::make_tuple(r.op, static_cast<double>(r.t_ns) * 1e-9, r.context, r.backward, r.main_thread, args,
-                              groups));
+  std::vector<std::pair<void*, PyObject*>> named;
+  PyObject* out = PyList_New(taken.size());
+  for (size_t k = 0; out != nullptr && k < taken.size(); ++k) {
+    const auto& r = taken[k];
+    PyObject* args = PyTuple_New(r.args.size());
+    PyObject* groups = PyList_New(r.groups.size());
+    for (size_t i = 0; args != nullptr && i < r.args.size(); ++i)
+      PyTuple_SET_ITEM(args, i, PyLong_FromLongLong(r.args[i]));
+    for (size_t i = 0; groups != nullptr && i < r.groups.size(); ++i) {
+      PyObject* name = group_name(r.groups[i], named);
+      if (name == nullptr) Py_CLEAR(groups);
+      else PyList_SET_ITEM(groups, i, Py_NewRef(name));
+    }
+    PyObject* row = args && groups ? Py_BuildValue("(idiOOOO)", r.op, static_cast<double>(r.t_ns) * 1e-9, r.context,
+                                                   r.backward ? Py_True : Py_False, r.main_thread ? Py_True : Py_False,
+                                                   args, groups)
+                                   : nullptr;
+    Py_XDECREF(args);
+    Py_XDECREF(groups);
+    if (row == nullptr) Py_CLEAR(out);
+    else PyList_SET_ITEM(out, k, row);
   }
+  for (const auto& [seen, name] : named) Py_DECREF(name);
   return out;
 }
 
-py::object dtype_of(int64_t scalar_type) {
-  return py::reinterpret_borrow<py::object>(
-      reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<at::ScalarType>(scalar_type))));
+PyObject* dtype_of(PyObject*, PyObject* scalar_type) {
+  long st = PyLong_AsLong(scalar_type);
+  if (st == -1 && PyErr_Occurred()) return nullptr;
+  return Py_NewRef(reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<at::ScalarType>(st))));
 }
+
+// -- the module: thin wrappers of the functions above in Python's calling convention --------------
+PyObject* py_install(PyObject*, PyObject* list) {
+  PyObject* items = PySequence_Fast(list, "install takes a list of op names");
+  if (items == nullptr) return nullptr;
+  std::vector<std::string> ops;
+  for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(items); ++i) {
+    const char* name = PyUnicode_AsUTF8(PySequence_Fast_GET_ITEM(items, i));
+    if (name == nullptr) break;
+    ops.emplace_back(name);
+  }
+  Py_DECREF(items);
+  if (PyErr_Occurred()) return nullptr;
+  try {
+    install(ops);
+  } catch (const std::exception& exc) {  // an op this torch does not have
+    PyErr_SetString(PyExc_RuntimeError, exc.what());
+    return nullptr;
+  }
+  Py_RETURN_NONE;
+}
+
+PyObject* py_uninstall(PyObject*, PyObject*) {
+  uninstall();
+  Py_RETURN_NONE;
+}
+
+PyObject* py_installed(PyObject*, PyObject*) { return PyBool_FromLong(installed()); }
+
+PyObject* py_set_active(PyObject*, PyObject* on) {
+  set_active(PyObject_IsTrue(on) == 1);
+  Py_RETURN_NONE;
+}
+
+PyObject* py_set_context(PyObject*, PyObject* value) {
+  long v = PyLong_AsLong(value);
+  if (v == -1 && PyErr_Occurred()) return nullptr;
+  set_context(static_cast<int32_t>(v));
+  Py_RETURN_NONE;
+}
+
+PyObject* py_mark(PyObject*, PyObject* step) {
+  long long s = PyLong_AsLongLong(step);
+  if (s == -1 && PyErr_Occurred()) return nullptr;
+  mark(s);
+  Py_RETURN_NONE;
+}
+
+PyMethodDef methods[] = {
+    {"install", py_install, METH_O, nullptr},
+    {"uninstall", py_uninstall, METH_NOARGS, nullptr},
+    {"installed", py_installed, METH_NOARGS, nullptr},
+    {"set_active", py_set_active, METH_O, nullptr},
+    {"set_context", py_set_context, METH_O, nullptr},
+    {"mark", py_mark, METH_O, nullptr},
+    {"drain", drain, METH_NOARGS, nullptr},
+    {"dtype_of", dtype_of, METH_O, nullptr},
+    {nullptr, nullptr, 0, nullptr}};
+PyModuleDef module = {PyModuleDef_HEAD_INIT, "meshscope_native_recorder", nullptr, -1, methods,
+                      nullptr, nullptr, nullptr, nullptr};
 
 }  // namespace
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("install", &install);
-  m.def("uninstall", &uninstall);
-  m.def("installed", &installed);
-  m.def("set_active", &set_active);
-  m.def("set_context", &set_context);
-  m.def("mark", &mark);
-  m.def("drain", &drain);
-  m.def("dtype_of", &dtype_of);
-}
+// The name native_build.NAME loads (importlib calls PyInit_<module name>).
+PyMODINIT_FUNC PyInit_meshscope_native_recorder() { return PyModule_Create(&module); }
