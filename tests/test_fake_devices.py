@@ -1,5 +1,5 @@
 """A script written for CUDA in a fake world on a machine without CUDA: every CUDA device is the CPU
-(`trace.device_map`), the ledger is what the script's own CPU path issues, and what cannot be mapped
+(`trace.fake.devices`), the ledger is what the script's own CPU path issues, and what cannot be mapped
 is named in one line."""
 
 from __future__ import annotations

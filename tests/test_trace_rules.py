@@ -136,7 +136,7 @@ def test_step_boundaries_count_the_outermost_step_of_the_first_optimizer():
 
 
 def test_a_flattened_dim_does_not_break_the_mesh_and_classes_keep_places_apart():
-    from meshscope.trace.fake import rank_classes
+    from meshscope.trace.fake.classes import rank_classes
 
     axes = {"tp": [[0, 1], [2, 3], [4, 5], [6, 7]], "cp": [[0, 2], [1, 3], [4, 6], [5, 7]],
             "dp": [[0, 4], [1, 5], [2, 6], [3, 7]], "dp_cp": [[0, 2, 4, 6], [1, 3, 5, 7]]}

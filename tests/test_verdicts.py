@@ -30,7 +30,7 @@ from meshscope.report.trace import bytes_figure, layout_lines, verdict_lines
 from meshscope.trace.assemble import assemble
 from meshscope.trace.checks import a2a_mirror, axes_partition, group_agreement, p2p_pairs, steady_steps
 from meshscope.trace.diff import diff, match_axes
-from meshscope.trace.fake_world import failed_alike, fake_notes
+from meshscope.trace.fake.world import failed_alike, fake_notes
 
 from .helpers import ROOT, cli, trace_json
 
@@ -75,13 +75,13 @@ def test_exit_codes_of_system_exit_are_the_interpreters():
 
 
 def test_a_sigterm_handler_that_calls_sys_exit_ends_the_rank_with_code_0():
-    """trace.rank's SIGTERM thread runs a script's own handler; sys.exit() there is status 0, as the
+    """trace.stopping's SIGTERM thread runs a script's own handler; sys.exit() there is status 0, as the
     interpreter has it (it was 1 there, and 0 in the rank's other paths)."""
     code = textwrap.dedent("""
         import os, signal, sys, time
-        from meshscope.trace.rank import _stop_on_sigterm
+        from meshscope.trace.stopping import stop_on_sigterm
         signal.signal(signal.SIGTERM, lambda *a: sys.exit())
-        _stop_on_sigterm(lambda: os._exit(9))
+        stop_on_sigterm(lambda: os._exit(9))
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(30)
     """)
@@ -139,7 +139,7 @@ def test_an_early_exit_in_a_fake_world_is_empty_and_one_that_exits_non_zero_fail
     proc, failed = trace_json(tmp_path / "failed", "--fake-world", 4, "--ranks", "0,3",
                               [str(JOBS / "early_exit.py"), "--gpus", "64", "--exit-code", "2"])
     assert proc.returncode == 1 and failed["outcome"] == "failed"
-    assert failed["error"].startswith("rank 0: the script exited with code 2")
+    assert failed["failure"]["rank"] in (0, 3) and failed["failure"]["message"] == "the script exited with code 2"
 
 
 def test_a_rank_killed_without_a_record_makes_the_trace_incomplete(tmp_path):
@@ -247,6 +247,25 @@ def test_a_blocked_rank_keeps_the_findings_in_time_order():
     assert [f.kind for f in order([hang, script], blocked([raised], {}))] == ["script-error", "missing"]
     assert blocked([raised, timed_out], {}) == [1]
     assert [f.kind for f in order([hang, script], blocked([raised, timed_out], {}))] == ["missing", "script-error"]
+
+
+def test_a_rank_waiting_in_a_call_a_peer_went_past_is_blocked():
+    """DDP's unused parameters: rank 1 skipped bucket all-reduce #1 of step 0 and finished the step
+    (then raised at its next forward); rank 0 waits in #1 when it is stopped: blocked, so the hang's
+    finding keeps its place before rank 1's later error. A peer that stopped before the call (it raised
+    there, step 0 not finished) leaves rank 0 not blocked."""
+    from meshscope.doctor.evidence import RankLog, key
+
+    wait = call(0, 1, step=0)
+    issued = [call(0, 0, step=0), wait]
+    rank0 = RankLog(0, [], issued, {key(issued[0])}, {key(e): 1.0 for e in issued})
+    stopped = RankEnd(0, "terminated", error="SIGTERM from outside")
+    went_on = RankLog(1, [], [call(1, 0, step=0)], {key(call(1, 0))}, {}, last_mark="step 1 done")
+    assert blocked([stopped], {0: rank0, 1: went_on}) == [0]
+    stayed = RankLog(1, [], [call(1, 0, step=0)], {key(call(1, 0))}, {}, last_mark=None)
+    assert blocked([stopped], {0: rank0, 1: stayed}) == []
+    other = RankLog(1, [], [call(1, 0, step=0), call(1, 1, "barrier", b_in=0, b_out=0)], set(), {})
+    assert blocked([stopped], {0: rank0, 1: other}) == [0]  # it issued something else at #1
 
 
 # -- 4. diff -------------------------------------------------------------------------------------

@@ -128,7 +128,9 @@ class RankEnd:
     """``file:line`` of the frame that raised (inside a library, possibly)."""
     note: str = ""
     mapped: tuple[str, ...] = ()
-    """A fake world's CUDA calls mapped to the CPU on this rank (``trace.device_map``)."""
+    """A fake world's CUDA calls mapped to the CPU on this rank (``trace.fake.devices``)."""
+    patched: tuple[str, ...] = ()
+    """A fake world's changes to torch active on this rank (the rows of ``trace.fake.patches``)."""
     events: int = 0
     optimizer_steps: int = 0
     groups: tuple[GroupUse, ...] = ()
@@ -161,7 +163,7 @@ class RankEnd:
 
     def to_json(self) -> dict:
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
-        doc["mapped"] = list(self.mapped)
+        doc["mapped"], doc["patched"] = list(self.mapped), list(self.patched)
         doc["groups"] = [g.to_json() for g in self.groups]
         doc["decode_errors"] = [list(e) for e in self.decode_errors]
         return doc
@@ -169,7 +171,7 @@ class RankEnd:
     @classmethod
     def from_json(cls, d: dict) -> RankEnd:
         values = {f.name: d[f.name] for f in fields(cls) if f.name in d}
-        values["mapped"] = tuple(d.get("mapped", ()))
+        values["mapped"], values["patched"] = tuple(d.get("mapped", ())), tuple(d.get("patched", ()))
         values["groups"] = tuple(GroupUse(g["name"], g["desc"], g["axis"], tuple(g["ranks"])) for g in d.get("groups", ()))
         values["decode_errors"] = tuple(tuple(e) for e in d.get("decode_errors", ()))
         if values["status"] not in RANK_STATUSES:
@@ -243,16 +245,19 @@ class FakeWorld:
     classes: tuple[RankClass, ...] | None
     """One per class of rank 0's group creations (``--ranks auto``); None for the ranks given."""
     how: str
+    patched: tuple[str, ...] = ()
+    """The changes to torch active on any traced rank (the rows of ``trace.fake.patches``)."""
 
     def to_json(self) -> dict:
         return {"world": self.world, "traced": list(self.traced), "how": self.how,
-                "classes": [c.to_json() for c in self.classes] if self.classes is not None else None}
+                "classes": [c.to_json() for c in self.classes] if self.classes is not None else None,
+                "patched": list(self.patched)}
 
     @classmethod
     def from_json(cls, d: dict) -> FakeWorld:
         classes = d.get("classes")
         return cls(d["world"], tuple(d["traced"]), tuple(RankClass(**c) for c in classes) if classes is not None else None,
-                   d.get("how", ""))
+                   d.get("how", ""), tuple(d.get("patched", ())))
 
 
 @dataclass

@@ -133,7 +133,7 @@ def _unused_parameters(ranks, lists: dict[int, list[CommEvent]], e: CommEvent, m
         return None
     counts = {m: sum(1 for c in v if c.step == e.step and c.phase == "backward" and c.op == "all_reduce")
               for m, v in lists.items()}
-    short = [m for m in missing if _steps_done(ranks[m]) > e.step]  # it stepped past that backward
+    short = [m for m in missing if ranks[m].steps_done > e.step]  # it stepped past that backward
     if not short:
         return None
     full = max(counts, key=counts.get)
@@ -145,12 +145,6 @@ def _unused_parameters(ranks, lists: dict[int, list[CommEvent]], e: CommEvent, m
         f"its gradient, so the ranks without one never issue that bucket's all-reduce and the others wait in it; "
         f"make every rank use every parameter, or pass find_unused_parameters=True; rank {m} last issued "
         f"{last_call(ranks[m])}")
-
-
-def _steps_done(info: RankLog) -> int:
-    """Optimizer steps a traced rank finished, from its last ``step N done`` mark (0 without one)."""
-    mark = info.last_mark or ""
-    return int(mark.split()[1]) if mark.startswith("step ") and mark.endswith(" done") else 0
 
 
 def _skipped(have: dict[int, CommEvent], plan: dict[int, list[str]], k: int) -> tuple[list[int], str] | None:

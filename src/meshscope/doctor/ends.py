@@ -1,13 +1,14 @@
 """Findings from how a traced job's ranks ended: the script's own exception (``script-error``), and
 which comes first, it or the collectives' findings.
 
-A rank is **blocked** when it waited in a collective that never completed: its error is a
-collective's timeout (`core.trace_result.RankEnd.timed_out`: gloo's "Timed out waiting", the
-store's "wait timeout", NCCL's watchdog), or it was still inside a call when the job was stopped
-from outside while no rank had failed on its own (the watchdog or the user stopping a hang). A rank
-whose collective was cut off because a peer's process ended ("Connection closed by peer", "reset
-by peer") or that the launcher stopped because a peer raised is not blocked: its end follows from
-that peer's.
+A rank is **blocked** when it waited in a collective that its peers were never going to join: its
+error is a collective's timeout (`core.trace_result.RankEnd.timed_out`: gloo's "Timed out waiting",
+the store's "wait timeout", NCCL's watchdog), or it was still inside a call when the job ended (it
+failed there, or was stopped from outside) while a peer that never issued that call had gone past
+it: the peer finished the step the call belongs to, or issued a different call at that position of
+the group (DDP's unused parameters, a skipped collective). A rank waiting for a peer that stopped
+before reaching the call (it raised, and the launcher then stopped the rest; its collective cut
+off, "Connection closed by peer") is not blocked: its wait follows from that peer's exception.
 
 Ordering: when no rank is blocked, the job failed because a script raised, and that exception
 (type, message, the script's file and line) is the likely root cause, before anything the flight
@@ -34,10 +35,26 @@ def ends(run_dir: RunDir) -> list[RankEnd]:
 
 def blocked(ended: list[RankEnd], logs: dict[int, RankLog]) -> list[int]:
     """The ranks that were blocked (module docstring)."""
-    on_its_own = any(e.script_error for e in ended)
-    return sorted(e.rank for e in ended if e.timed_out
-                  or (not on_its_own and e.status in ("terminated", "missing") and e.rank in logs
-                      and blocked_in(logs, e.rank) is not None))
+    return sorted(e.rank for e in ended if e.timed_out or (not e.ended and _passed_by_a_peer(e.rank, logs)))
+
+
+def _passed_by_a_peer(rank: int, logs: dict[int, RankLog]) -> bool:
+    """The call `rank` was inside when it ended was skipped by a peer that went on past it."""
+    if rank not in logs:
+        return False
+    call = blocked_in(logs, rank)
+    if call is None:
+        return False
+    for peer in call.group:
+        if peer == rank or peer not in logs:
+            continue
+        theirs = logs[peer].on(call)
+        if len(theirs) > call.seq:
+            if theirs[call.seq].op != call.op:  # it issued something else in that place
+                return True
+        elif logs[peer].steps_done > (call.step or 0):  # it never issued it, and finished that step
+            return True
+    return False
 
 
 def script_errors(ended: list[RankEnd], run_dir: RunDir) -> list[Finding]:

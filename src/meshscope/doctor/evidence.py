@@ -35,6 +35,16 @@ class RankLog:
     created: list[dict] | None = None
     """A traced rank's group creations in order (`flightlog.read_creations`), None where the directory has none."""
 
+    @property
+    def steps_done(self) -> int:
+        """Optimizer steps a traced rank finished, from its last ``step N done`` mark (0 without one)."""
+        mark = self.last_mark or ""
+        return int(mark.split()[1]) if mark.startswith("step ") and mark.endswith(" done") else 0
+
+    def on(self, e: CommEvent) -> list[CommEvent]:
+        """This rank's calls on `e`'s group, in order."""
+        return [c for c in self.issued if (c.axis, c.group) == (e.axis, e.group)]
+
 
 def key(e: CommEvent) -> tuple:
     """A call's identity within one rank's log: its group and its position on that group."""

@@ -20,6 +20,7 @@ from pathlib import Path
 from ..core.rundir import RunDir
 from ..core.trace_result import TraceSpec
 from . import rank
+from .options import RECORDER_ENV, RankOptions
 
 
 def _run_dir() -> Path:
@@ -39,12 +40,14 @@ def main(argv: list[str]) -> int:
         RunDir(run_dir).write_spec(TraceSpec(world=world, command=tuple(argv), traced=local,
                                              expected=tuple(range(world)) if local == world else None,
                                              nproc_per_node=local).to_json())
-    flags = [*(["--steps", os.environ["MESHSCOPE_TRACE_STEPS"]] if os.environ.get("MESHSCOPE_TRACE_STEPS") else []),
-             *(["--timeout", os.environ["MESHSCOPE_TRACE_TIMEOUT"]] if os.environ.get("MESHSCOPE_TRACE_TIMEOUT") else []),
-             *(["--step-optimizer", os.environ["MESHSCOPE_STEP_OPTIMIZER"]]
-               if os.environ.get("MESHSCOPE_STEP_OPTIMIZER") else []),
-             *(["--flight-recorder"] if os.environ.get("MESHSCOPE_TRACE_FLIGHT_RECORDER", "1") != "0" else [])]
-    code = rank.main([str(run_dir), *flags, "--", *argv], on_end=_assemble_on_local_zero(run_dir, local))
+    env = os.environ
+    options = RankOptions(run_dir=run_dir, target=tuple(argv),
+                          steps=int(env["MESHSCOPE_TRACE_STEPS"]) if env.get("MESHSCOPE_TRACE_STEPS") else None,
+                          timeout=float(env["MESHSCOPE_TRACE_TIMEOUT"]) if env.get("MESHSCOPE_TRACE_TIMEOUT") else None,
+                          step_optimizer=env.get("MESHSCOPE_STEP_OPTIMIZER") or None,
+                          recorder=env.get(RECORDER_ENV, "native"),
+                          flight_recorder=env.get("MESHSCOPE_TRACE_FLIGHT_RECORDER", "1") != "0")
+    code = rank.main(options.to_argv(), on_end=_assemble_on_local_zero(run_dir, local))
     return code
 
 

@@ -21,7 +21,7 @@ from ..core.findings import Diagnosis
 from ..core.mesh_fit import dims, fit_layout
 from ..core.rundir import RunDir
 from ..core.trace_result import FakeWorld, LastLines, RankEnd, TraceError, TraceResult
-from . import device_map
+from .fake import devices
 from .checks import run_all
 
 
@@ -108,7 +108,7 @@ def assemble(run_dir: Path | RunDir, account: str | None = None, fake_world: Fak
     notes = sorted({r.note for r in ranks if r.note})
     mapped = list(dict.fromkeys(call for r in ranks for call in r.mapped))  # one note for all ranks
     if mapped:
-        notes.append(device_map.note(mapped))
+        notes.append(devices.note(mapped))
     if len(traced) < world:
         notes.append(f"ranks traced: {len(traced)} of {world}; cross-rank checks ran among the traced ranks only")
     if not events and traced:

@@ -3,7 +3,7 @@
 DeviceMesh imports ``init_process_group``, ``new_group`` and ``split_group`` by name, so replacing
 ``torch.distributed.new_group`` alone would miss every group a mesh creates; and a library the script
 imports may have bound a name earlier still (in a fake world's forked rank, the server imported it
-before the rank's patches: `trace.fork_server`). `rebind` replaces a function in every loaded module
+before the rank's patches: `trace.fake.fork_server`). `rebind` replaces a function in every loaded module
 that holds that same object; `wrap` does it for c10d's entry points, which the trace wraps to limit
 collective timeouts (``--timeout``) and to swap in the fake backend (``--fake-world``).
 """

@@ -22,8 +22,7 @@ from ..core.rundir import RunDir, check_timeout
 from ..core.trace_result import TraceResult, TraceSpec
 from ..run.launch import launch
 from .assemble import assemble, conclude
-
-RECORDERS = ("native", "python")
+from .options import RECORDERS, RankOptions
 
 RENDEZVOUS_FLAGS = ("node-rank", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "master-addr", "master-port")
 """torchrun's rendezvous flags that `meshscope trace` accepts and forwards unchanged."""
@@ -54,7 +53,7 @@ class TraceOptions:
     """Trace ranks of a world of this many on torch's fake backend (`trace.fake`), a few processes at a time."""
     fake_tensors: bool = False
     """With ``fake_world``: run the script under FakeTensorMode, its tensors shapes without data (no
-    memory, no arithmetic; `trace.fake_tensors` says what it supports)."""
+    memory, no arithmetic; `trace.fake.tensors` says what it supports)."""
     cheap: bool = False
     """No module hooks (no forward phase, no region) and no flight log streamed while the job runs (a
     hang leaves only what the rank wrote when it failed): the cheaper mode of docs/trace.md."""
@@ -129,18 +128,15 @@ class TraceOptions:
         return Path("traces") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
 
     def rank_program(self, run_dir: Path) -> list[str]:
-        """What torchrun runs in every worker: `trace.rank` with `rank_arguments`."""
-        return ["-m", "meshscope.trace.rank", *self.rank_arguments(run_dir)]
+        """What torchrun runs in every worker: `trace.rank` with `rank_options`."""
+        return ["-m", "meshscope.trace.rank", *self.rank_options(run_dir).to_argv()]
 
-    def rank_arguments(self, run_dir: Path) -> list[str]:
-        """`trace.rank.main`'s arguments: the run directory, the options, ``--`` and the job."""
-        flags = [*(["--steps", str(self.steps)] if self.steps else []), *(["--fake"] if self.fake_world else []),
-                 *(["--fake-tensors"] if self.fake_tensors else []),
-                 *(["--cheap"] if self.cheap else []), "--recorder", self.recorder,
-                 *(["--flight-recorder"] if self.flight_recorder else []),
-                 *(["--timeout", str(self.timeout)] if self.timeout else []),
-                 *(["--step-optimizer", self.step_optimizer] if self.step_optimizer else [])]
-        return [str(run_dir), *flags, "--", *self.target]
+    def rank_options(self, run_dir: Path) -> RankOptions:
+        """What every rank is told (`trace.options.RankOptions`)."""
+        return RankOptions(run_dir=run_dir, target=self.target, steps=self.steps, timeout=self.timeout,
+                           step_optimizer=self.step_optimizer, fake=bool(self.fake_world),
+                           fake_tensors=self.fake_tensors, cheap=self.cheap, recorder=self.recorder,
+                           flight_recorder=self.flight_recorder)
 
 
 def ready_recorder(options: TraceOptions, echo=None) -> TraceOptions:
@@ -166,7 +162,7 @@ def trace(options: TraceOptions, echo=None) -> TraceResult:
     run_dir.check()
     options = ready_recorder(options, echo)
     if options.fake_world:
-        from .fake_world import trace_fake_world
+        from .fake.world import trace_fake_world
 
         return trace_fake_world(options, run_dir, echo)
     one_node = options.nnodes == 1

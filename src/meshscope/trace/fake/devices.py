@@ -17,11 +17,12 @@ run such a script before a GPU is booked, so on a CPU-only machine every CUDA de
 - a ``DeviceMesh`` of type ``cuda`` (``init_device_mesh("cuda", ...)``) is built as a CPU mesh, so
   FSDP2 and DTensor on it take their CPU path (no CUDA streams);
 - DDP is built without ``device_ids`` / ``output_device`` (which it accepts only for GPU modules);
-  ``init_process_group``'s ``device_id`` is already dropped by the fake backend (`fake`).
+  ``init_process_group``'s ``device_id`` is already dropped by the fake backend (`backend`).
 
 Anything else of ``torch.cuda`` that needs a device (streams, events, memory statistics, device
 properties) cannot be mapped: it raises `Unmapped`, one line naming the call and where the script made
-it. `used` names what was mapped, for the result's note.
+it. `used` names what was mapped, for the result's note. Each installer is a row of
+`patches.PATCHES`, applied only where torch has no CUDA (`needed`).
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ import functools
 import os
 import traceback
 
-from .entry_points import rebind
+from ..entry_points import rebind
+from ..script_frames import is_library, place
 
 used: list[str] = []
 """The CUDA calls this rank mapped to the CPU, each named once, in the order first met."""
@@ -53,22 +55,19 @@ def _is_cuda(device) -> bool:
     return isinstance(device, str) and device.split(":")[0] == "cuda"
 
 
-@functools.cache  # once per process: the fork server installs it before it forks the ranks, which call it again
-def install() -> None:
-    """Map CUDA to the CPU in this process (only where torch has no CUDA). The fork server installs it
-    before it forks the ranks (what a rank's libraries compute at import then sees the same mapping as
-    in the first ranks)."""
+@functools.cache  # asked once, before this module's patches make torch.cuda say yes
+def needed() -> bool:
+    """Whether CUDA must be mapped: torch has none here."""
     import torch
 
-    if torch.cuda.is_available():
-        return
-    _patch_torch_cuda(torch)
-    _patch_device_mesh()
-    _patch_ddp()
-    _cpu_devices().__enter__()  # for the rest of the process: the script runs inside it
+    return not torch.cuda.is_available()
 
 
-def _patch_torch_cuda(torch) -> None:
+@functools.cache  # each installer once per process: the fork server installs it before it forks the ranks
+def answer_torch_cuda() -> None:
+    """torch.cuda's device queries and no-ops answered as one GPU per local rank would answer them."""
+    import torch
+
     cuda = torch.cuda
     lazy_init = cuda._lazy_init
 
@@ -142,17 +141,16 @@ def _unmapped(name: str | None = None) -> Unmapped:
 
 def _call_site(name: str | None) -> str:
     """'torch.cuda.Stream at train.py:12': the torch.cuda function the script called (`name`, else the
-    outermost torch.cuda frame), and where."""
+    outermost torch.cuda frame), and the script's line that called it (`script_frames`)."""
     frames = traceback.extract_stack()[:-3]
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     inside = [f for f in frames if f"{os.sep}torch{os.sep}cuda{os.sep}" in f.filename]
-    outside = [f for f in frames if f"{os.sep}torch{os.sep}" not in f.filename and not f.filename.startswith(here)
-               and "runpy" not in f.filename]
+    own = [f for f in frames if not is_library(f.filename)]
     name = name or (f"torch.cuda.{inside[0].name}" if inside else "a CUDA call")
-    return f"{name} at {os.path.basename(outside[-1].filename)}:{outside[-1].lineno}" if outside else name
+    return f"{name} at {place(own[-1]).rsplit(os.sep, 1)[-1]}" if own else name
 
 
-def _patch_device_mesh() -> None:
+@functools.cache
+def cpu_device_mesh() -> None:
     """A CUDA mesh is built as a CPU one (init_device_mesh builds its mesh through this constructor)."""
     from torch.distributed import device_mesh
 
@@ -167,7 +165,8 @@ def _patch_device_mesh() -> None:
     device_mesh.DeviceMesh.__init__ = init
 
 
-def _patch_ddp() -> None:
+@functools.cache
+def ddp_without_device_ids() -> None:
     from torch.nn.parallel import DistributedDataParallel
 
     original = DistributedDataParallel.__init__
@@ -178,6 +177,12 @@ def _patch_ddp() -> None:
         original(self, module, None, None, *args, **kwargs)
 
     DistributedDataParallel.__init__ = init
+
+
+@functools.cache
+def cpu_devices() -> None:
+    """For the rest of the process (the script runs inside it): `_cpu_devices`."""
+    _cpu_devices().__enter__()
 
 
 def _cpu_devices():

@@ -1,10 +1,10 @@
 """`meshscope trace --fake-world N`: what every rank of an N-rank job issues, before booking a GPU.
 
-Each chosen rank runs the script in a process of its own on the fake backend (`trace.fake`), forked
-from a server that imported torch once (`trace.fork_server`), one per usable core at a time; with
-``--fake-tensors`` its tensors have no data (`trace.fake_tensors`). With ``--ranks auto`` rank 0 (and
-beside it the last rank) runs first; the groups it created (all of them: creation is a global
-protocol) give the classes of ranks (`fake.rank_classes`), and one rank per class is traced: the
+Each chosen rank runs the script in a process of its own on the fake backend (`backend`), forked
+from a server that imported torch once (`fork_server`), one per usable core at a time; with
+``--fake-tensors`` its tensors have no data (`tensors`). With ``--ranks auto`` rank 0 (and beside it
+the last rank) runs first; the groups it created (all of them: creation is a global protocol) give
+the classes of ranks (`classes.rank_classes`), and one rank per class is traced: the
 lowest. When every one of those first ranks failed the same way (the same exception at the same
 line of the script), the others would too: the trace stops there and says so once. Cross-rank checks
 run among the ranks traced, and the result says which ranks stand for which.
@@ -15,10 +15,10 @@ from __future__ import annotations
 import os
 import sys
 
-from ..core.rundir import RunDir
-from ..core.trace_result import FakeWorld, RankClass, RankEnd, TraceResult, TraceSpec
-from .assemble import assemble, conclude, created_groups
-from .fake import rank_classes
+from ...core.rundir import RunDir
+from ...core.trace_result import FakeWorld, RankClass, RankEnd, TraceResult, TraceSpec
+from ..assemble import assemble, conclude, created_groups
+from .classes import rank_classes
 from .fork_server import ForkServer, ServerFailed
 
 def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
@@ -37,7 +37,7 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     codes: dict[int, int] = {}
     asked: list[int] = []  # the first ranks handed to the server: each must end with a record
-    server = ForkServer(run_dir, options.rank_arguments(run_dir.path), world, per_node, options.fake_tensors)
+    server = ForkServer(run_dir, options.rank_options(run_dir.path), world, per_node)
     failure = None
     try:  # one rank per usable core, each forked from a server that imported torch once
         if chosen is None:  # auto: rank 0 first, then one representative per class of its groups
@@ -61,13 +61,14 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
     server.close()
     traced = chosen if same is None and chosen else asked  # the server failed before the classes were known
     run_dir.write_spec(spec(traced).to_json())
+    patched = tuple(dict.fromkeys(row for r in traced for row in run_dir.read_end(r).patched))
     section = FakeWorld(world, tuple(traced), tuple(
         RankClass(_representative(m, codes), _ranges(m), len(m)) for m in sorted(classes.values(), key=min))
         if classes else None,
         "one rank per class of rank 0's group creations: ranks in the same place (first, middle or last member, "
         "group size) of every kind of group; a script that branches on its rank number can defeat this"
         if classes else "the ranks given" if options.chosen_ranks() is not None else
-        "the first ranks only: they failed the same way, so the classes were not traced")
+        "the first ranks only: they failed the same way, so the classes were not traced", patched)
     result = assemble(run_dir, account=failure, fake_world=section)
     result.notes += fake_notes(result)
     if same is not None:

@@ -38,7 +38,7 @@ import functools
 import os
 import traceback
 
-from .entry_points import rebind
+from ..entry_points import rebind
 
 DATA_DEPENDENT = ("DataDependentOutputException", "DynamicOutputShapeException")
 """FakeTensorMode's errors for an op whose answer needs the data."""
@@ -54,7 +54,8 @@ def _with_fake_off(function):
     return wrapped
 
 
-def _real_device_meshes() -> None:
+@functools.cache  # each installer once per process (the fork server's, then the rank's)
+def real_device_meshes() -> None:
     """Every method and property of DeviceMesh (and its registry) runs with fake mode off."""
     from torch.distributed import device_mesh
 
@@ -72,7 +73,8 @@ def _real_device_meshes() -> None:
     rebind(device_mesh.init_device_mesh, _with_fake_off(device_mesh.init_device_mesh))
 
 
-def _swap_through_data() -> None:
+@functools.cache
+def swap_through_data() -> None:
     """``torch.utils.swap_tensors`` of two FakeTensors as ``t1.data = t2.data`` (see the module doc)."""
     import torch.utils
     from torch._subclasses.fake_tensor import FakeTensor
@@ -89,26 +91,34 @@ def _swap_through_data() -> None:
     rebind(swap, swap_tensors)
 
 
-def _ddp_checks_real() -> None:
-    """DDP's C++ parameter check reads the shapes it gathers back as numbers (``item``): with fake mode
-    off its own tensors are real; the parameters it is given are only measured."""
-    import torch.distributed.utils as dist_utils
+@functools.cache
+def ddp_bucket_rebuild_real() -> None:
+    """DDP's bucket rebuild (``_pre_forward``) reads what it gathered as numbers: with fake mode off its
+    own tensors are real."""
     from torch.nn.parallel import distributed
 
     ddp = distributed.DistributedDataParallel
     ddp._pre_forward = _with_fake_off(ddp._pre_forward)
+
+
+@functools.cache
+def ddp_param_check_real() -> None:
+    """DDP's C++ parameter check reads the shapes it gathers back as numbers (``item``): with fake mode
+    off its own tensors are real; the parameters it is given are only measured."""
+    import torch.distributed.utils as dist_utils
+
     check = dist_utils._verify_param_shape_across_processes
     rebind(check, _with_fake_off(check))
 
 
-def _pipeline_vote_real() -> None:
+@functools.cache
+def pipeline_vote_real() -> None:
     """torch.distributed.pipelining's warm-up vote (torch 2.13) reads the vote it received as a number:
-    its few one-element tensors are real (the fake world's receive fills them with ones, `fake`)."""
+    its few one-element tensors are real (the fake world's receive fills them with ones, `backend`)."""
     from torch.distributed.pipelining import schedules
 
     base = schedules._PipelineSchedule
-    if hasattr(base, "_warmup_p2p"):
-        base._warmup_p2p = _with_fake_off(base._warmup_p2p)
+    base._warmup_p2p = _with_fake_off(base._warmup_p2p)
 
 
 @contextlib.contextmanager
@@ -116,12 +126,8 @@ def shapes_only(sink):
     """Run the block with fake tensors, every collective handed to `sink` (a `capture.dispatch` sink)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ..capture.dispatch import ModeRecorder
+    from ...capture.dispatch import ModeRecorder
 
-    _real_device_meshes()
-    _swap_through_data()
-    _ddp_checks_real()
-    _pipeline_vote_real()
     with FakeTensorMode(allow_non_fake_inputs=True), ModeRecorder(sink):
         yield
 

@@ -3,7 +3,7 @@
 Each rank class of a fake world is one process, and a fresh process pays Python and torch's import
 (1.2 s on a 2-core EPYC), FakeTensorMode's Dynamo (1.7 s) and the script's own library imports
 (torch's test models: 1.4 s; Megatron-core: 912 modules) before the script's first line: at 9 to 54
-classes, most of the wall time. So `meshscope trace --fake-world` starts one server (``python -m meshscope.trace.fork_server``)
+classes, most of the wall time. So `meshscope trace --fake-world` starts one server (``python -m meshscope.trace.fake.fork_server``)
 that imports torch, its parallel APIs and meshscope's rank program once and forks every rank from
 that state (`trace.rank.main` runs in the child, as it would in a fresh process).
 
@@ -20,7 +20,7 @@ reads the server's, which has none, and under ``--fake-tensors`` a tensor it mak
 Protocol, one JSON object per line on a descriptor of its own (the server's stdout goes to its log):
 the caller writes ``{"run": [ranks], "parallel": P}`` on the server's stdin and reads ``{"done":
 rank, "code": exit code}`` for each rank, P at a time. A forked rank's environment is
-`fake.environment` of its rank, its output goes to ``logs/rank<R>.log``. The server and every rank
+`environment` of its rank, its output goes to ``logs/rank<R>.log``. The server and every rank
 die with their parent (``PR_SET_PDEATHSIG``): a trace that is killed leaves nothing running.
 """
 
@@ -32,10 +32,11 @@ import signal
 import subprocess
 import sys
 
-from ..core.errors import UsageError
-from ..core.rundir import RunDir, write_atomic
-from ..core.trace_result import exit_code
-from .script_frames import LIBRARY_ROOTS
+from ...core.errors import UsageError
+from ...core.rundir import RunDir, write_atomic
+from ...core.trace_result import exit_code
+from ..options import RankOptions
+from ..script_frames import LIBRARY_ROOTS
 
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.device_mesh", "torch.distributed.tensor",
            "torch.distributed.tensor.parallel", "torch.distributed.fsdp", "torch.distributed.pipelining",
@@ -50,15 +51,15 @@ class ServerFailed(RuntimeError):
 class ForkServer:
     """The caller's side: start the server, run ranks through it, stop it."""
 
-    def __init__(self, run_dir: RunDir, rank_flags: list[str], world: int, per_node: int, fake_tensors: bool):
+    def __init__(self, run_dir: RunDir, options: RankOptions, world: int, per_node: int):
         if not hasattr(os, "fork"):
             raise UsageError("--fake-world forks its ranks (os.fork), which this platform lacks: run it on Linux")
         self.log_path = run_dir.fork_server_log
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         read, self._replies_fd = os.pipe()
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # no thread pool before a fork
-        args = [sys.executable, "-m", "meshscope.trace.fork_server", str(run_dir.path), str(world), str(per_node),
-                str(self._replies_fd), *(["--fake-tensors"] if fake_tensors else []), "--", *rank_flags]
+        args = [sys.executable, "-m", "meshscope.trace.fake.fork_server", str(run_dir.path), str(world), str(per_node),
+                str(self._replies_fd), *options.to_argv()]
         try:
             with open(self.log_path, "w") as log:
                 self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=log, stderr=log, text=True,
@@ -123,6 +124,14 @@ class ForkServer:
                 pass
 
 
+def environment(rank: int, world: int, per_node: int) -> dict[str, str]:
+    """What torchrun sets for `rank` of `world` ranks on nodes of `per_node`."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank % per_node),
+            "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(rank // per_node), "ROLE_RANK": str(rank),
+            "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500",
+            "TORCHELASTIC_RUN_ID": "meshscope-fake-world", "MESHSCOPE_FAKE_WORLD": str(world)}
+
+
 def _die_with_parent() -> None:
     """Linux: get SIGKILL when the parent process dies (nothing elsewhere: the parent's EOF ends the server)."""
     if sys.platform.startswith("linux"):
@@ -160,23 +169,21 @@ def _import_all(names: list[str]) -> None:
 
 
 class _Server:
-    def __init__(self, run_dir: RunDir, world: int, per_node: int, fake_tensors: bool, rank_flags: list[str],
-                 replies_fd: int):
-        self.run_dir, self.world, self.per_node, self.rank_flags = run_dir, world, per_node, rank_flags
+    def __init__(self, run_dir: RunDir, world: int, per_node: int, options: RankOptions, replies_fd: int):
+        self.run_dir, self.world, self.per_node, self.options = run_dir, world, per_node, options
         self.replies_fd, self.pid = replies_fd, os.getpid()
         self.learning = True
         self.learned: set[str] = set()
         self.finished: list[int] = []
         _import_all(PRELOAD)
-        if fake_tensors:
+        if options.fake_tensors:
             _import_all(["torch._subclasses.fake_tensor", "torch._dynamo"])  # what FakeTensorMode's first use imports
-        from . import device_map, fake
+        from . import patches
 
         # The rank-independent part of a fake-world rank's set-up (trace.rank makes the same calls, then
         # no-ops): what a learned module computes at import sees the same backend and CUDA mapping here
         # as in the first ranks, which imported it after this.
-        fake.use_fake_backend()
-        device_map.install()
+        patches.apply(patches.modes(fake_tensors=False))
 
     def _learn(self, finished: list[int]) -> None:
         """Import what finished ranks' scripts imported, if a probe child shows that starts no thread."""
@@ -241,10 +248,10 @@ class _Server:
             os.close(self.replies_fd)  # only the server answers: a dead server is EOF for the caller
             import random
 
-            from . import fake, rank as rank_program
+            from .. import rank as rank_program
 
             random.seed()  # as a fresh interpreter would
-            os.environ.update(fake.environment(rank, self.world, self.per_node))
+            os.environ.update(environment(rank, self.world, self.per_node))
             log = os.open(self.run_dir.log(rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             null = os.open(os.devnull, os.O_RDONLY)
             for fd, target in ((log, 1), (log, 2), (null, 0)):
@@ -253,7 +260,7 @@ class _Server:
             os.close(null)
             sys.stdin = open(os.devnull)
             before = set(sys.modules)
-            code = rank_program.main(self.rank_flags, on_end=_write_imports(self.run_dir, rank, before))
+            code = rank_program.main(self.options.to_argv(), on_end=_write_imports(self.run_dir, rank, before))
         except SystemExit as exc:
             code = exit_code(exc)
         except BaseException:  # noqa: BLE001 - reported in the rank's log, as a fresh process would
@@ -268,11 +275,10 @@ class _Server:
 
 def main(argv: list[str]) -> int:
     _die_with_parent()
-    cut = argv.index("--")
     run_dir, world, per_node, replies_fd = RunDir(argv[0]), int(argv[1]), int(argv[2]), int(argv[3])
     os.set_inheritable(replies_fd, False)  # no process a rank starts holds the caller's pipe open
     replies = os.fdopen(replies_fd, "w")
-    server = _Server(run_dir, world, per_node, "--fake-tensors" in argv[4:cut], argv[cut + 1:], replies_fd)
+    server = _Server(run_dir, world, per_node, RankOptions.from_argv(argv[4:]), replies_fd)
     for line in sys.stdin:  # EOF: the caller is done (or gone)
         request = json.loads(line)
         server.run(request["run"], request["parallel"], replies)

@@ -1,0 +1,119 @@
+"""The fake process-group backend under a traced script: every group a fake world's rank creates.
+
+``meshscope trace --fake-world N`` runs each chosen rank r in a process of its own and swaps
+whatever backend the script asks ``init_process_group`` for with torch's ``fake`` one (and a store
+that needs no peer, torch/testing/_internal/distributed/fake_pg.py, torch 2.11-2.13): its
+collectives return at once with their input as output, so the script runs alone while issuing
+every call it would issue at N ranks, each seen by the dispatcher recorder as usual. Values received
+from other ranks are not there: all-to-all split sizes exchanged at run time come back as this
+rank's own (`assumed` marks what a call's fields cannot know), and a P2P receive gets no data, so
+``torch.distributed.pipelining`` needs static stage shapes (``input_args``). A blocking ``recv``
+fills its buffer with ones (`recv_ones`): the pipeline's warm-up vote multiplies every stage's 1
+("static shapes") along the stages, and the untouched zero the fake backend would leave reads as a
+vote for shape inference over P2P, which a fake world cannot answer. DDP's built-in gradient hook
+takes the reduced bucket from the work's future, which the fake backend leaves empty, so DDP gets a
+hook that issues the same all-reduce of the same bucket and hands the bucket back
+(`fake_allreduce_hook`); a script that registers a comm hook of its own fails there ("can only be
+called once").
+
+Each installer here is one row of `patches.PATCHES` (its target, why, the torch versions read) and
+idempotent: the fork server installs them before it forks the ranks, which install them again.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+
+from ..entry_points import rebind, wrap
+
+
+@functools.cache
+def fake_init_process_group() -> None:
+    """The script's ``init_process_group`` makes a fake group of the world the environment names (read
+    at the call: the fork server installs this before it forks the ranks)."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    def fake_init(original):
+        signature = inspect.signature(original)
+
+        @functools.wraps(original)
+        def init_process_group(*args, **kwargs):
+            given = signature.bind_partial(*args, **kwargs).arguments  # by name, positional ones too
+            for name in ("device_id", "init_method", "_ranks"):  # the fake backend binds no device, needs no peer
+                given.pop(name, None)
+            given.update(backend="fake", store=FakeStore(), rank=int(os.environ["RANK"]),
+                         world_size=int(os.environ["WORLD_SIZE"]))
+            return original(**given)
+        return init_process_group
+
+    wrap("init_process_group", fake_init)
+
+
+@functools.cache
+def deviceless_new_group() -> None:
+    """``new_group`` without ``device_id``: the fake backend binds no device."""
+    def deviceless(original):
+        @functools.wraps(original)  # its signature stays visible to the --timeout wrapper
+        def new_group(*args, **kwargs):
+            kwargs.pop("device_id", None)
+            return original(*args, **kwargs)
+        return new_group
+
+    wrap("new_group", deviceless)
+
+
+@functools.cache
+def recv_ones() -> None:
+    """``dist.recv`` returns a buffer of ones: what every real peer sends in pipelining's vote."""
+    import torch.distributed.distributed_c10d as c10d
+
+    original = c10d.recv
+
+    def recv(tensor, *args, **kwargs):
+        out = original(tensor, *args, **kwargs)
+        tensor.fill_(1)
+        return out
+
+    rebind(original, recv)
+
+
+@functools.cache
+def hook_ddp() -> None:
+    """Every DDP the script builds gets `fake_allreduce_hook` in place of its built-in one."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    init = DistributedDataParallel.__init__
+
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.register_comm_hook(self.process_group, fake_allreduce_hook)
+
+    DistributedDataParallel.__init__ = __init__
+
+
+def fake_allreduce_hook(group, bucket):
+    """DDP's one all-reduce of the bucket, completed with the bucket itself (the fake work's future
+    carries no tensor, which DDP's built-in hook asserts on)."""
+    import torch.distributed as dist
+
+    buffer = bucket.buffer()
+    return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(lambda _: buffer)
+
+
+def assumed(op: str, input_splits, output_splits) -> tuple[str, ...]:
+    """What a fake world's rank cannot know of one call, by the fields that hold it.
+
+    What an all-to-all receives is what its peers send: the fake backend hands back this rank's own
+    input, so ``output_splits`` and ``bytes_out`` are assumed on every all-to-all. Uneven input splits
+    are assumed too: a rank computes them from counts it received earlier (a MoE combine sends back
+    what its dispatch received), and the ledger cannot tell them from splits it chose itself (a
+    dispatch's routing), so neither is presented as known. Even input splits are the even split of
+    the tensor the script allocated and are kept.
+    """
+    if op != "all_to_all":
+        return ()
+    if input_splits and len(set(input_splits)) > 1:
+        return ("input_splits", "output_splits", "bytes_in", "bytes_out")
+    return ("output_splits", "bytes_out")

@@ -1,0 +1,66 @@
+"""What a traced rank does differently in a real job and in a fake world, behind one set of calls.
+
+The rank program (`trace.rank`) picks its mode once (`RealMode` here, `trace.fake.mode.FakeMode` for
+``--fake-world``) and calls it at fixed points: `start` (before anything prints), `install` (before
+the script's first line), `recording` (around the script), `explain` (a failure, in the user's
+words), `failed` and `ended`; it tests no fake-world flag of its own.
+
+A real rank keeps what it prints in ``logs/rank<R>.log`` (`output.tee`), turns torch's Flight
+Recorder on and dumps it when it fails (`fr_dump`), ends at once when the launcher sends SIGTERM
+(`stopping.stop_on_sigterm`) and, with ``--steps``, tells the ranks waiting for it that it is done
+when its script ended first.
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+
+from ..core.rundir import RunDir
+from . import fr_dump
+from .options import RankOptions
+from .output import tee
+from .recording import RankTrace
+from .stopping import count_done, stop_on_sigterm
+
+
+class RealMode:
+    """A worker of a real job, started by torchrun."""
+
+    alone = False
+    """Whether the rank has no peers to meet (`stopping.stop_when_all_done`)."""
+
+    def __init__(self, options: RankOptions, run_dir: RunDir, rank: int):
+        self.options, self.run_dir, self.rank = options, run_dir, rank
+
+    @property
+    def recorder(self) -> str:
+        return self.options.recorder
+
+    def start(self) -> None:
+        tee(self.run_dir.log(self.rank))
+
+    def install(self, trace: RankTrace, stopped) -> None:
+        if self.options.flight_recorder:
+            fr_dump.enable(self.run_dir)
+        stop_on_sigterm(stopped)
+
+    def recording(self, trace: RankTrace) -> AbstractContextManager:
+        return trace.recording()
+
+    def explain(self, exc: BaseException, script: str) -> tuple[str | None, str | None]:
+        """(an error line better than the exception's, a note) for a failure: a real job's is its own."""
+        return None, None
+
+    def failed(self) -> None:
+        """The rank failed or was stopped: gloo dumps no Flight Recorder on its own timeout."""
+        if self.options.flight_recorder:
+            fr_dump.dump(self.run_dir, self.rank)
+
+    def ended(self, stopped: bool) -> None:
+        """The script is over; `stopped`: by ``--steps``."""
+        if self.options.steps and not stopped:
+            count_done()
+
+    def record(self) -> dict:
+        """What this mode adds to the rank's end (`core.trace_result.RankEnd`)."""
+        return {}

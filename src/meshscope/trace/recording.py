@@ -1,0 +1,198 @@
+"""One traced rank's calls as they happen: recorded cheaply on the hot path, numbered and written
+by a flusher thread, turned into `CommEvent`s and the rank's end at the finish.
+
+A call is recorded as a tuple (by the C++ recorder where it is built, `capture.native`, else the
+Python kernel, `capture.dispatch`), streamed to ``flight/rank<R>.jsonl`` by a thread that writes
+twice a second (so a killed rank still leaves all but its last half second), and at the end written
+as ``ledgers/rank<R>.jsonl`` (every event with its step) and ``ranks/rank<R>.json`` (`RankEnd`).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+
+from ..capture import native
+from ..capture.dispatch import GroupInfo, Recorder
+from ..capture.dispatch import errors as decode_errors
+from ..capture.job_context import JobContext
+from ..core.axes import axis_of
+from ..core.events import CommEvent
+from ..core.rundir import RunDir, write_atomic
+from ..core.trace_result import GroupUse, RankEnd
+from .mesh_labels import MESH_DIMS
+
+FLUSH_S = 0.5
+"""How often the flusher thread writes new calls to the flight log."""
+
+
+class RankTrace:
+    """This rank's calls as they happen: recorded as tuples (cheap; by the C++ recorder where it is
+    built), turned into CommEvents and written by the flusher."""
+
+    def __init__(self, run_dir: RunDir, rank: int, context: JobContext, stream: bool = True,
+                 recorder: str = "python"):
+        self.run_dir, self.rank, self.context, self.stream = run_dir, rank, context, stream
+        self.native, self.recorder_note, self.kind = None, None, "python" if recorder == "native" else recorder
+        self.assume = lambda op, ins, outs: ()
+        """(op, input splits, output splits) -> the event's assumed fields (`fake.assumed` in a fake world)."""
+        if recorder == "native":
+            try:
+                self.native = native.NativeRecorder(native.build(log=self._log), context)
+            except native.NativeUnavailable as exc:
+                self.recorder_note = f"the C++ recorder is unavailable ({exc}): calls were recorded by the Python kernel"
+        self.t0 = time.perf_counter()
+        self.wall0 = time.time()
+        self.raw: list[tuple] = []
+        self.calls: list[list] = []
+        """[group name, seq, op, phase, dtype, bytes in, bytes out, region, splits in, splits out, peer,
+        step, issued, completed] per call, in issue order (`ledger` makes them CommEvents)."""
+        self.groups: dict[str, GroupInfo] = {}
+        self._seq: dict[str, int] = {}
+        self._open: dict[str, int] = {}  # group name -> index in `calls` of its last, unfinished call
+        self._text: dict[tuple, str] = {}  # a call's JSON fields (all but time, seq, step), made once
+        run_dir.flight(rank).parent.mkdir(parents=True, exist_ok=True)
+        self._flight = open(run_dir.flight(rank), "w", buffering=1)
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._flusher = threading.Thread(target=self._flush_loop, name="meshscope-trace-flush", daemon=True)
+
+    @staticmethod
+    def _log(text: str) -> None:
+        print(f"meshscope trace: {text}", file=sys.stderr, flush=True)
+
+    @property
+    def recorder(self) -> str:
+        """``native``, ``python``, or ``mode``: `capture.dispatch.ModeRecorder` (fake tensors; rank.main)."""
+        return "native" if self.native is not None else self.kind
+
+    def recording(self):
+        """The context manager that records this rank's calls: the C++ recorder, else the Python kernel."""
+        return self.native if self.native is not None else Recorder(self.sink)
+
+    # -- recording (hot path) ----------------------------------------------------------------------
+    def sink(self, op, group, dtype, b_in, b_out, peer, ins, outs) -> None:
+        ctx = self.context
+        self.raw.append((op, group, dtype, b_in, b_out, peer, ins, outs, ctx.phase(), ctx.region(), ctx.step,
+                         time.perf_counter()))
+
+    def step_done(self, step: int) -> None:
+        """A step boundary: every call before it has completed."""
+        if self.native is not None:
+            self.native.mark(step)
+        else:
+            self.raw.append(("#step", step, time.perf_counter()))
+
+    # -- turning tuples into calls and flight-log lines --------------------------------------------
+    # The flusher's work is paid by the job (it holds the GIL), so a call costs here one list and one
+    # compact line (`capture.flightlog`'s "i" and "c" arrays); CommEvents are built once, at the end.
+    def _drain(self) -> list[str]:
+        """Number the new tuples per group; returns the flight-log lines they make."""
+        lines = []
+        if self.native is not None:
+            self.pull()
+        new = self.raw[:]  # the hot path only appends: take what is there, leave what comes meanwhile
+        del self.raw[: len(new)]
+        wall = self.wall0 - self.t0
+        for rec in new:
+            if rec[0] == "#step":
+                lines += self._complete_all(rec[2])
+                lines.append(json.dumps({"t": wall + rec[2], "kind": "mark", "text": f"step {rec[1]} done"}))
+                continue
+            op, group, dtype, b_in, b_out, peer, ins, outs, phase, region, step, t = rec
+            name = group.name
+            if name not in self.groups:
+                self.groups[name] = group
+                lines.append(json.dumps({"t": wall + t, "kind": "group", "axis": self.axis(group),
+                                         "ranks": list(group.ranks), "index": len(self.groups) - 1,
+                                         "name": name, "desc": group.desc}))
+            if name in self._open:  # calls on one group complete in order
+                lines.append(self._complete(self._open.pop(name), t))
+            seq = self._seq.get(name, 0)
+            self._seq[name] = seq + 1
+            self._open[name] = len(self.calls)
+            self.calls.append([name, seq, op, phase, dtype, b_in, b_out, region, ins, outs, peer, step, t, None])
+            what = (name, op, phase, dtype, b_in, b_out, region, ins, outs, peer)
+            text = self._text.get(what)
+            if text is None:  # a step repeats its calls: their JSON is made once
+                text = self._text[what] = json.dumps(what)[1:-1]
+            lines.append(f'["i",{wall + t!r},{self.rank},{seq},{step},{text}]')
+        return lines
+
+    def pull(self) -> None:
+        """Move the C++ recorder's calls into `raw` (their groups are named while they still exist)."""
+        self.raw.extend(self.native.drain())
+
+    def _complete(self, index: int, t: float) -> str:
+        call = self.calls[index]
+        call[-1] = t
+        return f'["c",{self.wall0 - self.t0 + t!r},{json.dumps(call[0])},{call[1]}]'
+
+    def _complete_all(self, t: float) -> list[str]:
+        return [self._complete(self._open.pop(name), t) for name in list(self._open)]
+
+    def ledger(self) -> list[CommEvent]:
+        """Every call so far as a CommEvent, labelled with what is known now (a DeviceMesh built after a
+        group's first calls names its dim late)."""
+        out = []
+        for name, seq, op, phase, dtype, b_in, b_out, region, ins, outs, peer, step, t, done in self.calls:
+            group = self.groups[name]
+            out.append(CommEvent(self.rank, seq, op, self.axis(group), group.ranks, phase, dtype, b_in, b_out, region,
+                                 None, ins, outs, peer, step, t - self.t0, None if done is None else done - self.t0,
+                                 self.assume(op, ins, outs)))
+        return out
+
+    @staticmethod
+    def axis(group: GroupInfo) -> str:
+        return MESH_DIMS.get(group.name) or axis_of(group.desc)
+
+    # -- writing -----------------------------------------------------------------------------------
+    def _flush_loop(self) -> None:
+        while not self._stop.wait(FLUSH_S):
+            self.flush()
+
+    def flush(self) -> None:
+        with self._lock:
+            lines = self._drain()
+            if lines:
+                self._flight.write("\n".join(lines) + "\n")
+                self._flight.flush()
+
+    def start(self) -> None:
+        if self.stream:  # --cheap writes everything at the end instead
+            self._flusher.start()
+
+    def finish(self, status: str, code: int, failure: dict | None = None, note: str | None = None,
+               record: dict | None = None) -> None:
+        """Last flush, the ledger and how the rank ended (`failure`: the `RankEnd` fields of what failed;
+        `record`: the mode's own, such as the CUDA calls a fake world mapped and the patches it applied)."""
+        self._stop.set()
+        with self._lock:
+            lines = self._drain()
+            if status == "ok":
+                lines += self._complete_all(time.perf_counter())
+            if lines:
+                self._flight.write("\n".join(lines) + "\n")
+            self._flight.close()
+        events = self.ledger()
+        stepless = ("the script stepped no torch.optim optimizer: one step holds everything"
+                    if events and not self.context.optimizers_seen and status != "error" else None)
+        note = "; ".join(n for n in (note, stepless, self.recorder_note) if n)
+        self.run_dir.ledger(self.rank).parent.mkdir(exist_ok=True)
+        write_atomic(self.run_dir.ledger(self.rank), "".join(json.dumps(e.to_json()) + "\n" for e in events))
+        self.run_dir.write_end(RankEnd(
+            self.rank, status, steps=self.context.step, exit_code=code, note=note, **(record or {}),
+            events=len(events), optimizer_steps=self.context.optimizers_seen,
+            groups=tuple(GroupUse(g.name, g.desc, self.axis(g), g.ranks) for g in self.groups.values()),
+            decode_errors=tuple(decode_errors[:10]), time=time.time(), recorder=self.recorder, **(failure or {})))
+
+
+def flushed_first(trace: RankTrace, destroy):
+    """``destroy_process_group`` that first takes in the calls recorded so far: the C++ recorder's
+    calls name their group, which must still exist to be resolved."""
+    def destroy_process_group(*args, **kwargs):
+        trace.flush()
+        return destroy(*args, **kwargs)
+    return destroy_process_group

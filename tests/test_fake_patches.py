@@ -1,0 +1,33 @@
+"""The fake world's one table of changes to torch (`trace.fake.patches`): every row's targets exist on
+the installed torch, in this process and without installing anything, so a torch that renames one
+fails here rather than in a user's trace; a fake world's result names the rows that were active."""
+
+from __future__ import annotations
+
+import pytest
+
+from meshscope.trace.fake import patches
+
+from .helpers import ROOT, trace_json
+
+
+@pytest.mark.parametrize("row", patches.PATCHES, ids=[p.name for p in patches.PATCHES])
+def test_every_target_exists_on_this_torch(row):
+    for target in row.targets:
+        assert patches.resolve(target) is not None, target
+    assert row.mode in (patches.FAKE_WORLD, patches.CUDA_MAP, patches.FAKE_TENSORS) and row.why and row.read_at
+
+
+def test_a_row_whose_target_is_gone_is_not_applied():
+    gone = patches.Patch("gone", ("torch.distributed.no_such_function",), "test", "none", patches.FAKE_WORLD,
+                         lambda: pytest.fail("installed a row whose target does not exist"))
+    assert not patches.present(gone)
+    with pytest.raises(AttributeError):
+        patches.resolve("torch.distributed.no_such_function")
+
+
+def test_the_result_names_the_rows_a_fake_world_applied(tmp_path):
+    job = [str(ROOT / "tests" / "jobs" / "ddp.py"), "--steps", "1"]
+    _, doc = trace_json(tmp_path / "run", "--fake-world", 2, "--ranks", "0", job)
+    want = [p.name for p in patches.PATCHES if p.mode in patches.modes(fake_tensors=False)]
+    assert doc["fake_world"]["patched"] == want and doc["ranks"][0]["patched"] == want
