@@ -78,11 +78,14 @@ def test_a_sigterm_handler_that_calls_sys_exit_ends_the_rank_with_code_0():
     """trace.stopping's SIGTERM thread runs a script's own handler; sys.exit() there is status 0, as the
     interpreter has it (it was 1 there, and 0 in the rank's other paths)."""
     code = textwrap.dedent("""
-        import os, signal, sys, time
+        import os, signal, sys, threading, time
         from meshscope.trace.stopping import stop_on_sigterm
         signal.signal(signal.SIGTERM, lambda *a: sys.exit())
         stop_on_sigterm(lambda: os._exit(9))
-        os.kill(os.getpid(), signal.SIGTERM)
+        # to the waiting thread itself (a process-wide kill may reach a thread that torch's import
+        # started before SIGTERM was blocked, which runs the handler on the main thread instead)
+        waiter = next(t for t in threading.enumerate() if t.name == "meshscope-trace-stop")
+        signal.pthread_kill(waiter.ident, signal.SIGTERM)
         time.sleep(30)
     """)
     proc = subprocess.run([sys.executable, "-c", code], timeout=60, cwd=ROOT)
