@@ -332,6 +332,19 @@ def cmd_diff(args) -> int:
     return run(args)
 
 
+def cmd_budget(args) -> int:
+    from .budget_command import cmd_budget as run
+
+    return run(args)
+
+
+def cmd_check(args) -> int:
+    from .budget_command import cmd_check as run
+
+    return run(args)
+
+
 COMMANDS = {"layout": cmd_layout, "list": cmd_list, "predict": cmd_predict, "run": cmd_run, "suite": cmd_suite,
             "report": cmd_report, "doctor": cmd_doctor, "sweep": cmd_sweep, "place": cmd_place, "trace": cmd_trace,
-            "diff": cmd_diff}
+            "diff": cmd_diff,
+            "budget": cmd_budget, "check": cmd_check}

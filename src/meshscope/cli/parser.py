@@ -16,7 +16,7 @@ from ..core.mesh import DEFAULT_ORDER
 from ..core.overrides import OVERRIDES, SWITCHES
 from ..place.advisor import INTER_DEFAULT, INTRA_DEFAULT
 from ..predict.model_spec import DP_FLAVOURS, ModelSpec
-from ..trace.launch import RENDEZVOUS_FLAGS
+from ..trace.launch import add_trace_options
 
 
 class _Parser(argparse.ArgumentParser):
@@ -112,35 +112,27 @@ def build_parser() -> argparse.ArgumentParser:
 
     tr = sub.add_parser("trace", help="trace an unmodified torchrun job: every collective of every rank, per step",
                         usage="meshscope trace [options] -- SCRIPT [ARGS...]  (or -- -m MODULE [ARGS...])")
-    tr.add_argument("--nproc-per-node", type=int, default=None,
-                    help="workers on this node, as torchrun's (default 1; with --fake-world, ranks per node: min(8, N))")
-    tr.add_argument("--nnodes", type=int, default=1, help="nodes, each running its own meshscope trace (default 1)")
-    for flag in RENDEZVOUS_FLAGS:
-        tr.add_argument(f"--{flag}", default=None, help="passed to torchrun unchanged")
-    tr.add_argument("--steps", type=int, default=None,
-                    help="end the job cleanly once every rank finished this many optimizer steps (default: run to the end)")
-    tr.add_argument("--timeout", type=float, default=None,
-                    help="stop the job and diagnose it once a collective has waited this many seconds (default: the job's own)")
-    tr.add_argument("--step-optimizer", default=None,
-                    help="class name of the optimizer whose step() marks the step boundary (default: the first created)")
-    tr.add_argument("--cheap", action="store_true",
-                    help="no module hooks (no forward phase or module) and no flight log streamed while the job runs")
-    tr.add_argument("--recorder", choices=("native", "python"), default="native",
-                    help="native: the C++ recorder, built once per torch (the Python kernel where it cannot be "
-                         "built); python: the Python kernel")
-    tr.add_argument("--flight-recorder", action=argparse.BooleanOptionalAction, default=True,
-                    help="torch's Flight Recorder in every worker, dumped into RUN_DIR/fr/ when a rank fails or "
-                         "is stopped (default on)")
-    tr.add_argument("--fake-world", type=int, default=None,
-                    help="trace ranks of a world of this many on torch's fake backend, one CPU process each")
-    tr.add_argument("--fake-tensors", action="store_true",
-                    help="with --fake-world: tensors with shapes and no data (no memory, no arithmetic), recorded "
-                         "by a dispatch mode (--recorder does not apply); the script must not read tensor values "
-                         "(docs/trace.md)")
-    tr.add_argument("--ranks", default="auto",
-                    help="with --fake-world: auto (one rank per class, the default) or a comma list such as 0,7,1023")
+    add_trace_options(tr)
     tr.add_argument("--out", type=Path, default=None, help="run directory (default traces/<script>-<time>)")
     tr.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
+
+    bu = sub.add_parser("budget", help="fit a communication budget: a job's steady-step calls per rank class as "
+                                       "formulas in the --vary values (docs/budget.md)",
+                        usage="meshscope budget [trace options] --budget FILE [--out DIR] [--vary NAME=V1,V2,...]... "
+                              "-- SCRIPT [ARGS...]  ({NAME} placeholders in ARGS and option values)")
+    bu.add_argument("--budget", type=Path, required=True, help="the budget file to write (TOML)")
+    bu.add_argument("--vary", action="append", default=[], metavar="NAME=V1,V2",
+                    help="trace the job at each value (several make a grid); {NAME} in ARGS and option values")
+    bu.add_argument("--out", type=Path, default=None, help="the points' traces, one subdirectory each "
+                                                           "(default traces/budget-<time>)")
+    ck = sub.add_parser("check", help="re-trace a job and hold it to its budget (exit 0 holds, 1 violated, 3 the "
+                                      "re-trace did not pass)",
+                        usage="meshscope check FILE [trace options] [--json] [--update] [-- SCRIPT ARGS...]")
+    ck.add_argument("file", type=Path, help="the budget file")
+    ck.add_argument("--update", action="store_true", help="re-trace every point, fit the budget anew, write it, "
+                                                          "and say what moved")
+    ck.add_argument("--out", type=Path, default=None, help="the re-traces (default traces/check-<time>)")
+    ck.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
 
     df = sub.add_parser("diff", help="compare two traces (or a trace and a run): per step, axis and op, and each rank's first divergent call")
     df.add_argument("dir_a", type=Path)
@@ -185,24 +177,55 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def split_job(argv: list[str]) -> tuple[list[str], list[str]]:
-    """``trace [options] -- JOB...`` -> (meshscope's arguments, the job's); other commands unchanged."""
-    if not argv or argv[0] != "trace":
-        return argv, []
+JOB_COMMANDS = ("trace", "budget", "check")
+"""Commands that take a job after ``--``."""
+
+OWN_FLAGS = {"budget": {"--budget": 1, "--vary": 1, "--out": 1}, "check": {"--update": 0, "--out": 1, "--json": 0}}
+"""`budget` and `check`: their own flags (and how many values each takes); every other option before
+``--`` is a trace option, kept as given for the budget's template."""
+
+
+def split_job(argv: list[str]) -> tuple[list[str], list[str], list[str] | None]:
+    """``trace [options] -- JOB...`` -> (meshscope's arguments, the job's, for `budget` and `check` the trace
+    options' tokens); other commands unchanged."""
+    if not argv or argv[0] not in JOB_COMMANDS:
+        return argv, [], None
+    command = argv[0]
     own = argv[: argv.index("--")] if "--" in argv else argv
     if "-h" in own or "--help" in own:
-        return own, []
-    if "--" not in argv:
-        raise UsageError("meshscope trace needs '--' before the job: meshscope trace [options] -- SCRIPT [ARGS...]")
-    cut = argv.index("--")
-    return argv[:cut], argv[cut + 1:]
+        return own, [], None
+    if "--" not in argv and command != "check":
+        raise UsageError(f"meshscope {command} needs '--' before the job: meshscope {command} [options] -- SCRIPT "
+                         f"[ARGS...]")
+    cut = argv.index("--") if "--" in argv else len(argv)
+    job = argv[cut + 1:]
+    if command == "trace":
+        return argv[:cut], job, None
+    mine, tokens, i = [command], [], 1
+    if command == "check" and cut > 1:  # the budget file comes first
+        mine.append(argv[1])
+        i = 2
+    flags = OWN_FLAGS[command]
+    while i < cut:
+        token = argv[i]
+        name = token.split("=", 1)[0]
+        if name in flags:
+            width = 0 if "=" in token else flags[name]
+            mine += argv[i:i + 1 + width]
+            i += 1 + width
+        else:
+            tokens.append(token)
+            i += 1
+    if "--out" in tokens:
+        raise UsageError(f"meshscope {command}: --out names the directory of every point's trace")
+    return mine, job, tokens if tokens or command == "budget" else None
 
 
 def main(argv=None) -> int:
     try:
-        mine, job = split_job(list(sys.argv[1:] if argv is None else argv))
+        mine, job, tokens = split_job(list(sys.argv[1:] if argv is None else argv))
         args = build_parser().parse_args(mine)
-        args.job = job
+        args.job, args.trace_tokens = job, tokens
         from .commands import COMMANDS
 
         return COMMANDS[args.command](args)

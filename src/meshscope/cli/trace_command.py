@@ -7,18 +7,12 @@ import sys
 from pathlib import Path
 
 from ..report.trace import print_trace, verdict_lines, write_files
-from ..trace.launch import RENDEZVOUS_FLAGS, TraceOptions, trace
+from ..trace.launch import options_of, trace
 
 
 def cmd_trace(args) -> int:
     """`meshscope trace`: exit 0 passed, 1 failed or incomplete, 3 empty (`core.trace_result.EXIT_CODES`)."""
-    rendezvous = tuple(f"--{flag}={getattr(args, flag.replace('-', '_'))}" for flag in RENDEZVOUS_FLAGS
-                       if getattr(args, flag.replace("-", "_")) is not None)
-    options = TraceOptions(target=tuple(args.job), nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
-                           rendezvous=rendezvous, steps=args.steps, timeout=args.timeout,
-                           step_optimizer=args.step_optimizer, out=args.out, fake_world=args.fake_world,
-                           ranks=args.ranks, cheap=args.cheap, recorder=args.recorder,
-                           flight_recorder=args.flight_recorder, fake_tensors=args.fake_tensors)
+    options = options_of(args, args.job, args.out)
     result = trace(options)
     write_files(result, Path(result.run_dir))
     if args.json:

@@ -27,6 +27,7 @@ from ..core.agreement import disagreement
 from ..core.axes import is_mesh_axis
 from ..core.events import P2P, CommEvent, by_group
 from ..core.result import Check
+from .steady import FIRST_STEADY, needed, steady_steps as steady_of
 
 
 def _brief(e: CommEvent) -> str:
@@ -144,10 +145,6 @@ def _signature(e: CommEvent) -> tuple:
             e.peer, e.region)
 
 
-FIRST_STEADY = 2
-"""Steps 0 and 1 hold set-up and warm-up (DDP's first bucket and its rebuild); the steady steps start here."""
-
-
 def steady_steps(events, complete_steps: dict[int, int]) -> Check:
     """`complete_steps`: rank -> number of steps it finished (step k < that is complete)."""
     name = "steady steps repeat"
@@ -157,7 +154,7 @@ def steady_steps(events, complete_steps: dict[int, int]) -> Check:
         for e in events:
             if e.rank == rank and e.step is not None and e.step < n:
                 steps[e.step].append(e)
-        for k in range(FIRST_STEADY + 1, n):
+        for k in steady_of(n)[1:]:
             prev, cur = steps.get(k - 1, []), steps.get(k, [])
             compared[rank] = True
             for i in range(max(len(prev), len(cur))):
@@ -175,7 +172,7 @@ def steady_steps(events, complete_steps: dict[int, int]) -> Check:
     if not compared:
         most = max(complete_steps.values(), default=0)
         return Check.not_checked(name, f"{most} complete steps; comparing needs steps {FIRST_STEADY} and "
-                                       f"{FIRST_STEADY + 1} at least ({FIRST_STEADY + 2} steps: trace more)")
+                                       f"{FIRST_STEADY + 1} at least ({needed(2)} steps: trace more)")
     why = f"; all_to_all splits changed with the routing in steps {sorted(set(routing))}" if routing else ""
     last = sorted({complete_steps[r] - 1 for r in compared})
     upto = str(last[0]) if len(last) == 1 else f"{last[0]}..{last[-1]}"

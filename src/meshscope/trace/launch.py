@@ -11,6 +11,7 @@ the doctor's findings when the job failed or hung.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -137,6 +138,49 @@ class TraceOptions:
                            step_optimizer=self.step_optimizer, fake=bool(self.fake_world),
                            fake_tensors=self.fake_tensors, cheap=self.cheap, recorder=self.recorder,
                            flight_recorder=self.flight_recorder)
+
+
+def add_trace_options(p: argparse.ArgumentParser) -> None:
+    """The flags of `meshscope trace` (and of the traces `meshscope budget` and `check` make), but its
+    --out and --json: their one definition."""
+    p.add_argument("--nproc-per-node", type=int, default=None,
+                   help="workers on this node, as torchrun's (default 1; with --fake-world, ranks per node: min(8, N))")
+    p.add_argument("--nnodes", type=int, default=1, help="nodes, each running its own meshscope trace (default 1)")
+    for flag in RENDEZVOUS_FLAGS:
+        p.add_argument(f"--{flag}", default=None, help="passed to torchrun unchanged")
+    p.add_argument("--steps", type=int, default=None,
+                   help="end the job cleanly once every rank finished this many optimizer steps (default: run to the end)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="stop the job and diagnose it once a collective has waited this many seconds (default: the job's own)")
+    p.add_argument("--step-optimizer", default=None,
+                   help="class name of the optimizer whose step() marks the step boundary (default: the first created)")
+    p.add_argument("--cheap", action="store_true",
+                   help="no module hooks (no forward phase or module) and no flight log streamed while the job runs")
+    p.add_argument("--recorder", choices=RECORDERS, default="native",
+                   help="native: the C++ recorder, built once per torch (the Python kernel where it cannot be "
+                        "built); python: the Python kernel")
+    p.add_argument("--flight-recorder", action=argparse.BooleanOptionalAction, default=True,
+                   help="torch's Flight Recorder in every worker, dumped into RUN_DIR/fr/ when a rank fails or "
+                        "is stopped (default on)")
+    p.add_argument("--fake-world", type=int, default=None,
+                   help="trace ranks of a world of this many on torch's fake backend, one CPU process each")
+    p.add_argument("--fake-tensors", action="store_true",
+                   help="with --fake-world: tensors with shapes and no data (no memory, no arithmetic), recorded "
+                        "by a dispatch mode (--recorder does not apply); the script must not read tensor values "
+                        "(docs/trace.md)")
+    p.add_argument("--ranks", default="auto",
+                   help="with --fake-world: auto (one rank per class, the default) or a comma list such as 0,7,1023")
+
+
+def options_of(args: argparse.Namespace, target, out: Path | None = None) -> TraceOptions:
+    """`TraceOptions` from flags `add_trace_options` parsed (`out`: the run directory)."""
+    rendezvous = tuple(f"--{flag}={getattr(args, flag.replace('-', '_'))}" for flag in RENDEZVOUS_FLAGS
+                       if getattr(args, flag.replace("-", "_")) is not None)
+    return TraceOptions(target=tuple(target), nproc_per_node=args.nproc_per_node, nnodes=args.nnodes,
+                        rendezvous=rendezvous, steps=args.steps, timeout=args.timeout,
+                        step_optimizer=args.step_optimizer, out=out, fake_world=args.fake_world, ranks=args.ranks,
+                        cheap=args.cheap, recorder=args.recorder, flight_recorder=args.flight_recorder,
+                        fake_tensors=args.fake_tensors)
 
 
 def ready_recorder(options: TraceOptions, echo=None) -> TraceOptions:
