@@ -41,6 +41,10 @@ Independent facts, per rank per step, in this order, all over the world group:
 4. combine backward: all_to_all_single of the output grads, splits as in (2).
 5. dispatch backward: all_to_all_single of the token grads, splits as in (3).
 
+With ``--routing learned`` each token goes to the argmax of a router (a Linear of hidden -> E, its
+own seed per rank) over that step's random tokens: the same 5 calls per step, their splits changing
+from step to step and rank to rank with the data.
+
 So **5 all_to_all_single per rank per step** (1 int64 counts + 4 uneven
 token exchanges: 2 forward, 2 backward), no all-reduce, no other collective.
 World 2, rank 0 sends/receives per step, in tokens: dispatch in [14, 2] out
@@ -71,6 +75,8 @@ def parse_args():
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--hidden", type=int, default=16)
     p.add_argument("--hot-weight", type=int, default=7)
+    p.add_argument("--routing", choices=("skewed", "learned"), default="skewed",
+                   help="skewed: the fixed rule above; learned: a router's top-1 expert per token")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--lr", type=float, default=0.01)
     return p.parse_args()
@@ -140,7 +146,8 @@ def main():
     torch.manual_seed(100 + rank)  # each rank owns a different expert
     expert = nn.Linear(args.hidden, args.hidden).to(device)
     opt = torch.optim.SGD(expert.parameters(), lr=args.lr)
-    expert_ids = route(num_tokens, num_experts, args.hot_weight).to(device)
+    fixed = route(num_tokens, num_experts, args.hot_weight).to(device)
+    router = nn.Linear(args.hidden, num_experts).to(device)
 
     gen = torch.Generator().manual_seed(1234 + rank)
     for _ in range(args.steps):
@@ -148,6 +155,7 @@ def main():
         x.requires_grad_(True)
         y = torch.randn(num_tokens, args.hidden, generator=gen).to(device)
         opt.zero_grad(set_to_none=True)
+        expert_ids = fixed if args.routing == "skewed" else router(x).argmax(dim=-1).detach()
         out = moe_forward(x, expert, expert_ids, num_experts)
         loss = nn.functional.mse_loss(out, y)
         loss.backward()

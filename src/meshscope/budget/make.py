@@ -83,14 +83,16 @@ def check(path: Path, trace_tokens: list[str] | None, command: list[str] | None,
     trace_template, job_template = list(budget.trace), list(budget.command)
     given = match(trace_template, list(trace_tokens), "the trace options") if trace_tokens is not None else {}
     if command and not update:
-        values = {**match(job_template, list(command), "the job's arguments"), **given}
-        missing = sorted(set(budget.vary) - set(values))
+        given.update(match(job_template, list(command), "the job's arguments"))
+    if not update and (command or given and set(budget.vary) <= set(given)):
+        missing = sorted(set(budget.vary) - set(given))
         if missing:
-            raise UsageError(f"no value for {{{missing[0]}}}: give the job's arguments with it, as the budget's "
-                             f"command {job_template} has it")
-        runs = [values]
-    else:  # every stored point (--update re-fits from all of them)
-        runs = [{**{k: p.values[k] for k in budget.vary}, **given} for p in budget.points]
+            raise UsageError(f"no value for {{{missing[0]}}}: give it in the job's arguments or the trace options, "
+                             f"as the budget's templates {job_template} and {trace_template} have it")
+        runs = [given]
+    else:  # every stored point (--update re-fits from all of them), with the values given
+        runs = list({point_name(r): r for r in ({**{k: p.values[k] for k in budget.vary}, **given}
+                                                for p in budget.points)}.values())
     for values in runs:
         parse_trace_options(substitute(trace_template, values))
     observed = []
