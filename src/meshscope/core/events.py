@@ -74,6 +74,9 @@ class CommEvent:
     all-to-all receives (``output_splits``, ``bytes_out``: what peers would send, which the fake backend
     fills in with this rank's own input) and uneven input splits (computed from such counts), as
     `trace.fake.backend.assumed` decides. Empty for a real run. Comparisons leave these fields out (`compared`)."""
+    t_complete: float | None = None
+    """Traced jobs: when this rank saw its work complete (its Work's future finished, or the call
+    returned), on the clock of `t_issue`; None where the recorder could not see it (a fake world)."""
 
     def to_json(self) -> dict:
         # by hand, not dataclasses.asdict: the flight log serialises every call, and asdict's deep
