@@ -32,7 +32,7 @@ Hand count per rank, world W (pickle sizes from ``len(pickle.dumps(x))`` of the 
 * the subgroup's broadcast_object_list: as the first, on the gloo group;
 * then nothing else (the model is local).
 
-=> 11 calls on the world group and 2 on the subgroup, per rank.
+=> 9 calls on the world group and 2 on the subgroup, per rank.
 """
 
 import pickle

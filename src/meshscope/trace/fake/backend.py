@@ -2,7 +2,8 @@
 
 ``meshscope trace --fake-world N`` runs each chosen rank r in a process of its own and swaps
 whatever backend the script asks ``init_process_group`` for with torch's ``fake`` one (and a store
-that needs no peer, torch/testing/_internal/distributed/fake_pg.py, torch 2.11-2.13): its
+that needs no peer, torch/testing/_internal/distributed/fake_pg.py, torch 2.11-2.13), and so for
+every subgroup, whatever backend it names (`fake_new_group`, `fake_split_group`): its
 collectives return at once with their input as output, so the script runs alone while issuing
 every call it would issue at N ranks, each seen by the dispatcher recorder as usual. Values received
 from other ranks are not there: all-to-all split sizes exchanged at run time come back as this
@@ -14,7 +15,7 @@ vote for shape inference over P2P, which a fake world cannot answer. DDP's built
 takes the reduced bucket from the work's future, which the fake backend leaves empty, so DDP gets a
 hook that issues the same all-reduce of the same bucket and hands the bucket back
 (`fake_allreduce_hook`); a script that registers a comm hook of its own fails there ("can only be
-called once").
+called once"). What object collectives receive is `objects`'s.
 
 Each installer here is one row of `patches.PATCHES` (its target, why, the torch versions read) and
 idempotent: the fork server installs them before it forks the ranks, which install them again.
