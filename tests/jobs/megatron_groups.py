@@ -9,6 +9,9 @@ user script: it never imports meshscope. Needs ``pip install
 megatron-core==0.16.1`` (plus numpy, packaging); runs on gloo CPU with
 ``create_gloo_process_groups=False`` (the groups already use the default
 backend, gloo on CPU, so the extra *_GLOO groups would only duplicate them).
+``--gloo-groups`` keeps Megatron's default instead
+(``create_gloo_process_groups=True``: its optimizer's ``new_group(backend="gloo")``
+twins of the data-parallel groups) and uses the three twins too.
 
 Launch (WORLD_SIZE divisible by tp*pp*cp and by etp*ep*pp)::
 
@@ -38,6 +41,17 @@ all_reduce can be matched by size:
 
 => **14 all_reduce per rank per step** (42 with --steps 3), plus nothing
 else in the loop (the Linear is local; its grads are not reduced).
+
+With ``--gloo-groups``, three more per step, after those 14, on the gloo twins
+(the same members as dp, dp_cp and edp):
+
+ 14  dp_gloo    get_data_parallel_group_gloo()                          15
+ 15  dp_cp_gloo get_data_parallel_group_gloo(with_context_parallel=True) 16
+ 16  edp_gloo   get_expert_data_parallel_group_gloo()                   17
+
+=> 17 all_reduce per rank per step; the twins' descriptions are
+DATA_PARALLEL_GROUP_GLOO, DATA_PARALLEL_GROUP_WITH_CP_GLOO and
+EXPERT_DATA_PARALLEL_GROUP_GLOO.
 
 Independent facts: group membership (rank = tp + cp*TP + dp*TP*CP +
 pp*TP*CP*DP for the dense groups; rank = etp + ep*ETP + edp*ETP*EP +
@@ -97,6 +111,11 @@ GROUPS = [
     ("etp_ep_pp", lambda: ps.get_expert_tensor_model_pipeline_parallel_group()),
     ("edp", lambda: ps.get_expert_data_parallel_group()),
 ]
+GLOO_GROUPS = [
+    ("dp_gloo", lambda: ps.get_data_parallel_group_gloo()),
+    ("dp_cp_gloo", lambda: ps.get_data_parallel_group_gloo(with_context_parallel=True)),
+    ("edp_gloo", lambda: ps.get_expert_data_parallel_group_gloo()),
+]
 
 
 def parse_args():
@@ -110,6 +129,8 @@ def parse_args():
     p.add_argument("--hidden", type=int, default=8)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--print-groups", action="store_true")
+    p.add_argument("--gloo-groups", action="store_true",
+                   help="Megatron's default create_gloo_process_groups=True, and use the gloo twins")
     return p.parse_args()
 
 
@@ -144,9 +165,9 @@ def main():
         context_parallel_size=args.cp,
         expert_model_parallel_size=args.ep,
         expert_tensor_parallel_size=args.etp,
-        create_gloo_process_groups=False,
+        create_gloo_process_groups=args.gloo_groups,
     )
-    groups = [(name, get()) for name, get in GROUPS]
+    groups = [(name, get()) for name, get in GROUPS + (GLOO_GROUPS if args.gloo_groups else [])]
     if args.print_groups:
         line = " ".join(
             "%s=%s" % (name, dist.get_process_group_ranks(g)) for name, g in groups

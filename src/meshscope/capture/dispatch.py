@@ -14,7 +14,10 @@ tensor, as in compile tracing, is skipped), and it never replaces another kernel
 tensors are all fake (`ModeRecorder`, ``--fake-tensors``) never reaches it: FakeTensorMode answers
 every op above it, so there a dispatch mode on top of FakeTensorMode records the same calls.
 
-`install` registers the kernels once per process (registering per use slowed every later call);
+`install` registers the kernels once per process (registering per use slowed every later call), one
+for every op of the installed torch's ``c10d`` namespace that moves data: an op without a decoder (a
+newer torch's) passes through, its calls counted (`undecoded`) with one warning per op on the
+rank's stderr, so that a trace says what it could not read instead of missing it silently.
 `Recorder` switches recording on for one sink. A call nested in a recorded one (a coalesced op
 calling the plain one) is not recorded twice. A decoding error is counted, never raised: the job
 must not fail because of its tracer.
@@ -29,7 +32,9 @@ rows sent to / received from each member, for all_to_all.
 from __future__ import annotations
 
 import math
+import sys
 import threading
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -127,6 +132,10 @@ DECODERS = {
     "broadcast_": lambda a: ("broadcast", a[1], a[0][0].dtype, _nbytes(a[0]), _nbytes(a[0]), a[2], None, None),
     "reduce_": lambda a: ("reduce", a[1], a[0][0].dtype, _nbytes(a[0]), _nbytes(a[0]), a[3], None, None),
     "gather_": lambda a: ("gather", a[2], a[1][0].dtype, _nbytes(a[1]), _nbytes2(a[0]), a[3], None, None),
+    # torch 2.15 (torch/csrc/distributed/c10d/Ops.cpp): gather_into_tensor_(Tensor output_tensor, Tensor
+    # input_tensor, ProcessGroup process_group, int root_rank, bool async_op=True, int timeout=-1); the root's
+    # output holds every member's input, a non-root passes an empty one (distributed_c10d.py's gather_single)
+    "gather_into_tensor_": lambda a: ("gather", a[2], a[1].dtype, a[1].nbytes, a[0].nbytes, a[3], None, None),
     "scatter_": lambda a: ("scatter", a[2], a[0][0].dtype, _nbytes2(a[1]), _nbytes(a[0]), a[3], None, None),
     "send": lambda a: ("send", a[1], a[0][0].dtype, _nbytes(a[0]), 0, a[2], None, None),
     "recv_": lambda a: ("recv", a[1], a[0][0].dtype, 0, _nbytes(a[0]), a[2], None, None),
@@ -134,8 +143,11 @@ DECODERS = {
     "barrier": lambda a: ("barrier", a[1], None, 0, 0, None, None, None),
     "monitored_barrier_": lambda a: ("barrier", a[1], None, 0, 0, None, None, None),
 }
-"""c10d op name -> argument decoder. Every communication op of the ``c10d`` namespace except
-``check_for_nan`` (moves nothing); `uncovered` lists any a newer torch adds."""
+"""c10d op name -> argument decoder. Every communication op of the ``c10d`` namespace (torch 2.13's, and
+``gather_into_tensor_``, which torch 2.15 adds); `uncovered` lists any a newer torch adds."""
+
+MOVES_NOTHING = frozenset({"check_for_nan"})
+"""c10d ops that are no communication (NCCL's NaN check of a tensor): neither recorded nor counted."""
 
 
 def _functional_all_to_all(a):
@@ -183,6 +195,19 @@ _sink = None
 _libs: list = []
 errors: list[tuple[str, str]] = []
 """(op, error) of calls that could not be decoded (the call itself still ran)."""
+undecoded: Counter = Counter()
+"""c10d op -> calls of it that no decoder reads (they ran, and are not in the ledger)."""
+_warned: set[str] = set()
+
+
+def count_undecoded(name: str) -> None:
+    """One call of c10d op `name`, which no decoder reads: counted, and said once per op on stderr."""
+    undecoded[name] += 1
+    if name not in _warned:
+        _warned.add(name)
+        print(f"meshscope trace: c10d::{name} is an op this meshscope cannot decode (this torch is newer than it "
+              f"knows): its calls run, are counted (`undecoded` in the rank's record) and are not in the ledger",
+              file=sys.stderr, flush=True)
 
 
 def decode(name: str, args, decoders=DECODERS) -> tuple | None:
@@ -210,9 +235,12 @@ def _kernel(op, name):
         sink = _sink
         if sink is None or _tls.busy or keyset.has(meta):
             return redispatch(keyset & after, *args, **kwargs)
-        call = decode(name, args)
-        if call is not None:
-            sink(*call)
+        if name in DECODERS:
+            call = decode(name, args)
+            if call is not None:
+                sink(*call)
+        else:
+            count_undecoded(name)
         _tls.busy = True
         try:
             return redispatch(keyset & after, *args, **kwargs)
@@ -223,24 +251,23 @@ def _kernel(op, name):
 
 
 def comm_ops() -> list[str]:
-    """Every op torch defines in the ``c10d`` namespace (this torch's, for `uncovered`)."""
-    return sorted(n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names() if n.startswith("c10d::"))
+    """Every op of this torch's ``c10d`` namespace that moves data (what the kernels are registered for)."""
+    return sorted(name for name in (n.split("::", 1)[1] for n in torch._C._dispatch_get_all_op_names()
+                                    if n.startswith("c10d::")) if name not in MOVES_NOTHING)
 
 
 def uncovered() -> list[str]:
-    """c10d ops of this torch that no decoder handles (none on torch 2.13)."""
-    return [n for n in comm_ops() if n not in DECODERS and n != "check_for_nan"]
+    """c10d ops of this torch that no decoder handles (none on torch 2.13): their calls are counted, not read."""
+    return [n for n in comm_ops() if n not in DECODERS]
 
 
 def install() -> None:
-    """Register the kernels, once per process."""
+    """Register the kernels, once per process: one for every c10d op that moves data."""
     if _libs:
         return
-    present = set(comm_ops())
     lib = torch.library.Library("c10d", "IMPL")
-    for name in DECODERS:
-        if name in present:
-            lib.impl(name, _kernel(getattr(torch.ops.c10d, name).default, name), "BackendSelect", with_keyset=True)
+    for name in comm_ops():
+        lib.impl(name, _kernel(getattr(torch.ops.c10d, name).default, name), "BackendSelect", with_keyset=True)
     _libs.append(lib)
 
 
@@ -293,9 +320,12 @@ class ModeRecorder(TorchDispatchMode):
         decoders = self.BY_NAMESPACE.get(func.namespace)
         if decoders is not None and not _tls.busy:
             name = func._schema.name.split("::", 1)[1]
-            call = decode(name, args, decoders) if name in decoders else None
-            if call is not None:
-                self.sink(*call)
+            if name in decoders:
+                call = decode(name, args, decoders)
+                if call is not None:
+                    self.sink(*call)
+            elif func.namespace == "c10d" and name not in MOVES_NOTHING:
+                count_undecoded(name)
             _tls.busy = True
             try:
                 return func(*args, **(kwargs or {}))

@@ -27,7 +27,7 @@ import sys
 import torch
 
 from . import dispatch
-from .dispatch import DECODERS, comm_ops, decode
+from .dispatch import DECODERS, comm_ops, count_undecoded, decode
 from .native_build import NAME, NativeUnavailable, build_dir, ensure, library, torch_version
 
 # Argument tags of native_recorder.cpp's flat summaries.
@@ -90,7 +90,7 @@ class NativeRecorder:
         self.module, self.context = module, context
         self._states: dict[tuple, int] = {}
         self._state_of: list[tuple] = []
-        self._names = [n for n in DECODERS if n in set(comm_ops())]
+        self._names = comm_ops()  # every c10d op that moves data: those without a decoder are counted
         self._dtypes: dict[int, torch.dtype] = {}
         self._decoded: dict[tuple, tuple] = {}
         self._step = 0
@@ -174,6 +174,9 @@ class NativeRecorder:
                 continue
             if op < 0:  # an op it was not registered for, or arguments it could not summarise
                 dispatch.errors.append(("c10d op" if op == -2 else "arguments", "the C++ recorder could not read the call"))
+                continue
+            if self._names[op] not in DECODERS:  # a newer torch's op: counted, every call
+                count_undecoded(self._names[op])
                 continue
             key = (op, flat, *groups)
             call = seen.get(key)

@@ -73,7 +73,9 @@ class CommEvent:
     """Fields whose value this rank could not know, filled in by something else: in a fake world, what an
     all-to-all receives (``output_splits``, ``bytes_out``: what peers would send, which the fake backend
     fills in with this rank's own input) and uneven input splits (computed from such counts), as
-    `trace.fake.backend.assumed` decides. Empty for a real run. Comparisons leave these fields out (`compared`)."""
+    `trace.fake.backend.assumed` decides; and the ``bytes_in``, ``bytes_out`` of an object collective's call
+    sized from a stand-in for objects of ranks it had not traced (`trace.fake.objects`). Empty for a real run.
+    Comparisons leave these fields out (`compared`)."""
     t_complete: float | None = None
     """Traced jobs: when this rank saw its work complete (its Work's future finished, or the call
     returned), on the clock of `t_issue`; None where the recorder could not see it (a fake world)."""

@@ -10,7 +10,8 @@ directory holds:
   ``errors/rank<R>.json`` (a run's failed rank), ``ledgers/rank<R>.jsonl`` and ``ranks/rank<R>.json``
   (a traced rank's calls and how it ended), ``groups/rank<R>.jsonl`` (a traced rank's group
   creations), ``logs/rank<R>.log`` (what a traced rank printed), ``fr/rank_<R>`` (torch's Flight
-  Recorder dump), ``imports/rank<R>.json`` (a fake world's learned imports);
+  Recorder dump), ``imports/rank<R>.json`` (a fake world's learned imports), ``objects/rank<R>/`` (what
+  a fake world's rank sent in its object collectives, read by the ranks traced after it);
 - ``launcher.log``, ``failure.txt``, ``report.md``, ``trace.json`` (the Chrome trace), ``figures/``,
   ``records/`` and ``traces/`` (the suite's and the profiler's).
 
@@ -33,12 +34,12 @@ from .trace_result import RankEnd, TraceSpec
 
 ARTEFACTS = ("spec.json", "flight", "errors", "traces", "records", "figures", "result.json", "report.md",
              "launcher.log", "failure.txt", "ledgers", "ranks", "trace.json", "INCOMPLETE",
-             "groups", "fr", "logs", "imports")
+             "groups", "fr", "logs", "imports", "objects")
 """Everything an earlier run may have left in a directory (what `RunDir.start` removes)."""
 
 PER_RANK = {"flight": ("flight", ".jsonl"), "errors": ("errors", ".json"), "ledgers": ("ledgers", ".jsonl"),
             "ranks": ("ranks", ".json"), "groups": ("groups", ".jsonl"), "logs": ("logs", ".log"),
-            "imports": ("imports", ".json")}
+            "imports": ("imports", ".json"), "objects": ("objects", "")}
 """kind -> (folder, suffix) of the ``<folder>/rank<R><suffix>`` files."""
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
@@ -155,6 +156,11 @@ class RunDir:
 
     def imports(self, rank: int) -> Path:
         return self.rank_file("imports", rank)
+
+    def objects(self, rank: int) -> Path:
+        """``objects/rank<R>/``: one file per object collective a fake world's rank sent objects in
+        (`trace.fake.objects`)."""
+        return self.rank_file("objects", rank)
 
     def fr_dump(self, rank: int) -> Path:
         return Path(f"{self.fr_prefix}{rank}")

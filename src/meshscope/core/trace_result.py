@@ -135,6 +135,9 @@ class RankEnd:
     optimizer_steps: int = 0
     groups: tuple[GroupUse, ...] = ()
     decode_errors: tuple[tuple[str, str], ...] = ()
+    undecoded: dict[str, int] = field(default_factory=dict)
+    """c10d op -> calls of it no decoder of this meshscope reads (a newer torch's op): they ran, and are not in
+    `events` (`capture.dispatch.undecoded`)."""
     time: float = 0.0
     """When the rank wrote its end (wall clock): the first failure is the earliest."""
     recorder: str = ""
@@ -166,6 +169,7 @@ class RankEnd:
         doc["mapped"], doc["patched"] = list(self.mapped), list(self.patched)
         doc["groups"] = [g.to_json() for g in self.groups]
         doc["decode_errors"] = [list(e) for e in self.decode_errors]
+        doc["undecoded"] = dict(self.undecoded)
         return doc
 
     @classmethod
@@ -174,6 +178,7 @@ class RankEnd:
         values["mapped"], values["patched"] = tuple(d.get("mapped", ())), tuple(d.get("patched", ()))
         values["groups"] = tuple(GroupUse(g["name"], g["desc"], g["axis"], tuple(g["ranks"])) for g in d.get("groups", ()))
         values["decode_errors"] = tuple(tuple(e) for e in d.get("decode_errors", ()))
+        values["undecoded"] = dict(d.get("undecoded", {}))
         if values["status"] not in RANK_STATUSES:
             raise ValueError(f"rank status {values['status']!r} is not one of {', '.join(RANK_STATUSES)}")
         return cls(**values)
@@ -289,6 +294,8 @@ class TraceResult:
     doctor: Diagnosis | None = None
     """The doctor's findings, for a job that did not pass."""
     fake_world: FakeWorld | None = None
+    undecoded: dict[str, int] = field(default_factory=dict)
+    """c10d op -> calls of it, over every rank, that no decoder reads (`RankEnd.undecoded`): not in `events`."""
 
     @property
     def outcome(self) -> str:
@@ -328,7 +335,7 @@ class TraceResult:
                              "steps": [{"step": s, "events": [e.to_json() for e in evs]}
                                        for s, evs in sorted(self.steps_of(r.rank).items())]} for r in self.ranks],
                "ranks": [r.to_json() for r in self.ranks], "expected": self.expected, "notes": self.notes,
-               "run_dir": self.run_dir}
+               "run_dir": self.run_dir, "undecoded": dict(self.undecoded)}
         if self.error is not None:
             doc["error"], doc["failure"] = self.error.line(), self.error.to_json()
         if self.last_lines is not None:
@@ -349,4 +356,5 @@ class TraceResult:
                    error=TraceError.from_json(d["failure"]) if "failure" in d else None,
                    last_lines=LastLines.from_json(d["last_lines"]) if d.get("last_lines") else None,
                    doctor=Diagnosis.from_json(d["doctor"]) if d.get("doctor") else None,
-                   fake_world=FakeWorld.from_json(d["fake_world"]) if d.get("fake_world") else None)
+                   fake_world=FakeWorld.from_json(d["fake_world"]) if d.get("fake_world") else None,
+                   undecoded=dict(d.get("undecoded", {})))

@@ -18,10 +18,12 @@ from .table import make_console, print_table
 TOP_MODULES = 10
 
 ASSUMED = "*"
-"""Marks a figure that holds assumed values (`CommEvent.assumed`: a fake world's all-to-all sizes)."""
+"""Marks a figure that holds assumed values (`CommEvent.assumed`: a fake world's all-to-all sizes, and the
+bytes of object collectives sized from objects of ranks it had not traced)."""
 
-LEGEND = (f"{ASSUMED} assumed: a fake world cannot know what an all-to-all receives (nor uneven splits computed "
-          "from it); the fake backend filled in this rank's own input (the ledger's `assumed` field names them)")
+LEGEND = (f"{ASSUMED} assumed: a fake world cannot know what its peers send: what an all-to-all receives (nor uneven "
+          "splits computed from it), the objects of an object collective from ranks not traced before; this rank's "
+          "own stood in (the ledger's `assumed` field names them)")
 """The legend under a table with an `ASSUMED` mark."""
 
 

@@ -12,6 +12,7 @@ what the launcher added: the fake world's classes, the doctor's findings).
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 from ..capture.flightlog import read, read_creations
@@ -66,6 +67,13 @@ def _process_group_note(run_dir: RunDir, ranks: list[int]) -> str:
             f"(groups/rank<R>.jsonl): the script ended before its first collective")
 
 
+def undecoded_note(undecoded: dict[str, int], ranks: list[int]) -> str:
+    """What a trace could not read: calls of c10d ops this meshscope has no decoder for."""
+    calls = ", ".join(f"c10d::{op} {n}" for op, n in sorted(undecoded.items()))
+    return (f"not in the ledger: calls of c10d ops this meshscope cannot decode (a torch newer than it knows), "
+            f"counted on ranks {ranks}: {calls}; each rank's record lists them (`undecoded`)")
+
+
 def _error(ranks: list[RankEnd], run_dir: RunDir, account: str | None) -> TraceError | None:
     """The first rank that failed on its own (by when it wrote its end), else what the launcher saw, else
     which ranks did not finish."""
@@ -113,12 +121,18 @@ def assemble(run_dir: Path | RunDir, account: str | None = None, fake_world: Fak
         notes.append(f"ranks traced: {len(traced)} of {world}; cross-rank checks ran among the traced ranks only")
     if not events and traced:
         notes.append(_process_group_note(run_dir, sorted(traced)))
+    undecoded = Counter()
+    for r in ranks:
+        undecoded.update(r.undecoded)
+    if undecoded:
+        notes.append(undecoded_note(undecoded, [r.rank for r in ranks if r.undecoded]))
     # several nodes writing one directory: each node's spec counts only its own ranks, so the directory
     # holds at least that many
     expected = len(spec.expected) if spec.expected is not None else spec.traced
     result = TraceResult(world=world, command=list(spec.command), events=events, axes=axes_sorted,
                          layout=layout_section(world, axes_sorted), checks=checks, ranks=ranks,
-                         run_dir=str(run_dir), notes=notes, expected=expected, fake_world=fake_world)
+                         run_dir=str(run_dir), notes=notes, expected=expected, fake_world=fake_world,
+                         undecoded=dict(sorted(undecoded.items())))
     if result.outcome in ("failed", "incomplete"):
         result.error = _error(ranks, run_dir, account)
     if result.outcome != "passed":

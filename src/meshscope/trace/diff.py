@@ -15,7 +15,8 @@ Axes are matched by their groups first (the same member lists under two names ar
 torchtitan's ``dp_shard`` and ``fsdp``), then by name (the same name over other groups); what is
 left shows as A-only or B-only. Rows and divergences carry both names.
 
-Fields a side marks as assumed (`CommEvent.assumed`: a fake world's all-to-all sizes) are not compared:
+Fields a side marks as assumed (`CommEvent.assumed`: a fake world's all-to-all sizes, its object collectives'
+stand-in sizes) are not compared:
 two calls agree when every field neither side assumed agrees, and a step/axis/op total whose calls
 carry assumed bytes is compared by its count only. The document's ``assumed`` says which calls and
 fields were left out, so that "same" never hides what a fake world invented.

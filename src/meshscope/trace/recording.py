@@ -15,7 +15,7 @@ import threading
 import time
 
 from ..capture import native
-from ..capture.dispatch import GroupInfo, Recorder
+from ..capture.dispatch import GroupInfo, Recorder, undecoded
 from ..capture.dispatch import errors as decode_errors
 from ..capture.job_context import JobContext
 from ..core.axes import axis_of
@@ -36,8 +36,9 @@ class RankTrace:
                  recorder: str = "python"):
         self.run_dir, self.rank, self.context, self.stream = run_dir, rank, context, stream
         self.native, self.recorder_note, self.kind = None, None, "python" if recorder == "native" else recorder
-        self.assume = lambda op, ins, outs: ()
-        """(op, input splits, output splits) -> the event's assumed fields (`fake.assumed` in a fake world)."""
+        self.assume = lambda group, op, ins, outs, t: ()
+        """(group name, op, input splits, output splits, issue time) -> the event's assumed fields (a fake
+        world's: `fake.mode.FakeMode.assumed`)."""
         if recorder == "native":
             try:
                 self.native = native.NativeRecorder(native.build(log=self._log), context)
@@ -141,7 +142,7 @@ class RankTrace:
             group = self.groups[name]
             out.append(CommEvent(self.rank, seq, op, self.axis(group), group.ranks, phase, dtype, b_in, b_out, region,
                                  None, ins, outs, peer, step, t - self.t0, None if done is None else done - self.t0,
-                                 self.assume(op, ins, outs)))
+                                 self.assume(name, op, ins, outs, t)))
         return out
 
     @staticmethod
@@ -186,7 +187,7 @@ class RankTrace:
             self.rank, status, steps=self.context.step, exit_code=code, note=note, **(record or {}),
             events=len(events), optimizer_steps=self.context.optimizers_seen,
             groups=tuple(GroupUse(g.name, g.desc, self.axis(g), g.ranks) for g in self.groups.values()),
-            decode_errors=tuple(decode_errors[:10]), time=time.time(), recorder=self.recorder, **(failure or {})))
+            decode_errors=tuple(decode_errors[:10]), undecoded=dict(undecoded), time=time.time(), recorder=self.recorder, **(failure or {})))
 
 
 def flushed_first(trace: RankTrace, destroy):

@@ -5,6 +5,7 @@ the script alone on torch's fake process-group backend, one mechanism per file:
 - `fork_server`: the ranks forked from one process that imported torch once;
 - `mode`: what a fake rank does at the rank program's fixed points;
 - `patches`: the one declared table of what a fake world changes in torch, applied by the mode;
-- `backend` (the fake backend for every group), `devices` (CUDA mapped to the CPU), `tensors`
-  (``--fake-tensors``: tensors without data): the installers the table names.
+- `backend` (the fake backend for every group), `objects` (what object collectives receive: what the
+  ranks traced before sent), `devices` (CUDA mapped to the CPU), `tensors` (``--fake-tensors``: tensors
+  without data): the installers the table names.
 """

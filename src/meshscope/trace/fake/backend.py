@@ -2,7 +2,8 @@
 
 ``meshscope trace --fake-world N`` runs each chosen rank r in a process of its own and swaps
 whatever backend the script asks ``init_process_group`` for with torch's ``fake`` one (and a store
-that needs no peer, torch/testing/_internal/distributed/fake_pg.py, torch 2.11-2.13): its
+that needs no peer, torch/testing/_internal/distributed/fake_pg.py, torch 2.11-2.13), and so for
+every subgroup, whatever backend it names (`fake_new_group`, `fake_split_group`): its
 collectives return at once with their input as output, so the script runs alone while issuing
 every call it would issue at N ranks, each seen by the dispatcher recorder as usual. Values received
 from other ranks are not there: all-to-all split sizes exchanged at run time come back as this
@@ -14,7 +15,7 @@ vote for shape inference over P2P, which a fake world cannot answer. DDP's built
 takes the reduced bucket from the work's future, which the fake backend leaves empty, so DDP gets a
 hook that issues the same all-reduce of the same bucket and hands the bucket back
 (`fake_allreduce_hook`); a script that registers a comm hook of its own fails there ("can only be
-called once").
+called once"). What object collectives receive is `objects`'s.
 
 Each installer here is one row of `patches.PATCHES` (its target, why, the torch versions read) and
 idempotent: the fork server installs them before it forks the ranks, which install them again.
@@ -52,16 +53,61 @@ def fake_init_process_group() -> None:
 
 
 @functools.cache
-def deviceless_new_group() -> None:
-    """``new_group`` without ``device_id``: the fake backend binds no device."""
-    def deviceless(original):
+def fake_new_group() -> None:
+    """Every group ``new_group`` makes is a fake one, whatever backend the script names: ``"gloo"`` (on the
+    fake store, torch 2.13's ``ProcessGroupGloo(...)`` fails: "INTERNAL ASSERT FAILED ... Not implemented",
+    distributed_c10d.py:2169, from Megatron-core's ``_GLOO`` twins), ``"nccl"`` (absent from a CPU build),
+    ``"cpu:gloo,cuda:nccl"``, DeviceMesh's backend override. Its ``device_id`` is dropped (the fake backend
+    binds no device), and its ``pg_options``: they are the named backend's options, which the fake one does not
+    take (DeviceMesh reads their timeout before it calls, and passes it as ``timeout``)."""
+    def fake(original):
+        signature = inspect.signature(original)
+
         @functools.wraps(original)  # its signature stays visible to the --timeout wrapper
         def new_group(*args, **kwargs):
-            kwargs.pop("device_id", None)
-            return original(*args, **kwargs)
+            given = signature.bind_partial(*args, **kwargs).arguments
+            for name in ("device_id", "pg_options"):
+                given.pop(name, None)
+            given["backend"] = "fake"
+            return original(**given)
         return new_group
 
-    wrap("new_group", deviceless)
+    wrap("new_group", fake)
+
+
+@functools.cache
+def fake_split_group() -> None:
+    """``split_group`` builds this rank's split as a fake group. torch's own needs a device bound to the default
+    group and a backend that splits (NCCL), neither of which a fake world has ("No device associated with the
+    default pg", torch 2.13 distributed_c10d.py:5565); every member of the parent calls it once and gets its
+    own split, which `new_group` with ``use_local_synchronization`` makes the same way (members only, the
+    name hashed from its ranks as split_group's is). Its description, when none is given, is NCCL's:
+    ``<parent>:split:<n>``, n counting this rank's splits of that parent."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    splits: dict[str, int] = {}
+
+    def fake(original):
+        signature = inspect.signature(original)
+
+        @functools.wraps(original)
+        def split_group(*args, **kwargs):
+            given = signature.bind(*args, **kwargs).arguments
+            parent = given.get("parent_pg") or dist.group.WORLD
+            desc = given.get("group_desc")
+            if desc is None:
+                n = splits[parent.group_name] = splits.get(parent.group_name, -1) + 1
+                desc = f"{parent.group_desc}:split:{n}"
+            mine = dist.get_rank(parent)
+            split = next((s for s in given.get("split_ranks") or () if mine in s), None)
+            if split is None:  # in no split: torch returns None
+                return None
+            ranks = sorted(dist.get_global_rank(parent, r) for r in split)
+            return c10d.new_group(ranks, timeout=given.get("timeout"), group_desc=desc, use_local_synchronization=True)
+        return split_group
+
+    wrap("split_group", fake)
 
 
 @functools.cache

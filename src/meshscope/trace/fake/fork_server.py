@@ -229,6 +229,9 @@ class _Server:
                 sys.stderr.flush()
                 pid = os.fork()
                 if pid == 0:
+                    from .objects import alongside  # loaded with torch, in the server
+
+                    alongside({r: p for p, r in alive.items()})  # the ranks it may wait for
                     self._child(rank)  # never returns
                 alive[pid] = rank
             pid, status = os.wait()

@@ -2,8 +2,10 @@
 
 Its output already goes to ``logs/rank<R>.log`` (the fork server points the rank's streams there);
 it has no peers to meet and no launcher to stop it; `install` applies the rows of `patches` for its
-modes (the fake backend, CUDA mapped where torch has none, fake tensors) and marks what a call's
-fields cannot know (`backend.assumed`); `recording` is the dispatcher's recorder, or under
+modes (the fake backend, CUDA mapped where torch has none, fake tensors), lets the object
+collectives record and read what ranks sent (`objects.EXCHANGE`) and marks what a call's fields cannot
+know (`assumed`: an all-to-all's receives, `backend.assumed`; an object collective's stand-in sizes);
+`recording` is the dispatcher's recorder, or under
 ``--fake-tensors`` the dispatch mode above FakeTensorMode (`tensors.shapes_only`); `explain` words
 the failures only a fake world has (a value read without data, a pipeline that exchanges its shapes).
 """
@@ -16,7 +18,7 @@ from contextlib import AbstractContextManager
 from ...core.rundir import RunDir
 from ..options import RankOptions
 from ..recording import RankTrace
-from . import backend, devices, patches, tensors
+from . import backend, devices, objects, patches, tensors
 
 PIPELINE_SHAPES = ("the script's pipeline stages exchange their shapes over P2P (recv_object_list), which a fake "
                    "world cannot deliver (it also takes every stage's warm-up vote as 'static shapes'): give every "
@@ -41,7 +43,13 @@ class FakeMode:
 
     def install(self, trace: RankTrace, stopped) -> None:
         self.patched = patches.apply(patches.modes(self.options.fake_tensors))
-        trace.assume = backend.assumed
+        objects.EXCHANGE.begin(self.run_dir, self.rank)
+        trace.assume = self.assumed
+
+    @staticmethod
+    def assumed(group: str, op: str, input_splits, output_splits, t: float) -> tuple[str, ...]:
+        """The fields of a call (on `group`, issued at `t`) this rank could not know."""
+        return backend.assumed(op, input_splits, output_splits) or objects.EXCHANGE.assumed(group, t)
 
     def recording(self, trace: RankTrace) -> AbstractContextManager:
         return tensors.shapes_only(trace.sink) if self.options.fake_tensors else trace.recording()

@@ -17,7 +17,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-from . import backend, devices, tensors
+from . import backend, devices, objects, tensors
 
 FAKE_WORLD = "fake-world"
 """Every rank of a fake world."""
@@ -65,9 +65,21 @@ PATCHES = (
           "whatever backend the script asks for becomes torch's fake one, with a store that needs no peer and the "
           "rank and world the fake world's environment names", "2.11, 2.13", FAKE_WORLD,
           backend.fake_init_process_group),
-    Patch("new_group without a device", (f"{C10D}.new_group",),
-          "the fake backend binds no device: new_group's device_id is dropped", "2.11, 2.13", FAKE_WORLD,
-          backend.deviceless_new_group),
+    Patch("new_group on the fake backend", (f"{C10D}.new_group",),
+          "every subgroup is fake whatever backend it names ('gloo' on the fake store fails in ProcessGroupGloo's "
+          "constructor, distributed_c10d.py:2169; 'nccl', 'cpu:gloo,cuda:nccl', DeviceMesh's override); its "
+          "device_id and the named backend's pg_options are dropped", "2.11, 2.13", FAKE_WORLD,
+          backend.fake_new_group),
+    Patch("split_group on the fake backend", (f"{C10D}.split_group",),
+          "torch's split needs a device bound to the default group and a backend that splits (NCCL); the rank's "
+          "split is made by new_group with use_local_synchronization (members only, a hashed name)", "2.13",
+          FAKE_WORLD, backend.fake_split_group),
+    Patch("object collectives receive what was sent", tuple(f"{C10D}.{n}" for n in (
+              *objects.COLLECTIVES, *objects.RECEIVERS, "_pickler")),
+          "the fake backend hands a receiver back its own tensors, so a broadcast_object_list decodes garbage "
+          "sizes (distributed_c10d.py:4039); torch's code still issues the calls, and what the sender sent (its "
+          "record in objects/, else this rank's own object, its bytes assumed) is put into what it receives into",
+          "2.13", FAKE_WORLD, objects.deliver_objects),
     Patch("recv of ones", (f"{C10D}.recv",),
           "a blocking recv gets no data from the fake backend; ones make pipelining's warm-up vote read as "
           "'static shapes' (torch/distributed/pipelining/schedules.py _warmup_p2p)", "2.13", FAKE_WORLD,

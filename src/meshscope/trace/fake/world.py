@@ -92,11 +92,16 @@ def failed_alike(ends: list[RankEnd]) -> str | None:
 def fake_notes(result: TraceResult) -> list[str]:
     """What the fake backend stood in for, in this trace: each note only where its calls occur."""
     notes = []
-    assumed = sum(1 for e in result.events if e.assumed)
-    if assumed:
+    a2a = sum(1 for e in result.events if e.assumed and e.op == "all_to_all")
+    objects = sum(1 for e in result.events if e.assumed and e.op != "all_to_all")
+    if a2a:
         notes.append(f"fake backend: collectives return their input, so what an all-to-all receives (and uneven "
-                     f"splits computed from it) is assumed: {assumed} calls carry an `assumed` field naming those "
+                     f"splits computed from it) is assumed: {a2a} calls carry an `assumed` field naming those "
                      f"values")
+    if objects:
+        notes.append(f"fake backend: an object collective (broadcast_object_list, all_gather_object, scatter_object_list, "
+                     f"gather_object) gets what the ranks traced before it sent; from any other rank it gets its own "
+                     f"object, so the bytes of {objects} calls, sized from such objects, are assumed")
     if any(e.op == "recv" for e in result.events):
         notes.append("fake backend: a receive gets no data from its peer (a blocking recv is filled with ones)")
     return notes

@@ -1,0 +1,310 @@
+"""What a fake world's rank receives from an object collective: the source's real object where it was traced.
+
+torch sends picklable objects (``broadcast_object_list``, ``all_gather_object``, ``scatter_object_list``,
+``gather_object``) as two calls on the group: the sizes of their pickles (int64), then the bytes (uint8),
+each sized from what the first delivered (torch 2.13 distributed_c10d.py, ``broadcast_object_list`` and
+siblings). The fake backend hands a rank back what it holds, so a non-source rank of a broadcast decodes
+the ``torch.empty`` it received the sizes in: a negative dimension, a 94 TB allocation, ``EOFError``,
+``UnpicklingError`` (every Lightning Trainer broadcasts its log_dir this way); a scatter's receiver
+likewise; an all-gather gets its own object in every slot.
+
+So torch's own code runs each call, and issues what a real rank issues (the same two calls, the same
+dtypes and root); what the peers would have sent is put into the tensors it receives into, right after
+the fake backend returned (`_receiving`):
+
+- each rank records what it sends (a source's objects, a rank's own object for an all-gather or a
+  gather) in the run directory (``objects/rank<R>/``, `RunDir.objects`) before it receives anything;
+- a rank reads a sender's record: rank 0 is traced first, so a later rank receives what rank 0 sent,
+  and the sizes of the calls are the real ones. A sender traced at the same time (``--ranks auto``
+  traces rank 0 and the last rank together) is waited for when the fork server forked it first
+  (`alongside`): a rank waits only for ranks forked before it, so no two ranks ever wait for each
+  other. A sender forked after it, or never traced, is not known;
+- what is not known is stood in for by the rank's own object, and the call whose sizes follow from
+  it (the bytes) has ``bytes_in`` and ``bytes_out`` marked assumed (`Exchange.assumed`, stamped by the
+  recorder as `CommEvent.assumed`).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import io
+import os
+import pickle
+import threading
+import time
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+from ...core.rundir import RunDir, write_atomic
+from ..entry_points import rebind
+
+POLL_S = 0.02
+"""How often a rank looks for the record of a sender that runs beside it."""
+
+SIZED = ("bytes_in", "bytes_out")
+"""The fields a stand-in decides: the bytes of the call sized by the objects' pickles."""
+
+
+@dataclass
+class _Delivery:
+    """What one c10d call of an object collective receives: a value per tensor it receives into."""
+
+    values: list
+    stand_in: bool = False
+    """Sized by this rank's own stand-in: the call's bytes are assumed."""
+
+
+class _Inbox(threading.local):
+    queues: dict[str, list[_Delivery]] | None = None
+    """c10d function name -> what its next calls on this thread receive, in order."""
+
+
+_inbox = _Inbox()
+
+
+class Exchange:
+    """This rank's side of the object collectives: its records, its readings, the calls it stood in for."""
+
+    def __init__(self):
+        self.run_dir: RunDir | None = None
+        self.rank = -1
+        self.alongside: dict[int, int] = {}
+        """Rank -> pid of the ranks the fork server was running when it forked this one."""
+        self.calls: dict[str, int] = {}
+        self.stood_in: list[tuple[str, float, float]] = []
+        """(group name, from, to) of the calls sized by a stand-in (perf_counter: the recorders' clock)."""
+
+    def begin(self, run_dir: RunDir, rank: int) -> None:
+        self.run_dir, self.rank = run_dir, rank
+
+    def key(self, group) -> str:
+        """The call's name, the same on every member: the group's name and how many object collectives this
+        rank issued on it before (every member issues them in the same order)."""
+        n = self.calls[group.group_name] = self.calls.get(group.group_name, -1) + 1
+        return f"{group.group_name}-{n}"
+
+    def _path(self, rank: int, key: str):
+        return self.run_dir.objects(rank) / f"{key}.pkl"
+
+    def record(self, key: str, kind: str, pickles: list[bytes]) -> None:
+        folder = self.run_dir.objects(self.rank)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomic(self._path(self.rank, key), pickle.dumps((kind, pickles)))
+
+    def read(self, rank: int, key: str, kind: str) -> list[bytes] | None:
+        """What `rank` sent in call `key`, waiting for it while it runs beside this rank; None if unknown."""
+        if rank == self.rank:
+            return None
+        path, pid = self._path(rank, key), self.alongside.get(rank)
+        while not path.exists() and pid is not None and _alive(pid) and not self.run_dir.rank_end(rank).exists():
+            time.sleep(POLL_S)
+        if not path.exists():  # a rank writes its records before its end: this look is the last word
+            return None
+        sent_kind, pickles = pickle.loads(path.read_bytes())
+        return pickles if sent_kind == kind else None
+
+    def assumed(self, group: str, t: float) -> tuple[str, ...]:
+        """The fields of the call issued at `t` on `group` that a stand-in sized."""
+        return SIZED if any(g == group and t0 <= t <= t1 for g, t0, t1 in self.stood_in) else ()
+
+
+EXCHANGE = Exchange()
+
+
+def alongside(running: dict[int, int]) -> None:
+    """The fork server's word, in a rank it just forked: the ranks (-> pid) it runs beside."""
+    EXCHANGE.alongside = dict(running)
+
+
+def _alive(pid: int) -> bool:
+    """Whether a rank the fork server forked is still there (or not yet reaped: its end says it is done)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _pickled(obj) -> bytes:
+    """``obj`` as torch pickles it for an object collective (``_object_to_tensor``'s pickler)."""
+    f = io.BytesIO()
+    c10d._pickler(f).dump(obj)
+    return f.getvalue()
+
+
+def _longs(*values: int):
+    return torch.tensor(values, dtype=torch.long)
+
+
+def _sizes(pickles: list[bytes]):
+    return _longs(*map(len, pickles))
+
+
+def _bytes(data: bytes, width: int | None = None):
+    out = torch.zeros(len(data) if width is None else width, dtype=torch.uint8)
+    if data:
+        out[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    return out
+
+
+def _group(given):
+    group = given or dist.group.WORLD
+    return group if dist.get_rank(group) >= 0 else None  # not a member: torch's own code warns and returns
+
+
+def _group_rank(group, rank, group_rank) -> int:
+    return group_rank if group_rank is not None else dist.get_group_rank(group, 0 if rank is None else rank)
+
+
+def _members(group, key: str, kind: str, own: bytes) -> tuple[list[bytes], bool]:
+    """Every member's pickle of an all-gather or gather (the unknown ones: `own`), and whether all are known."""
+    me = dist.get_rank(group)
+    got = [[own] if i == me else EXCHANGE.read(dist.get_global_rank(group, i), key, kind)
+           for i in range(dist.get_world_size(group))]
+    return [own if p is None else p[0] for p in got], None not in got
+
+
+def _run(original, args, kwargs, **queues: list[_Delivery]):
+    _inbox.queues = queues
+    try:
+        return original(*args, **kwargs)
+    finally:
+        _inbox.queues = None
+
+
+def _broadcast_object_list(original):
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def broadcast_object_list(*args, **kwargs):
+        given = signature.bind(*args, **kwargs).arguments
+        group = _group(given.get("group"))
+        if group is None:
+            return original(*args, **kwargs)
+        key, objects = EXCHANGE.key(group), given["object_list"]
+        root = _group_rank(group, given.get("src"), given.get("group_src"))
+        if dist.get_rank(group) == root:  # it sends what it holds: nothing to receive
+            EXCHANGE.record(key, "broadcast_object_list", [_pickled(o) for o in objects])
+            return original(*args, **kwargs)
+        sent = EXCHANGE.read(dist.get_global_rank(group, root), key, "broadcast_object_list")
+        known = sent is not None and len(sent) == len(objects)
+        pickles = sent if known else [_pickled(o) for o in objects]
+        return _run(original, args, kwargs, broadcast=[
+            _Delivery([_sizes(pickles)]), _Delivery([_bytes(b"".join(pickles))], stand_in=not known)])
+    return broadcast_object_list
+
+
+def _all_gather_object(original):
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def all_gather_object(*args, **kwargs):
+        given = signature.bind(*args, **kwargs).arguments
+        group = _group(given.get("group"))
+        if group is None:
+            return original(*args, **kwargs)
+        key, own = EXCHANGE.key(group), _pickled(given["obj"])
+        EXCHANGE.record(key, "all_gather_object", [own])
+        pickles, known = _members(group, key, "all_gather_object", own)
+        width = max(map(len, pickles))
+        return _run(original, args, kwargs, all_gather=[
+            _Delivery([_sizes([p]) for p in pickles]),
+            _Delivery([_bytes(p, width) for p in pickles], stand_in=not known)])
+    return all_gather_object
+
+
+def _gather_object(original):
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def gather_object(*args, **kwargs):
+        given = signature.bind(*args, **kwargs).arguments
+        group = _group(given.get("group"))
+        if group is None:
+            return original(*args, **kwargs)
+        key, own = EXCHANGE.key(group), _pickled(given["obj"])
+        EXCHANGE.record(key, "gather_object", [own])
+        pickles, known = _members(group, key, "gather_object", own)
+        width = max(map(len, pickles))  # every member sends its pickle resized to the largest
+        root = _group_rank(group, given.get("dst"), given.get("group_dst"))
+        received = [_bytes(p, width) for p in pickles] if dist.get_rank(group) == root else []
+        return _run(original, args, kwargs, all_gather=[_Delivery([_sizes([p]) for p in pickles])],
+                    gather=[_Delivery(received, stand_in=not known)])
+    return gather_object
+
+
+def _scatter_object_list(original):
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def scatter_object_list(*args, **kwargs):
+        given = signature.bind(*args, **kwargs).arguments
+        group = _group(given.get("group"))
+        if group is None:
+            return original(*args, **kwargs)
+        key, me = EXCHANGE.key(group), dist.get_rank(group)
+        root = _group_rank(group, given.get("src"), given.get("group_src"))
+        if me == root:
+            sent = [_pickled(o) for o in given["scatter_object_input_list"]]
+            EXCHANGE.record(key, "scatter_object_list", sent)
+        else:
+            sent = EXCHANGE.read(dist.get_global_rank(group, root), key, "scatter_object_list")
+        known = sent is not None and len(sent) == dist.get_world_size(group)
+        mine = sent[me] if known else _pickled(given["scatter_object_output_list"][0])
+        width = max(map(len, sent)) if known else len(mine)  # the source pads every pickle to its largest
+        # the source's own max size is already in the tensor it broadcasts; its scatter receives nothing
+        # from the fake backend, so it too is handed its own element
+        return _run(original, args, kwargs, broadcast=[] if me == root else [_Delivery([_longs(width)])],
+                    scatter=[_Delivery([_bytes(mine, width)], stand_in=not known), _Delivery([_sizes([mine])])])
+    return scatter_object_list
+
+
+def _receiving(name: str, into):
+    """c10d's `name` that, inside an object collective, puts what the peers sent into the tensors it received
+    into (`into`: bound arguments -> those tensors) once the fake backend returned."""
+    def make(original):
+        signature = inspect.signature(original)
+
+        @functools.wraps(original)
+        def receive(*args, **kwargs):
+            queue = (_inbox.queues or {}).get(name)
+            if not queue:
+                return original(*args, **kwargs)
+            # a call nested in this one (torch's handle_torch_function calls this name again) is not the one
+            # delivered to: it finds no queue
+            delivery, queues, _inbox.queues = queue.pop(0), _inbox.queues, None
+            began = time.perf_counter()
+            try:
+                out = original(*args, **kwargs)
+            finally:
+                _inbox.queues = queues
+            given = signature.bind(*args, **kwargs).arguments
+            if delivery.stand_in:
+                group = given.get("group") or dist.group.WORLD
+                EXCHANGE.stood_in.append((group.group_name, began, time.perf_counter()))
+            for tensor, value in zip(into(given), delivery.values):
+                tensor.copy_(value)
+            return out
+        return receive
+    return make
+
+
+RECEIVERS = {"broadcast": lambda a: [a["tensor"]], "all_gather": lambda a: a["tensor_list"],
+             "gather": lambda a: a.get("gather_list") or [], "scatter": lambda a: [a["tensor"]]}
+"""The c10d calls torch's object collectives make, and what each receives into (torch 2.13)."""
+
+COLLECTIVES = {"broadcast_object_list": _broadcast_object_list, "all_gather_object": _all_gather_object,
+               "gather_object": _gather_object, "scatter_object_list": _scatter_object_list}
+
+
+@functools.cache
+def deliver_objects() -> None:
+    """The object collectives deliver what their senders sent (the module docstring)."""
+    for name, into in RECEIVERS.items():
+        rebind(getattr(c10d, name), _receiving(name, into)(getattr(c10d, name)))
+    for name, make in COLLECTIVES.items():
+        rebind(getattr(c10d, name), make(getattr(c10d, name)))
