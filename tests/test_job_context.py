@@ -124,3 +124,61 @@ def test_a_forward_that_raises_pops_its_module(ctx):
         assert _where(ctx) == ("other", "") and not ctx._stack
     model[0](torch.ones(1, 2))  # the next forward removes what the failed one could not
     assert len(failing._forward_hooks) == 1 and seen[-1] == ("forward", "0")
+
+
+class Doubled(torch.autograd.Function):
+    """Records where autograd runs its backward (a backward collective would be labelled so)."""
+
+    @staticmethod
+    def forward(fctx, x, probe):
+        fctx.probe = probe
+        return 2 * x
+
+    @staticmethod
+    def backward(fctx, grad):
+        fctx.probe()
+        return 2 * grad, None
+
+
+class Owning(torch.optim.SGD):
+    """Issues calls of its own around the closure, as ZeroRedundancyOptimizer broadcasts after it."""
+
+    def __init__(self, params, probe):
+        super().__init__(params, lr=0.1)
+        self.probe = probe
+
+    def step(self, closure=None):
+        self.probe()
+        loss = super().step(closure)  # SGD runs the closure: an optimizer inside an optimizer
+        self.probe()
+        return loss
+
+
+def test_a_closure_is_the_jobs_own_code_inside_the_optimizers_step():
+    """``optimizer.step(closure)`` (LBFGS, Lightning): forward in the closure's module calls, backward
+    in autograd, other in the closure outside modules, optimizer in the optimizer's own code."""
+    seen, steps = [], []
+    ctx = JobContext(on_step=steps.append)
+    ctx.install()
+    try:
+        probe = lambda: seen.append(_where(ctx))  # noqa: E731
+        model = nn.Sequential(nn.Linear(2, 2), Probe(ctx, seen))
+        opt = Owning(model.parameters(), probe)
+
+        def closure():
+            opt.zero_grad()
+            loss = Doubled.apply(model(torch.ones(1, 2)), probe).sum()
+            probe()  # a loss all-reduce for the log, outside every module
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        opt.step(closure=closure)
+        lbfgs = torch.optim.LBFGS(model.parameters(), max_iter=1)
+        lbfgs.step(closure)
+        assert probe() is None and seen.pop() == ("other", "")
+    finally:
+        ctx.remove()
+    job = [("forward", "1"), ("other", ""), ("backward", "")]
+    assert seen == [("optimizer", ""), *job, ("optimizer", "")] * 2 + job
+    assert steps == [1, 2]  # Owning is the boundary: one per outermost step, its inner SGD step included

@@ -33,6 +33,7 @@ RUNS = {
     "moe": (2, ["moe_a2a.py", "--steps", "3"]),
     "compiled": (2, ["compiled.py", "--steps", "3"]),
     "fresh_modules": (2, ["fresh_modules.py", "--steps", "4"]),
+    "closure": (2, ["closure.py", "--steps", "4"]),
 }
 
 
@@ -166,6 +167,20 @@ def test_modules_built_per_call_leave_no_label_behind(traced):
         assert sorted(result.steps_of(rank)) == [0, 1, 2, 3]
         for calls in result.steps_of(rank).values():
             assert [(e.phase, e.region, e.bytes_in) for e in calls] == want
+
+
+def test_a_closures_forward_and_backward_keep_their_phases_inside_the_optimizer_step(traced):
+    """``opt.step(closure)`` with DDP and ZeroRedundancyOptimizer (hand count in the job): the closure's
+    forward, backward and loss log keep the phases they have without a closure; only ZeRO's own
+    broadcasts are optimizer."""
+    result = _result(traced, "closure")
+    job = [("all_reduce", "forward", "mix"), ("all_reduce", "other", ""), ("all_reduce", "backward", ""),
+           ("all_reduce", "backward", ""), ("broadcast", "optimizer", ""), ("broadcast", "optimizer", "")]
+    setup = [("all_gather", "other", ""), ("broadcast", "other", ""), ("broadcast", "other", "")]
+    rebuild = [("broadcast", "forward", "Model")] * 2
+    for rank in (0, 1):
+        steps = {k: [(e.op, e.phase, e.region) for e in calls] for k, calls in result.steps_of(rank).items()}
+        assert steps == {0: setup + job, 1: rebuild + job, 2: job, 3: job}
 
 
 def test_megatron_groups_are_labelled_by_megatrons_own_getters(tmp_path):

@@ -9,9 +9,11 @@ A traced script is not meshscope's code, so nothing labels its calls; torch's gl
   is what the rank issued after its k-th ``step()`` returned, up to the end of the next, so step 0
   includes set-up (DDP's broadcast, DTensor's distribution);
 - phase: ``backward`` inside the autograd engine (``torch._C._current_graph_task_id() != -1``, also
-  on autograd's device threads), ``optimizer`` inside any optimizer's ``step``, ``forward`` inside a
-  module's forward (global forward pre/post hooks keep a stack), otherwise ``other`` (gradient
-  clipping, a pipeline schedule's sends between stages, Megatron's gradient finalisation);
+  on autograd's device threads), ``optimizer`` inside any optimizer's ``step`` but outside the
+  closure it was given (``step(closure)``: LBFGS, Lightning's automatic optimisation, which runs the
+  training step's forward and backward in it), ``forward`` inside a module's forward (global forward
+  pre/post hooks keep a stack), otherwise ``other`` (gradient clipping, a pipeline schedule's sends
+  between stages, Megatron's gradient finalisation);
 - region: the qualified name of the innermost module in forward, from the first root module that
   ran, without wrapper prefixes (``module.``, ``_fsdp_wrapped_module.``, ...). Backward calls carry
   no module: autograd runs them below any module hook.
@@ -69,6 +71,7 @@ class JobContext:
         self._created: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._boundary = None
         self._optimizer_depth = 0
+        self._closure_depth = 0
         self._boundary_stepped = False
         self._stack: list[tuple[str, RemovableHandle | None]] = []
         """(name, its own-hooks handle or None) of every module in forward on the main thread."""
@@ -119,9 +122,28 @@ class JobContext:
             self._boundary = weakref.ref(first)
         return self._boundary() is opt
 
-    def _pre_step(self, opt, args, kwargs) -> None:
+    def _pre_step(self, opt, args, kwargs):
+        """Enter the optimizer; a closure it was given (``step(closure)``: ``args`` holds the optimizer
+        first) runs as the job's own code, so it is handed on wrapped to leave the optimizer meanwhile."""
         self._optimizer_depth += 1
         self._changed()
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if not callable(closure):
+            return None
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": self._as_job(closure)}
+        return (args[0], self._as_job(closure), *args[2:]), kwargs
+
+    def _as_job(self, closure):
+        def job_closure(*args, **kwargs):
+            self._closure_depth += 1
+            self._changed()
+            try:
+                return closure(*args, **kwargs)
+            finally:
+                self._closure_depth -= 1
+                self._changed()
+        return job_closure
 
     def _post_step(self, opt, args, kwargs) -> None:
         """A boundary when the outermost step returns and the boundary optimizer stepped in it (itself,
@@ -183,8 +205,9 @@ class JobContext:
 
     # -- what the recorder asks ------------------------------------------------------------------
     def state(self) -> tuple[bool, str]:
-        """(inside an optimizer's step, the innermost module running forward on the main thread)."""
-        return bool(self._optimizer_depth), self._stack[-1][0] if self._stack else ""
+        """(inside an optimizer's step and outside its closure, the innermost module running forward on
+        the main thread)."""
+        return self._optimizer_depth > self._closure_depth, self._stack[-1][0] if self._stack else ""
 
     def _changed(self) -> None:
         if self.listener is not None:
