@@ -27,6 +27,39 @@ def test_axis_labels(desc, axis):
     assert axis_of(desc) == axis
 
 
+MEGATRON_CORE_0_19_2 = {
+    # every group_desc that megatron/core/parallel_state.py of megatron-core 0.19.2 passes to create_group
+    # (the wheel megatron_core-0.19.2-cp312; 0.19.2 needs Python 3.12, CI runs 3.11, so the names are
+    # copied here), the f-strings with the descriptions and levels they are called with; the labels by
+    # hand from the RankGenerator token each group is built from
+    "TENSOR_MODEL_PARALLEL_GROUP": "tp", "PIPELINE_MODEL_PARALLEL_GROUP": "pp", "DATA_PARALLEL_GROUP": "dp",
+    "DATA_PARALLEL_GROUP_GLOO": "dp", "DATA_PARALLEL_GROUP_WITH_CP": "dp-cp", "DATA_PARALLEL_GROUP_WITH_CP_GLOO": "dp-cp",
+    "DATA_PARALLEL_GROUP_WITH_CP_AG": "dp-cp", "CONTEXT_PARALLEL_GROUP": "cp", "MODEL_PARALLEL_GROUP": "tp-pp",
+    "TENSOR_AND_DATA_PARALLEL_GROUP": "tp-dp", "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP": "tp-dp-cp",
+    "TENSOR_AND_CONTEXT_PARALLEL_GROUP": "tp-cp", "EMBEDDING_GROUP": "embedding",
+    "POSITION_EMBEDDING_GROUP": "position_embedding", "EXPERT_MODEL_PARALLEL_GROUP": "ep",
+    "EXPERT_TENSOR_PARALLEL_GROUP": "etp", "EXPERT_DATA_PARALLEL_GROUP": "edp", "EXPERT_DATA_PARALLEL_GROUP_GLOO": "edp",
+    "EXPERT_DATA_PARALLEL_GROUP_AG": "edp", "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP": "etp-ep",
+    "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP": "etp-ep-pp",
+    "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP": "dp-cp.intra", "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO": "dp-cp.intra",
+    "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP": "dp-cp.instance",
+    "HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L0": "cp.l0", "HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L1": "cp.l1",
+    "HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_L0": "edp.l0", "HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_GLOO_L1": "edp.l1",
+    "HYBRID_DP_CP_GROUP_4": "dp-cp.hybrid4",
+    # new in 0.19 (generalized tensor parallelism with weight rematerialisation)
+    "GTP_WEIGHT_REMAT_GROUP": "gtp", "EXPERT_GTP_WEIGHT_REMAT_GROUP": "egtp",
+    "DATA_PARALLEL_GROUP_WITH_GTP_REMAT": "gtp-dp", "DATA_PARALLEL_GROUP_WITH_CP_WITH_GTP_REMAT": "gtp-dp-cp",
+    "EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT": "egtp-edp",
+    "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP": "etp-ep-egtp-pp",
+}
+
+
+def test_every_group_megatron_core_0_19_2_creates_has_its_axis():
+    assert {desc: axis_of(desc) for desc in MEGATRON_CORE_0_19_2} == MEGATRON_CORE_0_19_2
+    named = {"embedding", "position_embedding"}
+    assert all(is_mesh_axis(a) != (a in named or "." in a) for a in MEGATRON_CORE_0_19_2.values())
+
+
 def test_mesh_axes_and_named_groups():
     assert is_mesh_axis("tp") and is_mesh_axis("tp-pp") and is_mesh_axis("dp_shard")
     assert not any(map(is_mesh_axis, ("world", "group", "embedding", "cp.l1")))
