@@ -238,7 +238,7 @@ class TraceMode:
         self.context.on_step = self.trace.step_done
         self.context.install()
         self._mesh_init = device_mesh.DeviceMesh.__init__
-        device_mesh.DeviceMesh.__init__ = self.label_init  # _label_device_meshes's patch (built once)
+        device_mesh.DeviceMesh.__init__ = self.label_init  # mesh_dims.label_device_meshes's patch (built once)
         self.trace.start()
         self.recording = self.trace.recording()
         self.recording.__enter__()  # registers the dispatcher kernels (after a none sample removed them)
@@ -310,7 +310,7 @@ def worker(args) -> None:
     from torch.distributed import device_mesh
 
     from meshscope.capture import dispatch, native
-    from meshscope.trace import rank as trace_rank
+    from meshscope.trace import mesh_dims
 
     warnings.filterwarnings("ignore")  # torch's UserWarnings about the jobs (view outputs, backward hooks)
     global DEVICE
@@ -320,10 +320,11 @@ def worker(args) -> None:
         torch.cuda.set_device(DEVICE)
     dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    # The meshes are built as in a traced job: with _label_device_meshes's patch on (it only acts in
-    # DeviceMesh.__init__). Keep the patched __init__ for the trace samples, restore torch's.
+    # The meshes are built as in a traced job: with mesh_dims.label_device_meshes's patch on (these meshes
+    # are built by DeviceMesh.__init__, none unflattened). Keep the patched __init__ for the trace samples,
+    # restore torch's.
     original_init = device_mesh.DeviceMesh.__init__
-    trace_rank._label_device_meshes()
+    mesh_dims.label_device_meshes()
     label_init = device_mesh.DeviceMesh.__init__
     dp = int(args.fsdp_mesh.split("x")[0])
     builders = {"tp": lambda: build_tp(world), "ddp": lambda: build_ddp(rank), "calls": build_calls,

@@ -49,7 +49,7 @@ from ..core.axes import axis_of
 from ..core.events import CommEvent
 from ..core.rundir import RunDir, write_atomic
 from ..core.trace_result import GroupUse, RankEnd, exit_code
-from . import device_map, fake, fake_tensors, fr_dump, script_frames
+from . import device_map, fake, fake_tensors, fr_dump, mesh_dims, script_frames
 from .created import note_creations
 from .entry_points import wrap
 from .output import tee
@@ -181,7 +181,7 @@ class RankTrace:
 
     @staticmethod
     def axis(group: GroupInfo) -> str:
-        return MESH_DIMS.get(group.name) or axis_of(group.desc)
+        return mesh_dims.label(group.name) or axis_of(group.desc)
 
     # -- writing -----------------------------------------------------------------------------------
     def _flush_loop(self) -> None:
@@ -221,31 +221,6 @@ class RankTrace:
             events=len(events), optimizer_steps=self.context.optimizers_seen,
             groups=tuple(GroupUse(g.name, g.desc, self.axis(g), g.ranks) for g in self.groups.values()),
             decode_errors=tuple(decode_errors[:10]), time=time.time(), recorder=self.recorder, **(failure or {})))
-
-
-MESH_DIMS: dict[str, str] = {}
-"""Process-group name -> the DeviceMesh dim name it serves. A 1-D mesh over the whole world reuses
-the default group (whose description stays ``default_pg``), so only the mesh knows it is ``tp``."""
-
-
-def _label_device_meshes() -> None:
-    """Remember the dim name of every group of every DeviceMesh the job builds."""
-    from torch.distributed import device_mesh
-
-    original = device_mesh.DeviceMesh.__init__
-
-    def init(mesh, *args, **kwargs):
-        original(mesh, *args, **kwargs)
-        names = getattr(mesh, "mesh_dim_names", None)
-        if not names:
-            return
-        for i, name in enumerate(names):
-            try:
-                MESH_DIMS.setdefault(mesh.get_group(i).group_name, name)
-            except (RuntimeError, ValueError, AttributeError):  # a dim without a group on this rank
-                continue
-
-    device_mesh.DeviceMesh.__init__ = init
 
 
 def _flushed_first(trace: RankTrace, destroy):
@@ -417,7 +392,7 @@ def main(argv: list[str], on_end=None) -> int:
     if not module:
         sys.path.insert(0, str(Path(target).resolve().parent))  # as `python SCRIPT` puts the script's folder first
     context.install()
-    _label_device_meshes()
+    mesh_dims.label_device_meshes()
     wrap("destroy_process_group", lambda original: _flushed_first(trace, original))
     trace.start()
     status, failure, code, note = "ok", None, 0, None
