@@ -229,10 +229,12 @@ class TraceMode:
         from torch.distributed import device_mesh
 
         from meshscope.capture.job_context import JobContext
+        from meshscope.core.rundir import RunDir
         from meshscope.trace.rank import RankTrace
 
         self.context = JobContext(None, modules=not self.cheap)
-        self.trace = RankTrace(self.run_dir, self.rank, self.context, stream=not self.cheap, recorder=self.recorder)
+        self.trace = RankTrace(RunDir(self.run_dir), self.rank, self.context, stream=not self.cheap,
+                               recorder=self.recorder)
         if self.trace.recorder != self.recorder:
             raise RuntimeError(f"asked for the {self.recorder} recorder, got {self.trace.recorder}: {self.trace.recorder_note}")
         self.context.on_step = self.trace.step_done
@@ -259,7 +261,7 @@ class TraceMode:
         self.recording.__exit__(None, None, None)
         self.context.remove()
         device_mesh.DeviceMesh.__init__ = self._mesh_init
-        self.trace.finish("ok")
+        self.trace.finish("ok", 0)
 
 
 class PythonTraceMode(TraceMode):
