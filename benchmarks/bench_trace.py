@@ -233,13 +233,14 @@ class TraceMode:
         from meshscope.trace.recording import RankTrace
 
         self.context = JobContext(None, modules=not self.cheap)
-        self.trace = RankTrace(RunDir(self.run_dir), self.rank, self.context, stream=not self.cheap, recorder=self.recorder)
+        self.trace = RankTrace(RunDir(self.run_dir), self.rank, self.context, stream=not self.cheap,
+                               recorder=self.recorder)
         if self.trace.recorder != self.recorder:
             raise RuntimeError(f"asked for the {self.recorder} recorder, got {self.trace.recorder}: {self.trace.recorder_note}")
         self.context.on_step = self.trace.step_done
         self.context.install()
         self._mesh_init = device_mesh.DeviceMesh.__init__
-        device_mesh.DeviceMesh.__init__ = self.label_init  # label_device_meshes's patch (built once)
+        device_mesh.DeviceMesh.__init__ = self.label_init  # mesh_dims.label_device_meshes's patch (built once)
         self.trace.start()
         self.recording = self.trace.recording()
         self.recording.__enter__()  # registers the dispatcher kernels (after a none sample removed them)
@@ -260,7 +261,7 @@ class TraceMode:
         self.recording.__exit__(None, None, None)
         self.context.remove()
         device_mesh.DeviceMesh.__init__ = self._mesh_init
-        self.trace.finish("ok")
+        self.trace.finish("ok", 0)
 
 
 class PythonTraceMode(TraceMode):
@@ -311,7 +312,7 @@ def worker(args) -> None:
     from torch.distributed import device_mesh
 
     from meshscope.capture import dispatch, native
-    from meshscope.trace import mesh_labels
+    from meshscope.trace import mesh_dims
 
     warnings.filterwarnings("ignore")  # torch's UserWarnings about the jobs (view outputs, backward hooks)
     global DEVICE
@@ -321,10 +322,11 @@ def worker(args) -> None:
         torch.cuda.set_device(DEVICE)
     dist.init_process_group(args.backend)
     rank, world = dist.get_rank(), dist.get_world_size()
-    # The meshes are built as in a traced job: with label_device_meshes's patch on (it only acts in
-    # DeviceMesh.__init__). Keep the patched __init__ for the trace samples, restore torch's.
+    # The meshes are built as in a traced job: with mesh_dims.label_device_meshes's patch on (these meshes
+    # are built by DeviceMesh.__init__, none unflattened). Keep the patched __init__ for the trace samples,
+    # restore torch's.
     original_init = device_mesh.DeviceMesh.__init__
-    mesh_labels.label_device_meshes()
+    mesh_dims.label_device_meshes()
     label_init = device_mesh.DeviceMesh.__init__
     dp = int(args.fsdp_mesh.split("x")[0])
     builders = {"tp": lambda: build_tp(world), "ddp": lambda: build_ddp(rank), "calls": build_calls,

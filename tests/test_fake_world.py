@@ -81,6 +81,17 @@ def test_rank_classes_hold_on_a_world_traced_whole(tmp_path):
     assert imported[0] and later and all(not imported[r] & imported[0] for r in later), imported
 
 
+def test_torchtitans_meshes_read_as_the_dims_the_job_has(tmp_path):
+    """HSDP x TP at world 8 on meshes built as torchtitan 0.2.2 builds them (tests/jobs/hsdp_tp.py: a 1-D
+    world mesh unflattened into its dataloading, dense and sparse meshes): the layout names tp, fsdp and
+    dp_replicate, not "dp 4", and no edp; the dims of size 1 it builds are no axes. (A real gloo world
+    of 8 gave the same ledgers, 2026-12-01.)"""
+    proc, doc = trace_json(tmp_path / "run", "--fake-world", 8, [str(JOBS / "hsdp_tp.py"), "--steps", "2"])
+    assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
+    assert doc["layout"]["text"] == "tp 2 x fsdp 2 x dp_replicate 2 (order tp-fsdp-dp_replicate)"
+    assert sorted(doc["axes"]) == ["batch", "dp_replicate", "efsdp", "fsdp", "loss_mesh", "tp"]
+
+
 def test_pipelining_with_static_shapes_issues_what_gloo_does(tmp_path):
     """The warm-up vote travels as real data (a fake recv returns ones, as every real stage sends), so
     a pipeline with static shapes runs; one relying on shape inference over P2P gets a note."""

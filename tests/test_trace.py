@@ -32,6 +32,8 @@ RUNS = {
     "1f1b": (2, ["pipelining.py", "--steps", "3", "--schedule", "1f1b"]),
     "moe": (2, ["moe_a2a.py", "--steps", "3"]),
     "compiled": (2, ["compiled.py", "--steps", "3"]),
+    "fresh_modules": (2, ["fresh_modules.py", "--steps", "4"]),
+    "closure": (2, ["closure.py", "--steps", "4"]),
 }
 
 
@@ -149,6 +151,36 @@ def test_a_compiled_module_is_traced_on_every_call_the_first_included(traced):
             calls = result.steps_of(rank)[step]
             assert [(e.op, e.phase, e.bytes_in) for e in calls] == [("all_reduce", "forward", 256),
                                                                      ("all_reduce", "backward", 256)]
+
+
+def test_modules_built_per_call_leave_no_label_behind(traced):
+    """Every call the attention makes builds nn.Softmax modules until one reuses a freed one's address
+    (the job prints how many calls did); on every step of every rank the labels are the job's own
+    structure (hand count in the job): the forward all-reduce in `attention`, its gradient's in
+    backward, and the five calls after backward outside every module: other, no region."""
+    result = _result(traced, "fresh_modules")
+    proc, _ = traced["fresh_modules"]
+    assert sorted(re.findall(r"rank (\d): calls at a reused module address: (\d) of 4", proc.stderr)) == [
+        ("0", "4"), ("1", "4")]
+    want = [("forward", "attention", 128), ("backward", "", 128), *[("other", "", b) for b in (256, 32, 256, 32, 4)]]
+    for rank in (0, 1):
+        assert sorted(result.steps_of(rank)) == [0, 1, 2, 3]
+        for calls in result.steps_of(rank).values():
+            assert [(e.phase, e.region, e.bytes_in) for e in calls] == want
+
+
+def test_a_closures_forward_and_backward_keep_their_phases_inside_the_optimizer_step(traced):
+    """``opt.step(closure)`` with DDP and ZeroRedundancyOptimizer (hand count in the job): the closure's
+    forward, backward and loss log keep the phases they have without a closure; only ZeRO's own
+    broadcasts are optimizer."""
+    result = _result(traced, "closure")
+    job = [("all_reduce", "forward", "mix"), ("all_reduce", "other", ""), ("all_reduce", "backward", ""),
+           ("all_reduce", "backward", ""), ("broadcast", "optimizer", ""), ("broadcast", "optimizer", "")]
+    setup = [("all_gather", "other", ""), ("broadcast", "other", ""), ("broadcast", "other", "")]
+    rebuild = [("broadcast", "forward", "Model")] * 2
+    for rank in (0, 1):
+        steps = {k: [(e.op, e.phase, e.region) for e in calls] for k, calls in result.steps_of(rank).items()}
+        assert steps == {0: setup + job, 1: rebuild + job, 2: job, 3: job}
 
 
 def test_megatron_groups_are_labelled_by_megatrons_own_getters(tmp_path):

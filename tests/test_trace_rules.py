@@ -10,6 +10,7 @@ from meshscope.core.events import CommEvent
 from meshscope.core.mesh import Layout
 from meshscope.core.mesh_fit import dims, fit_layout
 from meshscope.trace import checks
+from meshscope.trace.assemble import layout_section
 
 
 @pytest.mark.parametrize("desc, axis", [
@@ -25,6 +26,39 @@ from meshscope.trace import checks
 ])
 def test_axis_labels(desc, axis):
     assert axis_of(desc) == axis
+
+
+MEGATRON_CORE_0_19_2 = {
+    # every group_desc that megatron/core/parallel_state.py of megatron-core 0.19.2 passes to create_group
+    # (the wheel megatron_core-0.19.2-cp312; 0.19.2 needs Python 3.12, CI runs 3.11, so the names are
+    # copied here), the f-strings with the descriptions and levels they are called with; the labels by
+    # hand from the RankGenerator token each group is built from
+    "TENSOR_MODEL_PARALLEL_GROUP": "tp", "PIPELINE_MODEL_PARALLEL_GROUP": "pp", "DATA_PARALLEL_GROUP": "dp",
+    "DATA_PARALLEL_GROUP_GLOO": "dp", "DATA_PARALLEL_GROUP_WITH_CP": "dp-cp", "DATA_PARALLEL_GROUP_WITH_CP_GLOO": "dp-cp",
+    "DATA_PARALLEL_GROUP_WITH_CP_AG": "dp-cp", "CONTEXT_PARALLEL_GROUP": "cp", "MODEL_PARALLEL_GROUP": "tp-pp",
+    "TENSOR_AND_DATA_PARALLEL_GROUP": "tp-dp", "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP": "tp-dp-cp",
+    "TENSOR_AND_CONTEXT_PARALLEL_GROUP": "tp-cp", "EMBEDDING_GROUP": "embedding",
+    "POSITION_EMBEDDING_GROUP": "position_embedding", "EXPERT_MODEL_PARALLEL_GROUP": "ep",
+    "EXPERT_TENSOR_PARALLEL_GROUP": "etp", "EXPERT_DATA_PARALLEL_GROUP": "edp", "EXPERT_DATA_PARALLEL_GROUP_GLOO": "edp",
+    "EXPERT_DATA_PARALLEL_GROUP_AG": "edp", "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP": "etp-ep",
+    "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP": "etp-ep-pp",
+    "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP": "dp-cp.intra", "INTRA_PARTIAL_DATA_PARALLEL_GROUP_WITH_CP_GLOO": "dp-cp.intra",
+    "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP": "dp-cp.instance",
+    "HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L0": "cp.l0", "HIERARCHICAL_CONTEXT_PARALLEL_GROUP_L1": "cp.l1",
+    "HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_L0": "edp.l0", "HIERARCHICAL_EXPERT_DATA_PARALLEL_GROUP_GLOO_L1": "edp.l1",
+    "HYBRID_DP_CP_GROUP_4": "dp-cp.hybrid4",
+    # new in 0.19 (generalized tensor parallelism with weight rematerialisation)
+    "GTP_WEIGHT_REMAT_GROUP": "gtp", "EXPERT_GTP_WEIGHT_REMAT_GROUP": "egtp",
+    "DATA_PARALLEL_GROUP_WITH_GTP_REMAT": "gtp-dp", "DATA_PARALLEL_GROUP_WITH_CP_WITH_GTP_REMAT": "gtp-dp-cp",
+    "EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT": "egtp-edp",
+    "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP": "etp-ep-egtp-pp",
+}
+
+
+def test_every_group_megatron_core_0_19_2_creates_has_its_axis():
+    assert {desc: axis_of(desc) for desc in MEGATRON_CORE_0_19_2} == MEGATRON_CORE_0_19_2
+    named = {"embedding", "position_embedding"}
+    assert all(is_mesh_axis(a) != (a in named or "." in a) for a in MEGATRON_CORE_0_19_2.values())
 
 
 def test_mesh_axes_and_named_groups():
@@ -44,6 +78,60 @@ def test_fit_finds_the_golden_layouts_and_refuses_what_fits_none():
     assert not bad.ok and "fit no tp-cp-ep-dp-pp order" in bad.reason
     assert dims(4, {"dp_shard": [[0, 2], [1, 3]], "tp": [[0, 1], [2, 3]]}).order == ("tp", "dp_shard")
     assert "missing" in dims(8, {"tp": [[0, 1], [2, 3], [4, 5], [6, 7]], "pp": [[0, 4], [1, 5], [2, 6], [3, 7]]}).reason
+
+
+def _unflattened(world: int, names: tuple[str, ...], degrees: tuple[int, ...], flattened=()) -> dict:
+    """The groups of each dim of a row-major mesh (the last dim fastest, as torch's DeviceMesh lays out
+    an unflattened world); `flattened` adds (name, dims) as torch's ``_flatten`` of those dims does."""
+    strides = {n: 1 for n in names}
+    for i in range(len(names) - 2, -1, -1):
+        strides[names[i]] = strides[names[i + 1]] * degrees[i + 1]
+    sizes = dict(zip(names, degrees))
+
+    def groups(dims):
+        span = [0]
+        for d in dims:
+            span = [r + k * strides[d] for r in span for k in range(sizes[d])]
+        return sorted({tuple(sorted(base + r for r in span)) for base in range(world)
+                       if all((base // strides[d]) % sizes[d] == 0 for d in dims)})
+
+    return {**{n: [list(g) for g in groups([n])] for n in names}, **{f: [list(g) for g in groups(ds)] for f, ds in flattened}}
+
+
+def _titan(world, dp_replicate, dp_shard, tp, cp=1, pp=1, ep=1, etp=1) -> dict:
+    """The axes torchtitan 0.2.2's ParallelDims.build_mesh makes (distributed/parallel_dims.py): the world
+    unflattened into its dataloading, dense and sparse meshes, and loss_mesh (batch x cp); every dim of
+    size 1 too, as a fake world's created groups list them."""
+    fsdp, efsdp = dp_shard * cp, dp_shard * cp * tp // (etp * ep)
+    dataloading = _unflattened(world, ("pp", "batch", "cp", "tp"), (pp, dp_replicate * dp_shard, cp, tp),
+                               flattened=[("loss_mesh", ("batch", "cp"))])
+    dense = _unflattened(world, ("pp", "dp_replicate", "fsdp", "tp"), (pp, dp_replicate, fsdp, tp))
+    sparse = _unflattened(world, ("pp", "dp_replicate", "efsdp", "ep", "etp"), (pp, dp_replicate, efsdp, ep, etp))
+    return {**sparse, **dense, **dataloading}
+
+
+def test_torchtitans_hsdp_reads_as_both_its_dims_and_nothing_derived():
+    """HSDP 4 x 32 x TP 8 at 1,024 ranks: the layout names dp_replicate and fsdp (dp_shard x cp, torchtitan
+    0.2.2's dim), not "dp 128"; batch, loss_mesh and efsdp are products of those dims; the size-1 dims
+    (cp, pp, ep, etp) are no axes of the layout, and nothing derives an edp."""
+    axes = _titan(1024, dp_replicate=4, dp_shard=32, tp=8)
+    assert (len(axes["fsdp"][0]), len(axes["batch"][0]), len(axes["efsdp"][0]), len(axes["ep"][0])) == (32, 128, 256, 1)
+    section = layout_section(1024, axes)
+    assert section["text"] == "tp 8 x fsdp 32 x dp_replicate 4 (order tp-fsdp-dp_replicate)"
+    assert section["sizes"] == {"tp": 8, "fsdp": 32, "dp_replicate": 4} and "layout" not in section
+    # FSDP alone over dp_shard: batch, loss_mesh and fsdp are the same groups, one dim under three names
+    assert layout_section(1024, _titan(1024, dp_replicate=1, dp_shard=128, tp=8))["text"] == (
+        "tp 8 x batch/fsdp/loss_mesh 128 (order tp-batch/fsdp/loss_mesh)")
+
+
+def test_meshscope_vocabulary_still_fits_a_layout_without_derived_expert_axes():
+    """Dims that are all tp, cp, ep, etp, dp, edp, pp read as `meshscope layout` names them; a singleton
+    ep or etp (a dense model's) adds no edp, an ep above 1 does."""
+    dense = Layout(8, tp=2, pp=2)
+    axes = {a: dense.groups(a) for a in ("tp", "dp", "pp")} | {"ep": [[r] for r in range(8)], "etp": [[r] for r in range(8)]}
+    assert layout_section(8, axes)["sizes"] == {"tp": 2, "dp": 2, "pp": 2}
+    moe = Layout(8, tp=2, ep=2)
+    assert layout_section(8, {a: moe.groups(a) for a in ("tp", "ep")})["sizes"] == {"tp": 2, "ep": 2, "dp": 4, "edp": 4}
 
 
 def _e(rank, seq, op, group=(0, 1), *, step=2, b=64, ins=None, outs=None, peer=None, axis="tp", t=0.0):

@@ -9,21 +9,31 @@ A traced script is not meshscope's code, so nothing labels its calls; torch's gl
   is what the rank issued after its k-th ``step()`` returned, up to the end of the next, so step 0
   includes set-up (DDP's broadcast, DTensor's distribution);
 - phase: ``backward`` inside the autograd engine (``torch._C._current_graph_task_id() != -1``, also
-  on autograd's device threads), ``optimizer`` inside any optimizer's ``step``, ``forward`` inside a
-  module's forward (global forward pre/post hooks keep a stack), otherwise ``other`` (gradient
-  clipping, a pipeline schedule's sends between stages, Megatron's gradient finalisation);
+  on autograd's device threads), ``optimizer`` inside any optimizer's ``step`` but outside the
+  closure it was given (``step(closure)``: LBFGS, Lightning's automatic optimisation, which runs the
+  training step's forward and backward in it), ``forward`` inside a module's forward (global forward
+  pre/post hooks keep a stack), otherwise ``other`` (gradient clipping, a pipeline schedule's sends
+  between stages, Megatron's gradient finalisation);
 - region: the qualified name of the innermost module in forward, from the first root module that
   ran, without wrapper prefixes (``module.``, ``_fsdp_wrapped_module.``, ...). Backward calls carry
   no module: autograd runs them below any module hook.
+
+Modules are known by the objects themselves (weak references), never by ``id()``: a module built
+inside a forward on every call (megatron-core 0.16.1's ``FusedScaleMaskSoftmax`` builds an
+``nn.Softmax`` per call, ``fusions/fused_softmax.py:331``) often gets a freed one's address, and
+must still be named and popped as the new module it is. No hook stays on a module between its
+calls, so ``copy.deepcopy`` and ``torch.save`` of a model see it as the script left it.
 """
 
 from __future__ import annotations
 
 import re
+import sys
 import threading
 import weakref
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 WRAPPER_PREFIXES = re.compile(r"(^|\.)(module|_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod)(?=\.|$)")
 """Path components that wrappers insert (DDP, FSDP1, activation checkpointing, torch.compile)."""
@@ -61,9 +71,12 @@ class JobContext:
         self._created: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._boundary = None
         self._optimizer_depth = 0
+        self._closure_depth = 0
         self._boundary_stepped = False
-        self._stack: list[str] = []
-        self._names: dict[int, str] = {}
+        self._stack: list[tuple[str, RemovableHandle | None]] = []
+        """(name, its own-hooks handle or None) of every module in forward on the main thread."""
+        self._names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._stale: list[RemovableHandle] = []
         self._main = threading.get_ident()
         self._handles = []
         self.listener = None
@@ -86,15 +99,16 @@ class JobContext:
         self._handles = [
             optim.register_optimizer_step_pre_hook(self._pre_step),
             optim.register_optimizer_step_post_hook(self._post_step),
-            *([nn_module.register_module_forward_pre_hook(self._pre_forward)] if self.modules else []),
         ]
+        if self.modules:
+            self._handles += [nn_module.register_module_forward_pre_hook(self._pre_forward),
+                              nn_module.register_module_forward_hook(self._post_forward, always_call=True)]
 
     def remove(self) -> None:
-        """Undo `install`: every hook, the per-module ones too, and what they knew (a later `install`
-        names the modules again and re-registers their post hooks)."""
-        for h in self._handles:
+        """Undo `install`: every hook, and what they knew (a later `install` names the modules again)."""
+        for h in (*self._handles, *self._stale, *(own for _, own in self._stack if own is not None)):
             h.remove()
-        self._handles = []
+        self._handles, self._stale = [], []
         self._names.clear()
         self._stack.clear()
         if hasattr(self, "_restore_init"):
@@ -108,9 +122,28 @@ class JobContext:
             self._boundary = weakref.ref(first)
         return self._boundary() is opt
 
-    def _pre_step(self, opt, args, kwargs) -> None:
+    def _pre_step(self, opt, args, kwargs):
+        """Enter the optimizer; a closure it was given (``step(closure)``: ``args`` holds the optimizer
+        first) runs as the job's own code, so it is handed on wrapped to leave the optimizer meanwhile."""
         self._optimizer_depth += 1
         self._changed()
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if not callable(closure):
+            return None
+        if "closure" in kwargs:
+            return args, {**kwargs, "closure": self._as_job(closure)}
+        return (args[0], self._as_job(closure), *args[2:]), kwargs
+
+    def _as_job(self, closure):
+        def job_closure(*args, **kwargs):
+            self._closure_depth += 1
+            self._changed()
+            try:
+                return closure(*args, **kwargs)
+            finally:
+                self._closure_depth -= 1
+                self._changed()
+        return job_closure
 
     def _post_step(self, opt, args, kwargs) -> None:
         """A boundary when the outermost step returns and the boundary optimizer stepped in it (itself,
@@ -128,35 +161,53 @@ class JobContext:
     def _pre_forward(self, module, args) -> None:
         if threading.get_ident() != self._main:
             return
-        name = self._names.get(id(module))
+        if self._stale:
+            for handle in self._stale:
+                handle.remove()
+            self._stale.clear()
+        name = self._names.get(module)
         if name is None:
             if not self._stack:  # a root: name it and everything under it
                 for n, m in module.named_modules():
-                    self._name(m, clean_name(n) or _root_name(m))
+                    self._names.setdefault(m, clean_name(n) or _root_name(m))
             else:  # built after its root ran: named under its caller
-                self._name(module, f"{self._stack[-1]}.{type(module).__name__}")
-            name = self._names[id(module)]
-        self._stack.append(name)
+                self._names[module] = f"{self._stack[-1][0]}.{type(module).__name__}"
+            name = self._names[module]
+        # torch runs global forward hooks before a module's own (nn/modules/module.py, _call_impl), and
+        # the output redistribution of a parallelized module (DTensor's RowwiseParallel) is one of its own
+        # hooks: such a module is popped by a hook of its own, registered after them for this call only
+        self._stack.append((name, self._pop_after_own_hooks(module) if module._forward_hooks else None))
         self._changed()
 
-    def _name(self, module, name: str) -> None:
-        """Name `module` and pop it off the stack after its own forward hooks: torch runs global
-        forward hooks before a module's own, and the output redistribution of a parallelized module
-        (DTensor's RowwiseParallel) is one of its own hooks, so a global post hook would pop too early."""
-        if id(module) in self._names:
-            return
-        self._names[id(module)] = name
-        self._handles.append(module.register_forward_hook(self._post_forward, always_call=True))
-
     def _post_forward(self, module, args, output) -> None:
-        if threading.get_ident() == self._main and self._stack:
+        if threading.get_ident() == self._main and self._stack and self._stack[-1][1] is None:
             self._stack.pop()
             self._changed()
 
+    def _pop_after_own_hooks(self, module) -> RemovableHandle:
+        """A hook that pops this call's entry once the module's own forward hooks ran (a module calling
+        itself sees its outer call's hook too: each pops only its own entry)."""
+        def pop(module, args, output) -> None:
+            if threading.get_ident() != self._main or not self._stack or self._stack[-1][1] is not own:
+                return
+            self._stack.pop()
+            self._changed()
+            # a forward that raised runs its always-called hooks while iterating the module's live hook
+            # dict (_call_impl's except block): removing this one there would break that loop, so the
+            # next forward does
+            if sys.exc_info()[0] is None:
+                own.remove()
+            else:
+                self._stale.append(own)
+
+        own = module.register_forward_hook(pop, always_call=True)
+        return own
+
     # -- what the recorder asks ------------------------------------------------------------------
     def state(self) -> tuple[bool, str]:
-        """(inside an optimizer's step, the innermost module running forward on the main thread)."""
-        return bool(self._optimizer_depth), self._stack[-1] if self._stack else ""
+        """(inside an optimizer's step and outside its closure, the innermost module running forward on
+        the main thread)."""
+        return self._optimizer_depth > self._closure_depth, self._stack[-1][0] if self._stack else ""
 
     def _changed(self) -> None:
         if self.listener is not None:
@@ -173,7 +224,7 @@ class JobContext:
         return ("forward" if region else "other"), region
 
     def phase(self) -> str:
-        return self.phase_of(torch._C._current_graph_task_id() != -1, bool(self._optimizer_depth), self.region())[0]
+        return self.phase_of(torch._C._current_graph_task_id() != -1, self.state()[0], self.region())[0]
 
     def region(self) -> str:
-        return self._stack[-1] if self._stack and threading.get_ident() == self._main else ""
+        return self._stack[-1][0] if self._stack and threading.get_ident() == self._main else ""

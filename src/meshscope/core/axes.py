@@ -7,8 +7,9 @@ by meshscope, so their axis comes from ``ProcessGroup.group_desc``:
   ``mesh_dp_cp``; an unnamed dim ``mesh_dim_<i>``): the axis is the dim name (torchtitan's
   ``dp_replicate``, ``dp_shard``, ``fsdp``, ``efsdp``, ``ep``, ``cp``, ``pp`` included);
 - Megatron-core passes a description per kind of group (`MEGATRON`, every kind that megatron-core
-  0.16.1's ``parallel_state.py`` creates); composite groups become joined axes (``tp-pp``), the
-  ``_GLOO`` twins their axis, hierarchical and partial sub-groups the axis they split;
+  0.16.1's and 0.19.2's ``parallel_state.py`` create); composite groups become joined axes
+  (``tp-pp``), the ``_GLOO`` and ``_AG`` twins their axis, hierarchical and partial sub-groups the
+  axis they split;
 - a group described by an axis name alone (``new_group(ranks, group_desc="tp")``) is that axis;
 - the default group is ``world``; anything else is ``group`` (kept with its ranks).
 
@@ -27,6 +28,8 @@ MEGATRON = {
     "DATA_PARALLEL_GROUP_WITH_CP": "dp-cp",
     "DATA_PARALLEL_GROUP_WITH_CP_AG": "dp-cp",
     "CONTEXT_PARALLEL_GROUP": "cp",
+    # In 0.19.2 these three also span gtp (RankGenerator tokens 'tp-gtp_remat-pp', 'tp-gtp_remat-dp',
+    # 'tp-gtp_remat-dp-cp'): the same groups as before while gtp is 1, its default.
     "MODEL_PARALLEL_GROUP": "tp-pp",
     "TENSOR_AND_DATA_PARALLEL_GROUP": "tp-dp",
     "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP": "tp-dp-cp",
@@ -42,6 +45,28 @@ MEGATRON = {
     "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP": "dp-cp.instance",
     "INTRA_PARTIAL_EXPERT_DATA_PARALLEL_GROUP": "edp.intra",
     "INTER_PARTIAL_EXPERT_DATA_PARALLEL_GROUP": "edp.inter",
+    # megatron-core 0.19.2, parallel_state.py (initialize_model_parallel, create_all_gather_groups):
+    # Generalized tensor parallelism with weight rematerialisation (``gtp_remat_size``): each weight is
+    # sharded along out_features over a gtp group and all-gathered on every forward and backward. gtp
+    # is a RankGenerator axis of its own, next to tp ('tp-gtp_remat-cp-ep-dp-pp'); dp becomes the
+    # replicate degree. The groups are built always, of one rank each while gtp is 1.
+    "GTP_WEIGHT_REMAT_GROUP": "gtp",
+    # The same for routed experts (``expert_gtp_remat_size``), an axis of the expert grid after ep
+    # ('tp-cp-ep-gtp_remat-dp-pp'); built always, of one rank each while egtp is 1.
+    "EXPERT_GTP_WEIGHT_REMAT_GROUP": "egtp",
+    # Built only when gtp (egtp) is above 1, else these names alias the dp, dp-cp (edp) groups: the
+    # data-distribution groups over every rank with distinct data ('gtp_remat-dp', 'gtp_remat-dp-cp',
+    # the expert grid's 'gtp_remat-dp').
+    "DATA_PARALLEL_GROUP_WITH_GTP_REMAT": "gtp-dp",
+    "DATA_PARALLEL_GROUP_WITH_CP_WITH_GTP_REMAT": "gtp-dp-cp",
+    "EXPERT_DATA_PARALLEL_GROUP_WITH_GTP_REMAT": "egtp-edp",
+    # 'tp-ep-gtp_remat-pp' of the expert grid, the expert analog of MODEL_PARALLEL_GROUP; built always:
+    # the etp-ep-pp groups' ranks while egtp is 1.
+    "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP": "etp-ep-egtp-pp",
+    # create_all_gather_groups(for_expert_parallelism=True): a second communicator over each expert
+    # data-parallel group's ranks, so that parameter all-gathers overlap gradient reduce-scatters
+    # (as DATA_PARALLEL_GROUP_WITH_CP_AG does for dp-cp).
+    "EXPERT_DATA_PARALLEL_GROUP_AG": "edp",
 }
 """Megatron-core group description -> axis label (``_GLOO`` twins are stripped before lookup)."""
 

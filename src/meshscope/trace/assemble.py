@@ -16,10 +16,10 @@ from collections import Counter
 from pathlib import Path
 
 from ..capture.flightlog import read, read_creations
-from ..core.axes import axis_of
-from ..core.events import CommEvent
+from ..core.axes import axis_of, is_mesh_axis
+from ..core.events import WORLD, CommEvent
 from ..core.findings import Diagnosis
-from ..core.mesh_fit import dims, fit_layout
+from ..core.mesh_fit import fit
 from ..core.rundir import RunDir
 from ..core.trace_result import FakeWorld, LastLines, RankEnd, TraceError, TraceResult
 from .fake import devices
@@ -42,18 +42,17 @@ def created_groups(run_dir: RunDir) -> list[tuple[str, list[int]]]:
 
 def layout_section(world: int, axes: dict[str, list[list[int]]]) -> dict:
     """The layout the groups imply, as `meshscope layout` names it where it can (`core.mesh_fit`)."""
-    if set(axes) <= {"world"}:
+    if set(axes) <= {WORLD}:
         text = (f"world {world}: every call is on the default group, so there is no mesh axis to reconstruct" if axes
                 else f"world {world}: no collective was issued, so there is no layout to reconstruct")
-        return {"fits": True, "order": None, "sizes": {"world": world}, "text": text}
-    fit = fit_layout(world, axes)
-    if fit.ok:
-        return {"fits": True, "order": fit.layout.order, "sizes": fit.sizes, "text": fit.describe(),
-                "layout": fit.layout.brief()}
-    mesh = dims(world, {a: g for a, g in axes.items() if a not in ("world", "group")})
-    if mesh.ok:
-        return {"fits": True, "order": "-".join(mesh.order), "sizes": mesh.sizes, "text": mesh.describe()}
-    return {"fits": False, "order": None, "sizes": {}, "text": f"{fit.reason}; {mesh.reason}"}
+        return {"fits": True, "order": None, "sizes": {WORLD: world}, "text": text}
+    found = fit(world, axes)
+    if not found.ok:
+        return {"fits": False, "order": None, "sizes": {}, "text": found.reason}
+    if found.layout is not None:
+        return {"fits": True, "order": found.layout.order, "sizes": found.sizes, "text": found.describe(),
+                "layout": found.layout.brief()}
+    return {"fits": True, "order": "-".join(found.order), "sizes": found.sizes, "text": found.describe()}
 
 
 def _process_group_note(run_dir: RunDir, ranks: list[int]) -> str:
@@ -107,7 +106,9 @@ def assemble(run_dir: Path | RunDir, account: str | None = None, fake_world: Fak
             axes.setdefault(e.axis, set()).add(e.group)
     for desc, members in created_groups(run_dir) if spec.fake_world else ():  # its rank 0 saw every group created
         axis = axis_of(desc)
-        if axis not in ("world", "group"):
+        # a mesh axis of 1-rank groups joins nobody (torchtitan builds its dims of size 1 too): it is
+        # listed only where the job called on it, and then whole
+        if axis not in (WORLD, "group") and (len(members) > 1 or axis in axes or not is_mesh_axis(axis)):
             axes.setdefault(axis, set()).add(tuple(members))
     axes_sorted = {a: sorted(map(list, gs)) for a, gs in sorted(axes.items())}
     traced = {r.rank for r in ranks if r.status != "missing"}

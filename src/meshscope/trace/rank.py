@@ -11,7 +11,7 @@ runs the same inside a launch the user already has. Read top to bottom, it
    step/phase/module context (`capture.job_context`), notes every group creation as it happens
    (`created`), lets the mode install itself (a real rank: Flight Recorder, SIGTERM; a fake one: the
    fake backend and what else `fake.patches` lists), limits collective timeouts (`timeouts`) and
-   labels DeviceMesh groups (`mesh_labels`);
+   labels DeviceMesh groups (`mesh_dims`);
 3. runs the script as ``__main__`` with its own ``sys.argv``;
 4. with ``--steps K``, once every rank has finished K steps, ends the rank cleanly, skipping the rest
    of the script (`stopping`);
@@ -41,7 +41,7 @@ from . import script_frames
 from .created import note_creations
 from .entry_points import wrap
 from .fake.mode import FakeMode
-from .mesh_labels import label_device_meshes
+from .mesh_dims import label_device_meshes
 from .mode import RealMode
 from .options import RankOptions
 from .recording import RankTrace, flushed_first

@@ -22,7 +22,7 @@ from ..core.axes import axis_of
 from ..core.events import CommEvent
 from ..core.rundir import RunDir, write_atomic
 from ..core.trace_result import GroupUse, RankEnd
-from .mesh_labels import MESH_DIMS
+from . import mesh_dims
 
 FLUSH_S = 0.5
 """How often the flusher thread writes new calls to the flight log."""
@@ -147,7 +147,7 @@ class RankTrace:
 
     @staticmethod
     def axis(group: GroupInfo) -> str:
-        return MESH_DIMS.get(group.name) or axis_of(group.desc)
+        return mesh_dims.label(group.name) or axis_of(group.desc)
 
     # -- writing -----------------------------------------------------------------------------------
     def _flush_loop(self) -> None:

@@ -1,0 +1,184 @@
+"""`capture.job_context` in one process, without a process group: the region and phase a call would
+be stamped with, read where the call would be issued. The oracle is the code's own structure: which
+module's forward, autograd's backward or the optimizer's step encloses the probe."""
+
+from __future__ import annotations
+
+import copy
+import io
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from meshscope.capture.job_context import JobContext
+
+
+@pytest.fixture
+def ctx():
+    context = JobContext()
+    context.install()
+    # what the C++ recorder's listener holds: a module object, which neither pickles nor deep-copies
+    context.listener = lambda state, _unpicklable=sys: None
+    yield context
+    context.remove()
+
+
+def _where(ctx: JobContext) -> tuple[str, str]:
+    return ctx.phase(), ctx.region()
+
+
+class Probe(nn.Module):
+    """Records where it runs (what a collective issued here would be labelled)."""
+
+    def __init__(self, ctx, seen):
+        super().__init__()
+        self.ctx, self.seen = ctx, seen
+
+    def forward(self, x):
+        self.seen.append(_where(self.ctx))
+        return x
+
+
+class Attention(nn.Module):
+    """Builds a fresh submodule on every call, as megatron-core 0.16.1's FusedScaleMaskSoftmax builds
+    an nn.Softmax (fusions/fused_softmax.py:331), until CPython hands it a freed one's address."""
+
+    def __init__(self, ctx, seen):
+        super().__init__()
+        self.ctx, self.seen, self.ids, self.reused = ctx, seen, set(), 0
+        self.proj = nn.Linear(2, 2)
+
+    def forward(self, x):
+        x = self.proj(x)
+        for _ in range(64):
+            fresh = Probe(self.ctx, self.seen)
+            x = fresh(x)
+            key = id(fresh)
+            del fresh
+            if key in self.ids:
+                self.reused += 1
+                break
+            self.ids.add(key)
+        self.seen.append(_where(self.ctx))  # after the fresh module returned: the caller's forward again
+        return x
+
+
+def test_a_module_built_per_call_is_named_and_popped_even_at_a_reused_address(ctx):
+    seen = []
+    model = nn.Sequential()
+    model.attention = Attention(ctx, seen)
+    for _ in range(5):
+        model(torch.ones(1, 2))
+        seen.append(_where(ctx))  # outside every module
+    assert model.attention.reused == 5  # every call met a freed module's address
+    assert set(seen) == {("forward", "attention.Probe"), ("forward", "attention"), ("other", "")}
+    assert seen[-1] == ("other", "") and not ctx._stack
+
+
+class Rowwise(nn.Module):
+    def __init__(self, ctx, seen):
+        super().__init__()
+        self.fc = nn.Linear(2, 2)
+        # as DTensor's RowwiseParallel redistributes its output: a forward hook of the module's own
+        self.register_forward_hook(lambda module, args, output: seen.append(_where(ctx)))
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+class Failing(Rowwise):
+    def forward(self, x):
+        raise ValueError("planted")
+
+
+def test_a_modules_own_forward_hooks_are_its_forward_and_leave_nothing_behind(ctx):
+    seen = []
+    model = nn.Sequential(Rowwise(ctx, seen), Probe(ctx, seen))
+    own = {i: dict(m._forward_hooks) for i, m in enumerate(model.modules())}
+    for _ in range(2):
+        model(torch.ones(1, 2))
+    assert seen == [("forward", "0"), ("forward", "1")] * 2
+    assert {i: dict(m._forward_hooks) for i, m in enumerate(model.modules())} == own
+    # no meshscope hook stays on a module between calls: a model copies and pickles as the script made it
+    plain = nn.Sequential(nn.Linear(2, 2), nn.ReLU())
+    plain[0].register_forward_hook(_halved)
+    plain(torch.ones(1, 2))
+    copy.deepcopy(plain)(torch.ones(1, 2))
+    torch.save(plain, io.BytesIO())
+    assert not ctx._stack
+
+
+def _halved(module, args, output):
+    return output / 2
+
+
+def test_a_forward_that_raises_pops_its_module(ctx):
+    seen = []
+    failing = Failing(ctx, seen)
+    model = nn.Sequential(Probe(ctx, seen), failing)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="planted"):
+            model(torch.ones(1, 2))
+        assert _where(ctx) == ("other", "") and not ctx._stack
+    model[0](torch.ones(1, 2))  # the next forward removes what the failed one could not
+    assert len(failing._forward_hooks) == 1 and seen[-1] == ("forward", "0")
+
+
+class Doubled(torch.autograd.Function):
+    """Records where autograd runs its backward (a backward collective would be labelled so)."""
+
+    @staticmethod
+    def forward(fctx, x, probe):
+        fctx.probe = probe
+        return 2 * x
+
+    @staticmethod
+    def backward(fctx, grad):
+        fctx.probe()
+        return 2 * grad, None
+
+
+class Owning(torch.optim.SGD):
+    """Issues calls of its own around the closure, as ZeroRedundancyOptimizer broadcasts after it."""
+
+    def __init__(self, params, probe):
+        super().__init__(params, lr=0.1)
+        self.probe = probe
+
+    def step(self, closure=None):
+        self.probe()
+        loss = super().step(closure)  # SGD runs the closure: an optimizer inside an optimizer
+        self.probe()
+        return loss
+
+
+def test_a_closure_is_the_jobs_own_code_inside_the_optimizers_step():
+    """``optimizer.step(closure)`` (LBFGS, Lightning): forward in the closure's module calls, backward
+    in autograd, other in the closure outside modules, optimizer in the optimizer's own code."""
+    seen, steps = [], []
+    ctx = JobContext(on_step=steps.append)
+    ctx.install()
+    try:
+        probe = lambda: seen.append(_where(ctx))  # noqa: E731
+        model = nn.Sequential(nn.Linear(2, 2), Probe(ctx, seen))
+        opt = Owning(model.parameters(), probe)
+
+        def closure():
+            opt.zero_grad()
+            loss = Doubled.apply(model(torch.ones(1, 2)), probe).sum()
+            probe()  # a loss all-reduce for the log, outside every module
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        opt.step(closure=closure)
+        lbfgs = torch.optim.LBFGS(model.parameters(), max_iter=1)
+        lbfgs.step(closure)
+        assert probe() is None and seen.pop() == ("other", "")
+    finally:
+        ctx.remove()
+    job = [("forward", "1"), ("other", ""), ("backward", "")]
+    assert seen == [("optimizer", ""), *job, ("optimizer", "")] * 2 + job
+    assert steps == [1, 2]  # Owning is the boundary: one per outermost step, its inner SGD step included
