@@ -9,8 +9,8 @@ monotonic clock, shared by every process) at the point where the server's child 
 with its layer and one without: the first append to a pre-existing file of ``--mib`` MiB (overlayfs
 copies it whole into the rank's tmpfs) and a ``torch.save`` of ``--mib`` MiB of tensors into the
 working directory (the tmpfs against the disk's page cache). The working directory is a fresh folder
-below ``--cwd`` (default ``/var/tmp``, outside /tmp, so a rank mounts two layers, as with a working
-directory of one's own).
+below ``--cwd`` (default ``/var/tmp``), with the run directory inside it, as the default ``traces/...``
+is (bound through the layer).
 
 Run: PYTHONPATH=src python benchmarks/bench_fake_files.py [--forks 40] [--mib 64] [--cwd /var/tmp]
 """
@@ -91,7 +91,7 @@ def main() -> None:
         if reason:
             sys.exit(f"no layer of files here: {reason}")
         print(machine())
-        print(f"covered: {', '.join(map(str, files.covered(run_dir)))}")
+        print(f"covered: {files.covered(run_dir)}")
 
         def ready(start: float) -> float:
             return time.perf_counter() - start

@@ -92,7 +92,9 @@ def test_two_concurrent_ranks_see_the_files_as_they_began_and_their_own_changes(
 
 def test_a_refused_mount_namespace_leaves_the_files_shared_and_says_why(tmp_path, monkeypatch):
     """In a user namespace allowed no mount namespace, the probe reports the refusal in one line."""
-    monkeypatch.chdir(tmp_path)
+    (tmp_path / "work").mkdir()
+    (tmp_path / "run").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
     said_r, said_w = os.pipe()
 
     def limited():
@@ -105,7 +107,7 @@ def test_a_refused_mount_namespace_leaves_the_files_shared_and_says_why(tmp_path
                            ("/proc/self/gid_map", f"0 {gid} 1"), ("/proc/sys/user/max_mnt_namespaces", "0")):
             with open(path, "w") as f:  # the limit is this user namespace's own
                 f.write(text)
-        os.write(said_w, files.probe(tmp_path).encode())
+        os.write(said_w, files.probe(tmp_path / "run").encode())
 
     assert _exit_code(_fork(limited)) == 0
     os.close(said_w)
@@ -128,7 +130,7 @@ def _digest(path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def test_no_rank_resumes_from_the_snapshot_rank_0_saved(tmp_path):
+def test_no_rank_resumes_from_the_snapshot_rank_0_saved(tmp_path, monkeypatch):
     """tests/jobs/snapshot_resume.py at fake world 4, every rank: each starts fresh, as in a real run,
     and issues the hand count of its docstring (64 rows over 4 ranks in batches of 4, 2 epochs: 8
     gradient all-reduces); the snapshot rank 0 saves is gone afterwards, and the data every rank read
@@ -137,7 +139,8 @@ def test_no_rank_resumes_from_the_snapshot_rank_0_saved(tmp_path):
 
     cwd = tmp_path / "work"
     cwd.mkdir()
-    reason = files.probe(cwd)
+    monkeypatch.chdir(cwd)
+    reason = files.probe(tmp_path / "run")
     if reason:
         pytest.skip(f"no layer of files on this system: {reason}")
     torch.save(torch.randn(64, 21, generator=torch.Generator().manual_seed(0)), cwd / "data.pt")

@@ -132,7 +132,7 @@ class RankEnd:
     patched: tuple[str, ...] = ()
     """A fake world's changes to torch active on this rank (the rows of ``trace.fake.patches``)."""
     files: str = ""
-    """A fake world's rank: ``own`` when what it wrote below the working directory and /tmp was its own
+    """A fake world's rank: ``own`` when what it wrote below the working directory was its own
     (``trace.fake.files``), else why its files were shared with the other ranks."""
     wrote: tuple[str, ...] = ()
     """What that rank created, changed or removed in its own layer (discarded at its end), at most 20."""

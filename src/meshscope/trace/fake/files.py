@@ -1,4 +1,5 @@
-"""Each rank of a fake world sees the files as they were when the trace began, and its own changes only.
+"""Each rank of a fake world sees the working directory as it was when the trace began, and its own
+changes only.
 
 A real job's ranks start together; a fake world's run one after another (one per core at a time, forked
 by `fork_server`) in the same working directory. So what one rank writes would steer the ranks started
@@ -8,23 +9,27 @@ rank 0 saved at its end and runs fewer epochs; ``FSDP2/example.py`` loads rank 0
 
 How (`isolate`, in the forked rank while it has one thread): the rank enters a mount namespace of its
 own (``unshare(CLONE_NEWNS)``; without ``CAP_SYS_ADMIN``, inside a user namespace of its own that maps
-its uid and gid to themselves) and mounts over every covered folder an overlayfs whose lower layer is
-the folder and whose upper layer is a tmpfs of its own, mounted on the folder itself first (the
-overlay hides it). Reads see the folder as it is; what the rank creates, changes (copied up whole when
-first opened for writing) or removes lands in its tmpfs, which no other process sees and which is gone
-with the rank's namespace. The run directory, and any file system mounted below a covered folder, are
-bound back at their place, so the rank's records reach the real run directory and what is mounted there
-stays what it is (shared). This sees every write the rank and its children make, whatever makes it:
-``torch.save`` of a path writes from C++ (``PyTorchFileWriter``, torch 2.13 ``serialization.py``
-``_open_zipfile_writer_file``), as do safetensors, mmap loads and subprocesses, which a redirection of
-Python's ``open``/``os``/``pathlib`` calls would miss.
+its uid and gid to themselves) and mounts over the working directory an overlayfs whose lower layer is
+the directory and whose upper layer is a tmpfs of its own, mounted on the directory itself first (the
+overlay hides it). Reads see the directory as it is; what the rank creates, changes (copied up whole
+when first opened for writing) or removes lands in its tmpfs, which no other process sees and which is
+gone with the rank's namespace. The run directory, and any file system mounted below the working
+directory, are bound back at their place, so the rank's records reach the real run directory and what
+is mounted there stays what it is (shared). This sees every write the rank and its children make,
+whatever makes it: ``torch.save`` of a path writes from C++ (``PyTorchFileWriter``, torch 2.13
+``serialization.py`` ``_open_zipfile_writer_file``), as do safetensors, mmap loads and subprocesses,
+which a redirection of Python's ``open``/``os``/``pathlib`` calls would miss.
 
-Covered: the working directory, ``/tmp`` and `tempfile`'s folder (``$TMPDIR``), each with everything
-below it. Not covered: the home directory (unless below one of those): it holds the caches (torch's
-kernels, downloaded weights and datasets) that a real job's nodes share and every rank would otherwise
-fill again. `probe` tries it once in a child of the server; where it fails (no mount namespace, no
-user namespace, no overlayfs) the ranks share their files as before and the result says why, in one
-line (`note`).
+Covered: the working directory and everything below it: where the two jobs above keep their
+checkpoints, and where torchtitan (``./outputs``) and Lightning (``default_root_dir``) keep theirs by
+default.
+Not covered: ``/tmp`` and the home directory. They hold what the ranks of a real node share, and every
+rank would otherwise make again: torch.compile's compiled graphs and kernels (``/tmp/torchinductor_<user>``,
+keyed by their content: torch 2.13 ``_inductor/runtime/cache_dir_utils.py``), downloaded weights and
+datasets; torch's DDP tutorial saves a checkpoint to ``tempfile.gettempdir()`` on rank 0 for the others
+to load after a barrier. `probe` tries it once in a child of the server; where it fails (no mount
+namespace, no user namespace, no overlayfs) the ranks share their files as before and the result says
+why, in one line (`note`).
 """
 
 from __future__ import annotations
@@ -36,10 +41,10 @@ import os
 import re
 import stat
 import sys
-import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
+# <linux/sched.h> and <linux/mount.h>, called through libc: Python's os has unshare from 3.12 only, and
+# no mount at all
 CLONE_NEWNS, CLONE_NEWUSER = 0x00020000, 0x10000000
 MS_BIND, MS_REC, MS_PRIVATE = 0x1000, 0x4000, 0x40000
 OWN = "own"
@@ -47,29 +52,21 @@ OWN = "own"
 LISTED = 20
 """Paths a rank's record lists of what it wrote (its count says how many more)."""
 
-
-@dataclass(frozen=True)
-class _Layer:
-    root: Path
-    """The covered folder."""
-    scratch: int
-    """A descriptor of the rank's tmpfs below the overlay: ``upper/`` holds what it wrote."""
-
-
-_layers: list[_Layer] = []
+_scratch: int | None = None
+"""This rank's tmpfs below its overlay (a descriptor): ``upper/`` holds what it wrote."""
 _shared = ""
 """Why this rank's files were shared ("" where they were its own or no fake world asked)."""
 
 
-def covered(keep: Path) -> list[Path]:
-    """The folders each rank gets its own layer over: the outermost of the working directory, /tmp and
-    `tempfile`'s folder (not ``/``, nor one inside the run directory `keep`)."""
-    keep, found = keep.resolve(), []
-    for folder in (Path.cwd(), Path("/tmp"), Path(tempfile.gettempdir())):
-        folder = folder.resolve()
-        if folder != Path("/") and folder.is_dir() and not folder.is_relative_to(keep) and folder not in found:
-            found.append(folder)
-    return [f for f in found if not any(o != f and f.is_relative_to(o) for o in found)]
+def covered(keep: Path) -> Path:
+    """The folder each rank gets its own layer over: the working directory; OSError where it is ``/`` or
+    lies inside the run directory `keep`."""
+    cwd = Path.cwd().resolve()
+    if cwd == Path("/"):
+        raise OSError(errno.EINVAL, "the working directory is /, which a mount namespace cannot lay over")
+    if cwd.is_relative_to(keep.resolve()):
+        raise OSError(errno.EINVAL, f"the working directory {cwd} lies inside the run directory")
+    return cwd
 
 
 def probe(keep: Path) -> str:
@@ -104,39 +101,36 @@ def shared(reason: str) -> None:
 
 
 def isolate(keep: Path) -> None:
-    """Give this process (a forked rank, one thread) its own layer over every `covered` folder, with the
+    """Give this process (a forked rank, one thread) its own layer over the `covered` folder, with the
     run directory `keep` bound through; OSError if the system refuses a step."""
-    cwd, keep = os.getcwd(), keep.resolve()
-    roots = covered(keep)
-    through = _outermost([keep, *_mounts_below(roots)])
+    global _scratch
+    root, keep = covered(keep), keep.resolve()
+    through = _outermost([p for p in (keep, *_mounts_below(root)) if p.is_relative_to(root)])
     user = _enter_namespace()
     _mount(None, "/", None, MS_REC | MS_PRIVATE)  # nothing mounted here reaches the other ranks or the host
-    kept = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY))
-            for path in through if any(path.is_relative_to(r) for r in roots)]
-    for root in roots:
-        lower = os.open(root, os.O_PATH | os.O_DIRECTORY)
-        _mount("meshscope", root, "tmpfs", 0, "mode=0700")
-        scratch = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
-        for name in ("upper", "work"):
-            os.mkdir(name, dir_fd=scratch)
-        _as_lower(lower, scratch)
-        # Descriptors name the layers: a path in mount's options would need its commas and colons escaped
-        _mount("overlay", root, "overlay", 0, f"lowerdir=/proc/self/fd/{lower},upperdir=/proc/self/fd/{scratch}/upper,"
-               f"workdir=/proc/self/fd/{scratch}/work" + (",userxattr" if user else ""))  # no trusted.* xattrs there
-        os.close(lower)
-        _layers.append(_Layer(root, scratch))
+    kept = [(path, os.open(path, os.O_PATH | os.O_DIRECTORY)) for path in through]
+    lower = os.open(root, os.O_PATH | os.O_DIRECTORY)
+    _mount("meshscope", root, "tmpfs", 0, "mode=0700")
+    _scratch = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for name in ("upper", "work"):
+        os.mkdir(name, dir_fd=_scratch)
+    _as_lower(lower, _scratch)
+    # Descriptors name the layers: a path in mount's options would need its commas and colons escaped
+    _mount("overlay", root, "overlay", 0, f"lowerdir=/proc/self/fd/{lower},upperdir=/proc/self/fd/{_scratch}/upper,"
+           f"workdir=/proc/self/fd/{_scratch}/work" + (",userxattr" if user else ""))  # no trusted.* xattrs there
+    os.close(lower)
     for path, fd in kept:
         _mount(f"/proc/self/fd/{fd}", path, None, MS_BIND | MS_REC)
         os.close(fd)
-    os.chdir(cwd)  # into the overlay: the old working directory is the folder below it
+    os.chdir(root)  # into the overlay: the old working directory is the folder below it
 
 
 def record() -> dict:
     """This rank's `RankEnd` fields: ``files`` (`OWN`, or why they were shared) and ``wrote`` (what it
     created, changed or removed in its layer, at most `LISTED`, then how many more)."""
-    if not _layers:
+    if _scratch is None:
         return {"files": _shared} if _shared else {}
-    wrote = [entry for layer in _layers for entry in _written(layer)]
+    wrote = _written(_scratch)
     more = [f"and {len(wrote) - LISTED} more"] if len(wrote) > LISTED else []
     return {"files": OWN, "wrote": tuple(wrote[:LISTED] + more)}
 
@@ -147,12 +141,12 @@ def note(ends) -> str | None:
     reasons = sorted({e.files for e in ends if e.files and e.files != OWN})
     if reasons:
         return (f"fake world: the ranks shared their files, so a rank saw what the ranks started before it wrote "
-                f"(no rank could have its own layer over the working directory and /tmp: {reasons[0]})")
+                f"(no rank could have its own layer over the working directory: {reasons[0]})")
     wrote = [f"rank {e.rank}: {', '.join(e.wrote)}" for e in ends if e.wrote]
     if not wrote:
         return None
-    return ("fake world: each rank saw the working directory and /tmp as they were when the trace began, and its "
-            "own changes only, discarded at its end (" + "; ".join(wrote) + ")")
+    return ("fake world: each rank saw the working directory as it was when the trace began, and its own changes "
+            "only, discarded at its end (" + "; ".join(wrote) + ")")
 
 
 def _enter_namespace() -> bool:
@@ -181,34 +175,29 @@ def _as_lower(lower: int, scratch: int) -> None:
     os.utime("upper", ns=(was.st_atime_ns, was.st_mtime_ns), dir_fd=scratch)
 
 
-def _written(layer: _Layer) -> list[str]:
-    """What the rank created or changed (files) and removed (overlayfs's whiteouts) below `layer.root`,
-    as the script would name them: relative to the working directory where they lie below it."""
+def _written(scratch: int) -> list[str]:
+    """What the rank created or changed (files) and removed (overlayfs's whiteouts), relative to the
+    working directory, as the script names them."""
     found = []
-    for folder, _, names, fd in os.fwalk("upper", dir_fd=layer.scratch):
+    for folder, _, names, fd in os.fwalk("upper", dir_fd=scratch):
         if "__pycache__" in Path(folder).parts:  # Python's bytecode of the script's own modules
             continue
         for name in sorted(names):
             info = os.stat(name, dir_fd=fd, follow_symlinks=False)
             whiteout = stat.S_ISCHR(info.st_mode) and info.st_rdev == 0
-            path = layer.root / Path(folder).relative_to("upper") / name
-            shown = os.path.relpath(path) if path.is_relative_to(Path.cwd()) else str(path)
-            found.append(f"{shown} (removed)" if whiteout else shown)
+            path = str(Path(folder).relative_to("upper") / name)
+            found.append(f"{path} (removed)" if whiteout else path)
     return found
 
 
-def _mounts_below(roots: list[Path]) -> list[Path]:
-    """Mount points strictly below a covered folder (`/proc/self/mountinfo`'s fifth field, octal-escaped)."""
-    points = []
-    with open("/proc/self/mountinfo") as info:
-        for line in info:
-            point = Path(_ESCAPED.sub(lambda m: chr(int(m[1], 8)), line.split()[4]))
-            if any(point != r and point.is_relative_to(r) for r in roots):
-                points.append(point)
-    return points
-
-
 _ESCAPED = re.compile(r"\\([0-7]{3})")
+
+
+def _mounts_below(root: Path) -> list[Path]:
+    """Mount points strictly below `root` (`/proc/self/mountinfo`'s fifth field, octal-escaped)."""
+    with open("/proc/self/mountinfo") as info:
+        points = [Path(_ESCAPED.sub(lambda m: chr(int(m[1], 8)), line.split()[4])) for line in info]
+    return [p for p in points if p != root and p.is_relative_to(root)]
 
 
 def _outermost(paths: list[Path]) -> list[Path]:

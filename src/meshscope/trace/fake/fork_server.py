@@ -17,6 +17,11 @@ computed in the first ranks; the trace's later patches of torch (`entry_points.r
 it bound. What differs: a module that reads the rank's environment (``RANK``) when it is imported
 reads the server's, which has none, and under ``--fake-tensors`` a tensor it makes at import is real.
 
+Each forked rank first takes its own layer over the working directory (`files.isolate`), so what it
+writes there no rank started after it, nor the one running beside it, sees; the server tries that once
+in a child of its own (`files.probe`) and, where the system refuses it, the ranks share their files
+and say why.
+
 Protocol, one JSON object per line on a descriptor of its own (the server's stdout goes to its log):
 the caller writes ``{"run": [ranks], "parallel": P}`` on the server's stdin and reads ``{"done":
 rank, "code": exit code}`` for each rank, P at a time. A forked rank's environment is
