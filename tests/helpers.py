@@ -25,17 +25,18 @@ def run_many(tmp_path: Path, items, world: int, timeout: float = 60.0, backend: 
     return doc["results"] if "results" in doc else [doc]
 
 
-def cli(*args, timeout: float = 120.0, env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run `python -m meshscope ARGS` and return the completed process (text stdout/stderr); `env`
-    adds to this process's environment."""
+def cli(*args, timeout: float = 120.0, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """Run `python -m meshscope ARGS` in `cwd` and return the completed process (text stdout/stderr);
+    `env` adds to this process's environment (this checkout's ``src`` first on the path, wherever `cwd` is)."""
+    path = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)
     return subprocess.run([sys.executable, "-m", "meshscope", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, env={**os.environ, **(env or {})})
+                          timeout=timeout, cwd=cwd, env={**os.environ, "PYTHONPATH": path, **(env or {})})
 
 
-def trace_json(out: Path, *args, timeout: float = 240.0) -> tuple[subprocess.CompletedProcess, dict]:
-    """``meshscope trace ARGS[:-1] --out OUT --json -- JOB`` (the last argument is the job, a list): the
-    completed process and the one JSON document it printed."""
-    proc = cli("trace", *args[:-1], "--out", out, "--json", "--", *args[-1], timeout=timeout)
+def trace_json(out: Path, *args, timeout: float = 240.0, cwd: Path = ROOT) -> tuple[subprocess.CompletedProcess, dict]:
+    """``meshscope trace ARGS[:-1] --out OUT --json -- JOB`` (the last argument is the job, a list) in
+    `cwd`: the completed process and the one JSON document it printed."""
+    proc = cli("trace", *args[:-1], "--out", out, "--json", "--", *args[-1], timeout=timeout, cwd=cwd)
     assert proc.stdout.strip(), proc.stderr[-3000:]
     return proc, json.loads(proc.stdout)
 

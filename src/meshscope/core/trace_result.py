@@ -131,6 +131,11 @@ class RankEnd:
     """A fake world's CUDA calls mapped to the CPU on this rank (``trace.fake.devices``)."""
     patched: tuple[str, ...] = ()
     """A fake world's changes to torch active on this rank (the rows of ``trace.fake.patches``)."""
+    files: str = ""
+    """A fake world's rank: ``own`` when what it wrote below the working directory was its own
+    (``trace.fake.files``), else why its files were shared with the other ranks."""
+    wrote: tuple[str, ...] = ()
+    """What that rank created, changed or removed in its own layer (discarded at its end), at most 20."""
     events: int = 0
     optimizer_steps: int = 0
     groups: tuple[GroupUse, ...] = ()
@@ -166,7 +171,7 @@ class RankEnd:
 
     def to_json(self) -> dict:
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
-        doc["mapped"], doc["patched"] = list(self.mapped), list(self.patched)
+        doc["mapped"], doc["patched"], doc["wrote"] = list(self.mapped), list(self.patched), list(self.wrote)
         doc["groups"] = [g.to_json() for g in self.groups]
         doc["decode_errors"] = [list(e) for e in self.decode_errors]
         doc["undecoded"] = dict(self.undecoded)
@@ -176,6 +181,7 @@ class RankEnd:
     def from_json(cls, d: dict) -> RankEnd:
         values = {f.name: d[f.name] for f in fields(cls) if f.name in d}
         values["mapped"], values["patched"] = tuple(d.get("mapped", ())), tuple(d.get("patched", ()))
+        values["wrote"] = tuple(d.get("wrote", ()))
         values["groups"] = tuple(GroupUse(g["name"], g["desc"], g["axis"], tuple(g["ranks"])) for g in d.get("groups", ()))
         values["decode_errors"] = tuple(tuple(e) for e in d.get("decode_errors", ()))
         values["undecoded"] = dict(d.get("undecoded", {}))

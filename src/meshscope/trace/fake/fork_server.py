@@ -17,6 +17,11 @@ computed in the first ranks; the trace's later patches of torch (`entry_points.r
 it bound. What differs: a module that reads the rank's environment (``RANK``) when it is imported
 reads the server's, which has none, and under ``--fake-tensors`` a tensor it makes at import is real.
 
+Each forked rank first takes its own layer over the working directory (`files.isolate`), so what it
+writes there no rank started after it, nor the one running beside it, sees; the server tries that once
+in a child of its own (`files.probe`) and, where the system refuses it, the ranks share their files
+and say why.
+
 Protocol, one JSON object per line on a descriptor of its own (the server's stdout goes to its log):
 the caller writes ``{"run": [ranks], "parallel": P}`` on the server's stdin and reads ``{"done":
 rank, "code": exit code}`` for each rank, P at a time. A forked rank's environment is
@@ -37,6 +42,7 @@ from ...core.rundir import RunDir, write_atomic
 from ...core.trace_result import exit_code
 from ..options import RankOptions
 from ..script_frames import LIBRARY_ROOTS
+from . import files
 
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.device_mesh", "torch.distributed.tensor",
            "torch.distributed.tensor.parallel", "torch.distributed.fsdp", "torch.distributed.pipelining",
@@ -175,6 +181,9 @@ class _Server:
         self.learning = True
         self.learned: set[str] = set()
         self.finished: list[int] = []
+        self.shared_files = files.probe(run_dir.path)  # before any import: a fork of a small process
+        if self.shared_files:
+            print(f"fork server: the ranks share their files: {self.shared_files}", flush=True)
         _import_all(PRELOAD)
         if options.fake_tensors:
             _import_all(["torch._subclasses.fake_tensor", "torch._dynamo"])  # what FakeTensorMode's first use imports
@@ -262,6 +271,15 @@ class _Server:
             os.close(log)
             os.close(null)
             sys.stdin = open(os.devnull)
+            if self.shared_files:
+                files.shared(self.shared_files)
+            else:  # while this process has one thread: a user namespace admits no other
+                try:
+                    files.isolate(self.run_dir.path)
+                except OSError as exc:
+                    print(f"meshscope: rank {rank} could not take its own layer over its files, as the fork "
+                          f"server's probe had: {exc}", file=sys.stderr)
+                    raise SystemExit(1) from None
             before = set(sys.modules)
             code = rank_program.main(self.options.to_argv(), on_end=_write_imports(self.run_dir, rank, before))
         except SystemExit as exc:

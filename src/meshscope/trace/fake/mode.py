@@ -7,7 +7,8 @@ collectives record and read what ranks sent (`objects.EXCHANGE`) and marks what 
 know (`assumed`: an all-to-all's receives, `backend.assumed`; an object collective's stand-in sizes);
 `recording` is the dispatcher's recorder, or under
 ``--fake-tensors`` the dispatch mode above FakeTensorMode (`tensors.shapes_only`); `explain` words
-the failures only a fake world has (a value read without data, a pipeline that exchanges its shapes).
+the failures only a fake world has (a value read without data, a pipeline that exchanges its shapes);
+`record` adds what the rank wrote in its own layer of files (`files`, taken by the fork server).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from contextlib import AbstractContextManager
 from ...core.rundir import RunDir
 from ..options import RankOptions
 from ..recording import RankTrace
-from . import backend, devices, objects, patches, tensors
+from . import backend, devices, files, objects, patches, tensors
 
 PIPELINE_SHAPES = ("the script's pipeline stages exchange their shapes over P2P (recv_object_list), which a fake "
                    "world cannot deliver (it also takes every stage's warm-up vote as 'static shapes'): give every "
@@ -67,4 +68,4 @@ class FakeMode:
         pass
 
     def record(self) -> dict:
-        return {"mapped": tuple(devices.used), "patched": tuple(self.patched)}
+        return {"mapped": tuple(devices.used), "patched": tuple(self.patched), **files.record()}

@@ -18,6 +18,7 @@ import sys
 from ...core.rundir import RunDir
 from ...core.trace_result import FakeWorld, RankClass, RankEnd, TraceResult, TraceSpec
 from ..assemble import assemble, conclude, created_groups
+from . import files
 from .classes import rank_classes
 from .fork_server import ForkServer, ServerFailed
 
@@ -90,7 +91,8 @@ def failed_alike(ends: list[RankEnd]) -> str | None:
 
 
 def fake_notes(result: TraceResult) -> list[str]:
-    """What the fake backend stood in for, in this trace: each note only where its calls occur."""
+    """What the fake backend stood in for, in this trace, each note only where its calls occur; and how
+    the ranks' files were kept apart."""
     notes = []
     a2a = sum(1 for e in result.events if e.assumed and e.op == "all_to_all")
     objects = sum(1 for e in result.events if e.assumed and e.op != "all_to_all")
@@ -104,7 +106,8 @@ def fake_notes(result: TraceResult) -> list[str]:
                      f"object, so the bytes of {objects} calls, sized from such objects, are assumed")
     if any(e.op == "recv" for e in result.events):
         notes.append("fake backend: a receive gets no data from its peer (a blocking recv is filled with ones)")
-    return notes
+    kept = files.note(result.ranks)
+    return notes + ([kept] if kept else [])
 
 
 def _representative(members: list[int], traced) -> int:
