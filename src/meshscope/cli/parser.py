@@ -16,6 +16,8 @@ from ..core.mesh import DEFAULT_ORDER
 from ..core.overrides import OVERRIDES, SWITCHES
 from ..place.advisor import INTER_DEFAULT, INTRA_DEFAULT
 from ..predict.model_spec import DP_FLAVOURS, ModelSpec
+from ..trace.fake.gpu import DEFAULT as DEFAULT_GPU
+from ..trace.fake.gpu import GPUS
 from ..trace.launch import RENDEZVOUS_FLAGS
 
 
@@ -137,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
                     help="with --fake-world: tensors with shapes and no data (no memory, no arithmetic), recorded "
                          "by a dispatch mode (--recorder does not apply); the script must not read tensor values "
                          "(docs/trace.md)")
+    tr.add_argument("--fake-device", default=None, metavar="NAME",
+                    help=f"with --fake-world, where CUDA is mapped to the CPU: the GPU torch.cuda's device and memory "
+                         f"queries answer as: {', '.join(GPUS)} (default {DEFAULT_GPU})")
     tr.add_argument("--ranks", default="auto",
                     help="with --fake-world: auto (one rank per class, the default) or a comma list such as 0,7,1023")
     tr.add_argument("--out", type=Path, default=None, help="run directory (default traces/<script>-<time>)")

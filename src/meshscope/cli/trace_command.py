@@ -18,7 +18,8 @@ def cmd_trace(args) -> int:
                            rendezvous=rendezvous, steps=args.steps, timeout=args.timeout,
                            step_optimizer=args.step_optimizer, out=args.out, fake_world=args.fake_world,
                            ranks=args.ranks, cheap=args.cheap, recorder=args.recorder,
-                           flight_recorder=args.flight_recorder, fake_tensors=args.fake_tensors)
+                           flight_recorder=args.flight_recorder, fake_tensors=args.fake_tensors,
+                           fake_device=args.fake_device)
     result = trace(options)
     write_files(result, Path(result.run_dir))
     if args.json:

@@ -22,6 +22,7 @@ from ..core.rundir import RunDir, check_timeout
 from ..core.trace_result import TraceResult, TraceSpec
 from ..run.launch import launch
 from .assemble import assemble, conclude
+from .fake import gpu
 from .options import RECORDERS, RankOptions
 
 RENDEZVOUS_FLAGS = ("node-rank", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "master-addr", "master-port")
@@ -54,6 +55,9 @@ class TraceOptions:
     fake_tensors: bool = False
     """With ``fake_world``: run the script under FakeTensorMode, its tensors shapes without data (no
     memory, no arithmetic; `trace.fake.tensors` says what it supports)."""
+    fake_device: str | None = None
+    """With ``fake_world``: the stand-in GPU (a `trace.fake.gpu.GPUS` name) that torch.cuda's device and memory
+    queries answer as where CUDA is mapped to the CPU; None: `trace.fake.gpu.DEFAULT`."""
     cheap: bool = False
     """No module hooks (no forward phase, no region) and no flight log streamed while the job runs (a
     hang leaves only what the rank wrote when it failed): the cheaper mode of docs/trace.md."""
@@ -113,6 +117,12 @@ class TraceOptions:
             self.chosen_ranks()
         elif self.fake_tensors:
             raise UsageError("--fake-tensors needs --fake-world N: a real job's tensors hold its data")
+        if self.fake_device is not None:
+            if self.fake_world is None:
+                raise UsageError(f"--fake-device needs --fake-world N: a real job asks its own GPU ({_gpu_names()})")
+            if gpu.lookup(self.fake_device) is None:
+                raise UsageError(f"--fake-device {self.fake_device!r} is not a stand-in GPU: choose one of "
+                                 f"{_gpu_names()}")
         if self.steps is not None and self.steps < 1:
             raise UsageError(f"--steps {self.steps} must be a positive number of steps (leave it out to run the "
                              f"script to its end)")
@@ -136,7 +146,12 @@ class TraceOptions:
         return RankOptions(run_dir=run_dir, target=self.target, steps=self.steps, timeout=self.timeout,
                            step_optimizer=self.step_optimizer, fake=bool(self.fake_world),
                            fake_tensors=self.fake_tensors, cheap=self.cheap, recorder=self.recorder,
-                           flight_recorder=self.flight_recorder)
+                           flight_recorder=self.flight_recorder,
+                           fake_device=(gpu.lookup(self.fake_device or gpu.DEFAULT) if self.fake_world else ""))
+
+
+def _gpu_names() -> str:
+    return ", ".join(f"{key} ({g.name}{', the default' if key == gpu.DEFAULT else ''})" for key, g in gpu.GPUS.items())
 
 
 def ready_recorder(options: TraceOptions, echo=None) -> TraceOptions:

@@ -5,6 +5,8 @@ the script alone on torch's fake process-group backend, one mechanism per file:
 - `fork_server`: the ranks forked from one process that imported torch once;
 - `mode`: what a fake rank does at the rank program's fixed points;
 - `patches`: the one declared table of what a fake world changes in torch, applied by the mode;
-- `backend` (the fake backend for every group), `devices` (CUDA mapped to the CPU), `tensors`
+- `backend` (the fake backend for every group), `devices` (CUDA devices mapped to the CPU), `cuda_api`
+  (torch.cuda and torch.accelerator answered as one GPU per local rank), `gpu` (the stand-in GPU:
+  ``--fake-device``), `attention` (DTensor's rule for the CPU's flash attention), `tensors`
   (``--fake-tensors``: tensors without data): the installers the table names.
 """
