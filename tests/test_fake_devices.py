@@ -1,12 +1,25 @@
 """A script written for CUDA in a fake world on a machine without CUDA: every CUDA device is the CPU
-(`trace.fake.devices`), the ledger is what the script's own CPU path issues, and what cannot be mapped
-is named in one line."""
+(`trace.fake.devices`), torch.cuda and torch.accelerator answer as one GPU per local rank
+(`trace.fake.cuda_api`) of the stand-in GPU (`trace.fake.gpu`), the ledger is what the script's own CPU
+path issues, and what cannot be mapped is named in one line."""
 
 from __future__ import annotations
 
+import json
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
 import torch
 
-from .helpers import ROOT, trace_json
+import meshscope
+from meshscope.trace.fake import devices
+from meshscope.trace.options import RankOptions
+
+from .helpers import ROOT, cli, trace_json
 
 JOBS = ROOT / "tests" / "jobs"
 
@@ -34,13 +47,123 @@ def test_a_cuda_script_runs_mapped_to_the_cpu(tmp_path):
         assert ("broadcast", weight) in [(e["op"], e["bytes_in"]) for e in steps[0] if e["phase"] == "other"]
 
 
+def test_what_frameworks_ask_of_cuda_is_answered(tmp_path):
+    """cuda_idioms.py on its accelerator path: the gate passes, every idiom is mapped (the note names it),
+    the stand-in A100 answers its device queries with NVIDIA's figures (printed by the script), and the
+    ledger is the docstring's hand count: DDP's set-up, then per step the custom Function's all-reduce of
+    the 4 x 16 fp32 activation gradient (256 B) and DDP's bucket of the 16 x 16 weight (1,024 B)."""
+    proc, doc = trace_json(tmp_path / "fake", "--fake-world", 4, "--ranks", "0,3", "--fake-device", "A100",
+                           [JOBS / "cuda_idioms.py", "--steps", "2"])
+    assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
+    assert "device: NVIDIA A100-SXM4-40GB 42298834944 8.0 108" in (tmp_path / "fake" / "logs" / "rank3.log").read_text()
+    note = next(n for n in doc["notes"] if "mapped every CUDA device to the CPU" in n)
+    for call in ("torch.accelerator.is_available", "torch.accelerator.device_count", ".to(ordinal)", "device=ordinal",
+                 "torch.cuda.get_rng_state", "torch.cuda.Stream", "torch.cuda.stream", "torch.cuda.Event",
+                 "pin_memory", "torch.load to cuda", devices.COMPILED):
+        assert call in note, note
+    assert "torch.compile's regions ran on the CPU" in note
+    device = doc["fake_world"]["device"]
+    assert (device["key"], device["name"], device["total_memory"], device["major"], device["minor"],
+            device["multi_processor_count"]) == ("A100", "NVIDIA A100-SXM4-40GB", 42298834944, 8, 0, 108)
+    for call in ("get_device_name", "get_device_properties", "get_device_capability", "reset_peak_memory_stats",
+                 "memory_stats", "max_memory_allocated"):
+        assert f"torch.cuda.{call}" in device["answered"], device
+    assert [r["device"] for r in doc["ranks"]] == ["A100", "A100"]
+    assert any(n.startswith("stand-in GPU:") and "zeros" in n for n in doc["notes"]), doc["notes"]
+    weight, activation = 16 * 16 * 4, 4 * 16 * 4
+    for rank in doc["per_rank"]:
+        steps = {s["step"]: [(e["op"], e["phase"], e["bytes_in"], e["bytes_out"]) for e in s["events"]]
+                 for s in rank["steps"]}
+        per_step = [("all_reduce", "backward", activation, activation), ("all_reduce", "backward", weight, weight)]
+        assert steps == {0: [("all_gather", "other", 8, 32), ("broadcast", "other", 32, 32),
+                             ("broadcast", "other", weight, weight), *per_step],
+                         1: [("broadcast", "forward", 8, 8), ("broadcast", "forward", 4, 4), *per_step]}, steps
+
+
 def test_a_cuda_call_that_cannot_be_mapped_is_named(tmp_path):
-    script = tmp_path / "streams.py"
+    """torch.cuda.memory_snapshot reaches ``torch._C._cuda_memorySnapshot`` without torch.cuda's lazy init:
+    a CPU build has no such binding (a raw AttributeError before); it is one line naming the call."""
+    script = tmp_path / "unmapped.py"
     script.write_text("import torch, torch.distributed as dist\n"
                       "dist.init_process_group('nccl')\n"
                       "x = torch.ones(4).cuda()\n"
-                      "side = torch.cuda.Stream()\n")
+                      "torch.cuda.memory_snapshot()\n")
     proc, doc = trace_json(tmp_path / "out", "--fake-world", 2, "--ranks", "0", [script])
     assert proc.returncode == 1 and not doc["passed"]
     error = next(r["error"] for r in doc["ranks"] if r["rank"] == 0)
-    assert error.startswith("Unmapped: torch.cuda.Stream at streams.py:4 needs a CUDA device"), error
+    assert error.startswith("Unmapped: torch.cuda.memory_snapshot at unmapped.py:4 needs a CUDA device"), error
+
+
+@pytest.mark.parametrize("args, needle", [
+    (("--fake-world", 2, "--fake-device", "V100"), "--fake-device 'V100' is not a stand-in GPU: choose one of H200"),
+    (("--fake-device", "H100"), "--fake-device needs --fake-world N"),
+])
+def test_a_bad_fake_device_is_one_line(args, needle, tmp_path):
+    proc = cli("trace", *args, "--out", tmp_path / "x", "--", str(JOBS / "ddp.py"))
+    assert proc.returncode == 2 and needle in proc.stderr and "H100 (NVIDIA H100 80GB HBM3, the default)" in proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "x").exists(), proc.stderr
+
+
+def test_the_stand_in_gpu_reaches_the_rank():
+    options = RankOptions(run_dir=ROOT, target=("job.py",), fake=True, fake_device="H200")
+    assert RankOptions.from_argv(options.to_argv()) == options
+
+
+def test_dtensor_shards_the_cpu_flash_attention_as_cudas(tmp_path):
+    """With CUDA mapped, F.scaled_dot_product_attention on DTensors picks the CPU's flash kernel; it is sharded
+    by torch's rule for CUDA's flash kernel (torch 2.13 _matrix_ops.py:490-680: replicated, heads dim 1 or batch
+    dim 0 for q, k, v, output, logsumexp), so inputs sharded on heads or batch stay so, forward and backward, with
+    no collective, causal or not; a mask, which that rule does not cover, fails in one line."""
+    script = tmp_path / "sdpa.py"
+    script.write_text(SDPA)
+    proc = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "PYTHONPATH": str(Path(meshscope.__file__).parents[1])})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["placements"] == [[d, causal, f"S({d})", f"S({d})", 0]
+                                  for d in (1, 0) for causal in (False, True)], seen
+    assert seen["mask"].startswith("DTensor (torch ") and "sdpa_kernel(SDPBackend.MATH)" in seen["mask"], seen
+
+
+SDPA = '''
+import json, os
+os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="2")
+import torch, torch.distributed as dist, torch.nn.functional as F
+from meshscope.trace.fake import patches
+patches.apply({patches.CUDA_MAP})
+from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import distribute_tensor, Shard, Replicate
+from torch.distributed.tensor.debug import CommDebugMode
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+mesh = init_device_mesh("cuda", (2,))
+seen = []
+for dim in (1, 0):
+    for causal in (False, True):
+        q = distribute_tensor(torch.randn(2, 4, 8, 16, device="cuda"), mesh, [Shard(dim)]).requires_grad_()
+        with CommDebugMode() as comms:
+            out = F.scaled_dot_product_attention(q, q, q, is_causal=causal)
+            out.sum().backward()
+        seen.append([dim, causal, str(out.placements[0]), str(q.grad.placements[0]), comms.get_total_counts()])
+mask = distribute_tensor(torch.zeros(8, 8, device="cuda"), mesh, [Replicate()])
+try:
+    F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+    error = "no error"
+except NotImplementedError as exc:
+    from meshscope.trace.fake import attention
+    error = attention.explain(exc, "sdpa.py:27")
+print(json.dumps({"placements": seen, "mask": error}))
+'''
+
+
+def test_a_cuda_type_check_is_explained(tmp_path):
+    """Megatron-core's clip_grads.py:167 asserts ``param.grad.type() == 'torch.cuda.FloatTensor'``: a fake world
+    cannot answer it soundly (`devices` says why), so the rank's error says so in one line."""
+    check = tmp_path / "clip_grads.py"
+    check.write_text("def clip(grad):\n    assert grad.type() == 'torch.cuda.FloatTensor'\n")
+    namespace = runpy.run_path(str(check))
+    with pytest.raises(AssertionError) as raised:
+        namespace["clip"](torch.ones(2))
+    line = devices.explain(raised.value)
+    assert line.startswith("the script checks for a CUDA tensor type at clip_grads.py:2 (assert grad.type() == "
+                           "'torch.cuda.FloatTensor'), which a fake world cannot answer"), line

@@ -136,6 +136,10 @@ class RankEnd:
     (``trace.fake.files``), else why its files were shared with the other ranks."""
     wrote: tuple[str, ...] = ()
     """What that rank created, changed or removed in its own layer (discarded at its end), at most 20."""
+    device: str = ""
+    """A fake world's stand-in GPU on this rank where CUDA was mapped (a ``trace.fake.gpu.GPUS`` name), else empty."""
+    device_calls: tuple[str, ...] = ()
+    """The device and memory queries the stand-in GPU answered on this rank (``torch.cuda.get_device_name``...)."""
     events: int = 0
     optimizer_steps: int = 0
     groups: tuple[GroupUse, ...] = ()
@@ -171,7 +175,8 @@ class RankEnd:
 
     def to_json(self) -> dict:
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
-        doc["mapped"], doc["patched"], doc["wrote"] = list(self.mapped), list(self.patched), list(self.wrote)
+        for name in ("mapped", "patched", "wrote", "device_calls"):
+            doc[name] = list(getattr(self, name))
         doc["groups"] = [g.to_json() for g in self.groups]
         doc["decode_errors"] = [list(e) for e in self.decode_errors]
         doc["undecoded"] = dict(self.undecoded)
@@ -180,8 +185,8 @@ class RankEnd:
     @classmethod
     def from_json(cls, d: dict) -> RankEnd:
         values = {f.name: d[f.name] for f in fields(cls) if f.name in d}
-        values["mapped"], values["patched"] = tuple(d.get("mapped", ())), tuple(d.get("patched", ()))
-        values["wrote"] = tuple(d.get("wrote", ()))
+        for name in ("mapped", "patched", "wrote", "device_calls"):
+            values[name] = tuple(d.get(name, ()))
         values["groups"] = tuple(GroupUse(g["name"], g["desc"], g["axis"], tuple(g["ranks"])) for g in d.get("groups", ()))
         values["decode_errors"] = tuple(tuple(e) for e in d.get("decode_errors", ()))
         values["undecoded"] = dict(d.get("undecoded", {}))
@@ -248,6 +253,30 @@ class RankClass:
 
 
 @dataclass(frozen=True)
+class FakeDevice:
+    """The stand-in GPU a fake world's torch.cuda answered as (``--fake-device``), where CUDA was mapped."""
+
+    key: str
+    """Its ``--fake-device`` name (``H100``)."""
+    name: str
+    """As ``torch.cuda.get_device_name`` says it (``NVIDIA H100 80GB HBM3``)."""
+    total_memory: int
+    major: int
+    minor: int
+    multi_processor_count: int
+    answered: tuple[str, ...] = ()
+    """The device and memory queries it answered on any traced rank; memory statistics are zeros."""
+
+    def to_json(self) -> dict:
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "answered": list(self.answered)}
+
+    @classmethod
+    def from_json(cls, d: dict) -> FakeDevice:
+        values = {f.name: d[f.name] for f in fields(cls) if f.name in d}
+        return cls(**{**values, "answered": tuple(d.get("answered", ()))})
+
+
+@dataclass(frozen=True)
 class FakeWorld:
     """What a fake world traced of its N ranks, and why those (``fake_world`` of the result)."""
 
@@ -258,17 +287,20 @@ class FakeWorld:
     how: str
     patched: tuple[str, ...] = ()
     """The changes to torch active on any traced rank (the rows of ``trace.fake.patches``)."""
+    device: FakeDevice | None = None
+    """The stand-in GPU, where CUDA was mapped to the CPU; None on a machine whose torch has CUDA."""
 
     def to_json(self) -> dict:
         return {"world": self.world, "traced": list(self.traced), "how": self.how,
                 "classes": [c.to_json() for c in self.classes] if self.classes is not None else None,
-                "patched": list(self.patched)}
+                "patched": list(self.patched), "device": self.device.to_json() if self.device else None}
 
     @classmethod
     def from_json(cls, d: dict) -> FakeWorld:
         classes = d.get("classes")
         return cls(d["world"], tuple(d["traced"]), tuple(RankClass(**c) for c in classes) if classes is not None else None,
-                   d.get("how", ""), tuple(d.get("patched", ())))
+                   d.get("how", ""), tuple(d.get("patched", ())),
+                   FakeDevice.from_json(d["device"]) if d.get("device") else None)
 
 
 @dataclass

@@ -5,11 +5,13 @@ DeviceMesh imports ``init_process_group``, ``new_group`` and ``split_group`` by 
 imports may have bound a name earlier still (in a fake world's forked rank, the server imported it
 before the rank's patches: `trace.fake.fork_server`). `rebind` replaces a function in every loaded module
 that holds that same object; `wrap` does it for c10d's entry points, which the trace wraps to limit
-collective timeouts (``--timeout``) and to swap in the fake backend (``--fake-world``).
+collective timeouts (``--timeout``) and to swap in the fake backend (``--fake-world``). `resolve` finds
+the object a dotted torch name names (a fake world's table of changes names its targets so).
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
 from types import FunctionType
 from typing import Callable
@@ -54,3 +56,17 @@ def wrap(name: str, make: Callable[[Callable], Callable]) -> None:
     original = getattr(c10d, name, None)
     if original is not None:
         rebind(original, make(original))
+
+
+def resolve(target: str):
+    """The object a dotted torch name names, importing its module; AttributeError/ImportError if absent."""
+    parts = target.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(f"no module of {target!r} can be imported")

@@ -23,6 +23,7 @@ from ..core.rundir import RunDir, check_timeout
 from ..core.trace_result import TraceResult, TraceSpec
 from ..run.launch import launch
 from .assemble import assemble, conclude
+from .fake import gpu
 from .options import RECORDERS, RankOptions
 
 RENDEZVOUS_FLAGS = ("node-rank", "rdzv-backend", "rdzv-endpoint", "rdzv-id", "master-addr", "master-port")
@@ -55,6 +56,9 @@ class TraceOptions:
     fake_tensors: bool = False
     """With ``fake_world``: run the script under FakeTensorMode, its tensors shapes without data (no
     memory, no arithmetic; `trace.fake.tensors` says what it supports)."""
+    fake_device: str | None = None
+    """With ``fake_world``: the stand-in GPU (a `trace.fake.gpu.GPUS` name) that torch.cuda's device and memory
+    queries answer as where CUDA is mapped to the CPU; None: `trace.fake.gpu.DEFAULT`."""
     cheap: bool = False
     """No module hooks (no forward phase, no region) and no flight log streamed while the job runs (a
     hang leaves only what the rank wrote when it failed): the cheaper mode of docs/trace.md."""
@@ -114,6 +118,12 @@ class TraceOptions:
             self.chosen_ranks()
         elif self.fake_tensors:
             raise UsageError("--fake-tensors needs --fake-world N: a real job's tensors hold its data")
+        if self.fake_device is not None:
+            if self.fake_world is None:
+                raise UsageError(f"--fake-device needs --fake-world N: a real job asks its own GPU ({_gpu_names()})")
+            if gpu.lookup(self.fake_device) is None:
+                raise UsageError(f"--fake-device {self.fake_device!r} is not a stand-in GPU: choose one of "
+                                 f"{_gpu_names()}")
         if self.steps is not None and self.steps < 1:
             raise UsageError(f"--steps {self.steps} must be a positive number of steps (leave it out to run the "
                              f"script to its end)")
@@ -137,7 +147,12 @@ class TraceOptions:
         return RankOptions(run_dir=run_dir, target=self.target, steps=self.steps, timeout=self.timeout,
                            step_optimizer=self.step_optimizer, fake=bool(self.fake_world),
                            fake_tensors=self.fake_tensors, cheap=self.cheap, recorder=self.recorder,
-                           flight_recorder=self.flight_recorder)
+                           flight_recorder=self.flight_recorder,
+                           fake_device=(gpu.lookup(self.fake_device or gpu.DEFAULT) if self.fake_world else ""))
+
+
+def _gpu_names() -> str:
+    return ", ".join(f"{key} ({g.name}{', the default' if key == gpu.DEFAULT else ''})" for key, g in gpu.GPUS.items())
 
 
 def add_trace_options(p: argparse.ArgumentParser) -> None:
@@ -168,6 +183,9 @@ def add_trace_options(p: argparse.ArgumentParser) -> None:
                    help="with --fake-world: tensors with shapes and no data (no memory, no arithmetic), recorded "
                         "by a dispatch mode (--recorder does not apply); the script must not read tensor values "
                         "(docs/trace.md)")
+    p.add_argument("--fake-device", default=None, metavar="NAME",
+                   help=f"with --fake-world, where CUDA is mapped to the CPU: the GPU torch.cuda's device and memory "
+                        f"queries answer as: {', '.join(gpu.GPUS)} (default {gpu.DEFAULT})")
     p.add_argument("--ranks", default="auto",
                    help="with --fake-world: auto (one rank per class, the default) or a comma list such as 0,7,1023")
 
@@ -180,7 +198,7 @@ def options_of(args: argparse.Namespace, target, out: Path | None = None) -> Tra
                         rendezvous=rendezvous, steps=args.steps, timeout=args.timeout,
                         step_optimizer=args.step_optimizer, out=out, fake_world=args.fake_world, ranks=args.ranks,
                         cheap=args.cheap, recorder=args.recorder, flight_recorder=args.flight_recorder,
-                        fake_tensors=args.fake_tensors)
+                        fake_tensors=args.fake_tensors, fake_device=args.fake_device)
 
 
 def ready_recorder(options: TraceOptions, echo=None) -> TraceOptions:

@@ -8,6 +8,8 @@ the script alone on torch's fake process-group backend, one mechanism per file:
 - `mode`: what a fake rank does at the rank program's fixed points;
 - `patches`: the one declared table of what a fake world changes in torch, applied by the mode;
 - `backend` (the fake backend for every group), `objects` (what object collectives receive: what the
-  ranks traced before sent), `devices` (CUDA mapped to the CPU), `tensors` (``--fake-tensors``: tensors
+  ranks traced before sent), `devices` (CUDA devices mapped to the CPU), `cuda_api` (torch.cuda and
+  torch.accelerator answered as one GPU per local rank), `gpu` (the stand-in GPU: ``--fake-device``),
+  `attention` (DTensor's rule for the CPU's flash attention), `tensors` (``--fake-tensors``: tensors
   without data): the installers the table names.
 """

@@ -1,35 +1,57 @@
-"""CUDA mapped to the CPU in a fake world's rank on a machine without CUDA.
+"""CUDA devices mapped to the CPU in a fake world's rank on a machine without CUDA.
 
 Users' scripts are written for GPUs: ``torch.cuda.set_device(local_rank)``, ``.cuda()``,
-``init_device_mesh("cuda", ...)``, ``DDP(..., device_ids=[local_rank])``. A fake world exists to
-run such a script before a GPU is booked, so on a CPU-only machine every CUDA device becomes the CPU
-(a fake world's collectives move no data, so nothing depends on where a tensor lives):
+``model.to(local_rank)``, ``torch.zeros(..., device=torch.cuda.current_device())`` (135 places in
+megatron-core 0.16.1), ``init_device_mesh("cuda", ...)``, ``DDP(..., device_ids=[local_rank])``,
+``torch.load(..., map_location="cuda:1")``. A fake world exists to run such a script before a GPU is
+booked, so on a machine without CUDA (a CPU build of torch, or a CUDA build with no GPU) every CUDA
+device becomes the CPU (a fake world's collectives move no data, so nothing depends on where a
+tensor lives). torch.cuda and torch.accelerator answer as one GPU per local rank (`cuda_api`); here:
 
-- ``torch.cuda.is_available()`` says yes (the script takes its GPU path, the one it will run),
-  ``device_count()`` is the node's ``LOCAL_WORLD_SIZE``, ``current_device()`` the ``LOCAL_RANK``,
-  ``is_current_stream_capturing()`` is False, ``set_device``, ``synchronize``, ``empty_cache``,
-  ``manual_seed(_all)``, ``set_rng_state(_all)`` do nothing and ``get_rng_state(_all)`` gives the CPU generator's state (``torch.random.fork_rng``);
-  ``torch.accelerator`` names ``cuda`` as the build's accelerator but says none is usable now;
-- a TorchFunctionMode rewrites every CUDA device argument of every torch call (factories'
-  ``device=``, ``Tensor.to("cuda")``, ``Tensor.cuda()``, and with them ``Module.cuda()`` and
-  ``Module.to``) to the CPU; the mode is the one place that sees calls made inside torch's own
-  parallel APIs too, which patching the methods one by one would miss;
+- a TorchFunctionMode rewrites every CUDA device argument of every torch call to the CPU: a
+  ``device=`` of a factory or ``.to``, ``"cuda"``, ``"cuda:1"``, ``torch.device("cuda", 1)`` or an
+  ordinal (``1``: what torch makes of one on a CUDA build, a CUDA device), ``Tensor.to(1)``,
+  ``Tensor.cuda()``; ``torch.device(1)`` is ``cuda:1``, as on a CUDA build (the script's device objects
+  stay what it wrote; its tensors move). The mode is the one place that sees calls made inside torch's
+  own parallel APIs too, which patching the methods one by one would miss;
+- the mode also covers what autograd runs: a TorchFunctionMode is popped while its own
+  ``__torch_function__`` runs, so everything inside ``loss.backward()`` (a custom
+  ``Function.backward`` allocating ``device=torch.cuda.current_device()``: Megatron's
+  tensor_parallel/layers.py:551; tensor hooks) ran without it, on the thread that called backward
+  (measured: torch 2.13, the mode stack is empty in a CPU graph's backward). Autograd's engine runs
+  every graph with the thread-local state it captured when it started, so the mode is pushed around
+  that start (``torch.autograd.graph._engine_run_backward``): every backward function sees it, on
+  whichever thread the engine runs it;
+- ``Module.to(1)`` parses its arguments in C++ (``torch._C._nn._parse_to``), below the mode: an
+  ordinal there is read as ``cuda:1``, and the mode moves the tensors;
+- checkpoints load on the CPU: a deserializer registered before CUDA's
+  (``torch.serialization.register_package``, torch's hook for devices) keeps every storage tagged or
+  mapped to ``cuda`` (``map_location="cuda:2"``, ``torch.device("cuda", 2)``, a dict to ``cuda:N``, or
+  a checkpoint saved on a GPU) on the CPU. torch itself refuses an int ``map_location`` (it is taken
+  for a callable: "'int' object is not callable", serialization.py:1956), on a GPU too, so that is
+  left as it is;
+- pinned memory, which needs an accelerator's allocator: ``Tensor.pin_memory()`` (DataLoader's
+  ``pin_memory=True``, in its pinning thread too) returns the tensor itself and factories'
+  ``pin_memory=True`` is dropped;
 - a ``DeviceMesh`` of type ``cuda`` (``init_device_mesh("cuda", ...)``) is built as a CPU mesh, so
   FSDP2 and DTensor on it take their CPU path (no CUDA streams);
 - DDP is built without ``device_ids`` / ``output_device`` (which it accepts only for GPU modules);
   ``init_process_group``'s ``device_id`` is already dropped by the fake backend (`backend`).
 
-Anything else of ``torch.cuda`` that needs a device (streams, events, memory statistics, device
-properties) cannot be mapped: it raises `Unmapped`, one line naming the call and where the script made
-it. `used` names what was mapped, for the result's note. Each installer is a row of
-`patches.PATCHES`, applied only where torch has no CUDA (`needed`).
+Not mapped: a thread the script starts itself does not have the mode (a TorchFunctionMode is
+thread-local), and ``Tensor.type()`` says ``'torch.FloatTensor'``, not ``'torch.cuda.FloatTensor'``:
+which CPU tensors stand for CUDA ones is lost after any op (a sum, a gradient), so no answer would be
+sound; a script that checks it fails with one line saying so (`explain`).
+
+`used` names what was mapped, for the result's note. Each installer is a row of `patches.PATCHES`,
+applied only where torch has no CUDA (`needed`).
 """
 
 from __future__ import annotations
 
 import functools
 import os
-import traceback
+import sys
 
 from ..entry_points import rebind
 from ..script_frames import is_library, place
@@ -42,12 +64,17 @@ class Unmapped(RuntimeError):
     """A CUDA call the device map cannot run on the CPU."""
 
 
-def _mark(name: str) -> None:
-    if name not in used:
-        used.append(name)
+def mark(name: str, record: list[str] = used) -> None:
+    if name not in record:
+        record.append(name)
 
 
-def _is_cuda(device) -> bool:
+def is_ordinal(device) -> bool:
+    return isinstance(device, int) and not isinstance(device, bool)
+
+
+def is_cuda(device) -> bool:
+    """A CUDA device as torch accepts one: ``"cuda"``, ``"cuda:1"``, ``torch.device("cuda", 1)``."""
     import torch
 
     if isinstance(device, torch.device):
@@ -55,98 +82,60 @@ def _is_cuda(device) -> bool:
     return isinstance(device, str) and device.split(":")[0] == "cuda"
 
 
-@functools.cache  # asked once, before this module's patches make torch.cuda say yes
+@functools.cache  # asked once, before the patches make torch.cuda say yes
 def needed() -> bool:
-    """Whether CUDA must be mapped: torch has none here."""
+    """Whether CUDA must be mapped: torch has none here (a CPU build, or a CUDA build with no GPU)."""
     import torch
 
     return not torch.cuda.is_available()
 
 
-@functools.cache  # each installer once per process: the fork server installs it before it forks the ranks
-def answer_torch_cuda() -> None:
-    """torch.cuda's device queries and no-ops answered as one GPU per local rank would answer them."""
-    import torch
-
-    cuda = torch.cuda
-    lazy_init = cuda._lazy_init
-
-    def answer_with(name, make):
-        def call(*args, **kwargs):
-            _mark(f"torch.{name}")
-            return make(*args, **kwargs)
-        return call
-
-    def answer(name, value):
-        return answer_with(name, lambda *args, **kwargs: value)
-
-    def local_rank() -> int:  # the rank's environment, read at the call (not at install: fork_server)
-        return int(os.environ.get("LOCAL_RANK", 0))
-
-    def local_world() -> int:
-        return int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-
-    cuda.device_count = answer_with("cuda.device_count", local_world)
-    cuda.current_device = answer_with("cuda.current_device", local_rank)
-    for name, value in (("is_available", True),
-                        ("set_device", None), ("synchronize", None), ("empty_cache", None),
-                        ("manual_seed", None), ("manual_seed_all", None),
-                        # torch 2.11's optimizers ask it of a CUDA build before every step: no capture on the CPU
-                        ("is_current_stream_capturing", False)):
-        setattr(cuda, name, answer(f"cuda.{name}", value))
-    accelerator = torch.accelerator
-    current_accelerator = accelerator.current_accelerator
-    usable = accelerator.is_available()  # before the patches: False here, and it stays the answer
-    accelerator.is_available = lambda: usable  # torch.compile asks it before it reaches for streams
-
-    def accelerator_type(check_available: bool = False):
-        """The device-generic twin, as torch's own test models ask it: the accelerator this machine is
-        taken for is ``cuda``; asked whether one is usable now (torch's optimizers, before reaching
-        for CUDA streams), it still says no, so torch's internals keep their CPU paths."""
-        if check_available:
-            return current_accelerator(check_available=True)
-        _mark("torch.accelerator.current_accelerator")
-        return torch.device("cuda")
-
-    accelerator.current_accelerator = accelerator_type
-    accelerator.device_count = answer_with("accelerator.device_count", local_world)
-
-    def unmapped_init(*args, **kwargs):
-        """torch.cuda's own gate before it touches a device: name the call instead of 'not compiled'."""
-        try:
-            lazy_init(*args, **kwargs)
-        except (AssertionError, RuntimeError):
-            raise _unmapped() from None
-
-    rebind(lazy_init, unmapped_init)  # torch.cuda.random and others import it by name
-    cpu_state = torch.get_rng_state
-    cuda.get_rng_state = answer_with("cuda.get_rng_state", lambda *args, **kwargs: cpu_state())
-    cuda.get_rng_state_all = answer_with("cuda.get_rng_state_all", lambda: [cpu_state()] * local_world())
-    cuda.set_rng_state = answer("cuda.set_rng_state", None)  # fork_rng's restore: no CUDA generator to set
-    cuda.set_rng_state_all = answer("cuda.set_rng_state_all", None)
-    for name in ("Stream", "Event"):  # CPU builds have dummy classes that fail without saying why
-        setattr(cuda, name, type(name, (getattr(cuda, name),), {"__new__": _refuse(f"torch.cuda.{name}")}))
+def unmapped(name: str | None = None, fallback: str = "a CUDA call") -> Unmapped:
+    frames, frame = [], sys._getframe(1)
+    while frame is not None:
+        frames.insert(0, frame)
+        frame = frame.f_back
+    return Unmapped(_needs_device(frames, name, fallback))
 
 
-def _refuse(name: str):
-    def __new__(cls, *args, **kwargs):
-        raise _unmapped(name)
-    return __new__
+def _needs_device(frames, name: str | None, fallback: str) -> str:
+    """'torch.cuda.Stream at train.py:12 needs a CUDA device, ...': the torch.cuda call the script made
+    (`name`, else the outermost torch.cuda or torch.accelerator frame of `frames`, outermost first, else
+    `fallback`), and the script's innermost line."""
+    inside = [f for f in frames if any(f"{os.sep}torch{os.sep}{p}{os.sep}" in f.f_code.co_filename
+                                       for p in ("cuda", "accelerator"))]
+    if name is None and inside:  # the outermost: what the script (or its library) called
+        code = inside[0].f_code
+        package = "accelerator" if f"{os.sep}accelerator{os.sep}" in code.co_filename else "cuda"
+        name = f"torch.{package}.{code.co_qualname.removesuffix('.__new__').removesuffix('.__init__')}"
+    own = [f for f in frames if not is_library(f.f_code.co_filename)]
+    name = name or fallback
+    where = f"{name} at {os.path.basename(own[-1].f_code.co_filename)}:{own[-1].f_lineno}" if own else name
+    return (f"{where} needs a CUDA device, which meshscope's fake world cannot map to the CPU (it maps devices, "
+            f".cuda(), set_device, streams, device queries, init_device_mesh, device_ids)")
 
 
-def _unmapped(name: str | None = None) -> Unmapped:
-    return Unmapped(f"{_call_site(name)} needs a CUDA device, which meshscope's fake world cannot map to the CPU "
-                    f"(it maps devices, .cuda(), set_device, init_device_mesh, device_ids)")
+NO_GPU = ("No CUDA GPUs are available", "no CUDA-capable device is detected", "Found no NVIDIA driver")
+"""What a CUDA build without a GPU says where a call needs one (torch 2.11, the device machine with
+CUDA_VISIBLE_DEVICES empty): a class of torch.cuda (``CUDAGraph()``) reaches the device in C++."""
 
 
-def _call_site(name: str | None) -> str:
-    """'torch.cuda.Stream at train.py:12': the torch.cuda function the script called (`name`, else the
-    outermost torch.cuda frame), and the script's line that called it (`script_frames`)."""
-    frames = traceback.extract_stack()[:-3]
-    inside = [f for f in frames if f"{os.sep}torch{os.sep}cuda{os.sep}" in f.filename]
-    own = [f for f in frames if not is_library(f.filename)]
-    name = name or (f"torch.cuda.{inside[0].name}" if inside else "a CUDA call")
-    return f"{name} at {place(own[-1]).rsplit(os.sep, 1)[-1]}" if own else name
+def explain(exc: BaseException) -> str | None:
+    """One line for what a fake world cannot answer: a check of a CUDA tensor type (``Tensor.type()``),
+    or a call that reached a CUDA build's device (`NO_GPU`) past the wrappers of `cuda_api`."""
+    import traceback
+
+    if isinstance(exc, RuntimeError) and any(text in str(exc) for text in NO_GPU):
+        frames = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)]  # outermost first
+        return f"{Unmapped.__name__}: {_needs_device(frames, None, 'a CUDA call')}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    line = frames[-1].line if frames else ""
+    if not isinstance(exc, AssertionError) or "torch.cuda." not in (line or "") or ".type()" not in line:
+        return None
+    return (f"the script checks for a CUDA tensor type at {os.path.basename(place(frames[-1]))} ({line}), which a "
+            f"fake world cannot answer: its CUDA tensors are CPU tensors (type() 'torch.FloatTensor'), and which CPU "
+            f"tensors stand for CUDA ones is lost after any op (a gradient, a sum), so Tensor.type() is torch's own "
+            f"answer; skip that check in a fake world")
 
 
 @functools.cache
@@ -157,8 +146,8 @@ def cpu_device_mesh() -> None:
     original = device_mesh.DeviceMesh.__init__
 
     def init(mesh, device_type, *args, **kwargs):
-        if _is_cuda(device_type):
-            _mark("DeviceMesh('cuda')")
+        if is_cuda(device_type):
+            mark("DeviceMesh('cuda')")
             device_type = "cpu"
         original(mesh, device_type, *args, **kwargs)
 
@@ -173,7 +162,7 @@ def ddp_without_device_ids() -> None:
 
     def init(self, module, device_ids=None, output_device=None, *args, **kwargs):
         if device_ids is not None or output_device is not None:
-            _mark("DDP device_ids")
+            mark("DDP device_ids")
         original(self, module, None, None, *args, **kwargs)
 
     DistributedDataParallel.__init__ = init
@@ -181,38 +170,121 @@ def ddp_without_device_ids() -> None:
 
 @functools.cache
 def cpu_devices() -> None:
-    """For the rest of the process (the script runs inside it): `_cpu_devices`."""
-    _cpu_devices().__enter__()
+    """For the rest of the process (the script runs inside it): the mode, and autograd's runs inside it."""
+    import torch
+    from torch.autograd import graph
+    from torch.overrides import _get_current_function_mode_stack
+
+    mode = _cpu_devices()
+    mode.__enter__()
+    run_backward = graph._engine_run_backward
+
+    def engine_run_backward(*args, **kwargs):
+        """The engine captures the thread-local state here, which it gives every backward function."""
+        if mode in _get_current_function_mode_stack():
+            return run_backward(*args, **kwargs)
+        with mode:
+            return run_backward(*args, **kwargs)
+
+    rebind(run_backward, engine_run_backward)  # torch.autograd imports it by name
+    parse_to = torch._C._nn._parse_to
+
+    def parse_ordinal(*args, **kwargs):
+        """Module.to(1): the C++ parser reads an ordinal without asking the mode."""
+        if args and is_ordinal(args[0]):
+            mark(".to(ordinal)")
+            args = (torch.device("cuda", args[0]), *args[1:])
+        if is_ordinal(kwargs.get("device")):
+            mark(".to(ordinal)")
+            kwargs = {**kwargs, "device": torch.device("cuda", kwargs["device"])}
+        return parse_to(*args, **kwargs)
+
+    torch._C._nn._parse_to = parse_ordinal
 
 
 def _cpu_devices():
-    """The TorchFunctionMode: every CUDA device argument of a torch call becomes the CPU, and
-    ``Tensor.cuda()`` a ``to("cpu")``."""
+    """The TorchFunctionMode: every CUDA device argument of a torch call becomes the CPU, an ordinal a
+    CUDA device first, and ``Tensor.cuda()`` a ``to("cpu")``."""
     import torch
     from torch.overrides import TorchFunctionMode
 
     cpu = torch.device("cpu")
+    to, tensor_cuda = torch.Tensor.to, torch.Tensor.cuda
 
     class CpuDevices(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if func is torch.device:  # the script's device objects stay what it wrote; its tensors move
+                if args and is_ordinal(args[0]):
+                    mark("torch.device(ordinal)")
+                    return func("cuda", *args, **kwargs)
                 return func(*args, **kwargs)
-            if func is torch.Tensor.cuda:
-                _mark(".cuda()")
+            if func is tensor_cuda:
+                mark(".cuda()")
                 return args[0].to(cpu, non_blocking=kwargs.get("non_blocking", False))
             device = kwargs.get("device")
-            if device is not None and _is_cuda(device):
-                _mark("device='cuda'")
+            if device is not None and (is_cuda(device) or is_ordinal(device)):
+                mark("device='cuda'" if is_cuda(device) else "device=ordinal")
                 kwargs = {**kwargs, "device": cpu}
-            if any(_is_cuda(a) for a in args):
-                _mark(".to('cuda')")
-                args = tuple(cpu if _is_cuda(a) else a for a in args)
+            if func is to and len(args) > 1 and is_ordinal(args[1]):
+                mark(".to(ordinal)")
+                args = (args[0], cpu, *args[2:])
+            if any(is_cuda(a) for a in args):
+                mark(".to('cuda')")
+                args = tuple(cpu if is_cuda(a) else a for a in args)
+            if kwargs.get("pin_memory"):
+                mark("pin_memory")
+                kwargs = {**kwargs, "pin_memory": False}
             return func(*args, **kwargs)
 
     return CpuDevices()
 
 
+@functools.cache
+def unpinned_memory() -> None:
+    """``Tensor.pin_memory()`` returns the tensor: pinning needs an accelerator's allocator, and DataLoader
+    pins in a thread of its own, which the mode does not reach."""
+    import torch
+
+    def pin_memory(self, device=None):
+        mark("pin_memory")
+        return self
+
+    torch.Tensor.pin_memory = pin_memory
+
+
+@functools.cache
+def cuda_checkpoints_on_cpu() -> None:
+    """Storages tagged or mapped to ``cuda`` load on the CPU: a deserializer before CUDA's (priority 20)."""
+    import re
+
+    from torch import serialization
+
+    def tag(storage):  # saving: every storage is a CPU one here, which the CPU's tagger names
+        return None
+
+    def deserialize(storage, location):
+        if re.match(r"cuda(:|$)", location):
+            mark("torch.load to cuda")
+            return storage
+        return None
+
+    serialization.register_package(19, tag, deserialize)
+
+
+def compiled() -> bool:
+    """Whether torch.compile compiled a graph in this rank: its regions ran on the CPU (inductor's CPU
+    code, or the ops themselves under aot_eager), the mapped tensors being CPU tensors."""
+    dynamo = sys.modules.get("torch._dynamo.utils")
+    return bool(dynamo and dynamo.counters["stats"]["unique_graphs"])
+
+
+COMPILED = "torch.compile (on the CPU)"
+"""`used`'s name for a rank whose torch.compile compiled a graph (`compiled`)."""
+
+
 def note(calls: list[str]) -> str:
     """The result's note: what was mapped (on any traced rank)."""
-    return f"no CUDA here: the fake world mapped every CUDA device to the CPU ({', '.join(calls)})"
+    compiled = ("; torch.compile's regions ran on the CPU, as inductor's CPU code (or op by op under aot_eager and "
+                "eager), not as CUDA kernels: the same collectives, not the GPU's times" if COMPILED in calls else "")
+    return f"no CUDA here: the fake world mapped every CUDA device to the CPU ({', '.join(calls)}){compiled}"

@@ -2,13 +2,14 @@
 
 Its output already goes to ``logs/rank<R>.log`` (the fork server points the rank's streams there);
 it has no peers to meet and no launcher to stop it; `install` applies the rows of `patches` for its
-modes (the fake backend, CUDA mapped where torch has none, fake tensors), lets the object
-collectives record and read what ranks sent (`objects.EXCHANGE`) and marks what a call's fields cannot
-know (`assumed`: an all-to-all's receives, `backend.assumed`; an object collective's stand-in sizes);
-`recording` is the dispatcher's recorder, or under
-``--fake-tensors`` the dispatch mode above FakeTensorMode (`tensors.shapes_only`); `explain` words
-the failures only a fake world has (a value read without data, a pipeline that exchanges its shapes);
-`record` adds what the rank wrote in its own layer of files (`files`, taken by the fork server).
+modes (the fake backend, CUDA mapped where torch has none with its stand-in GPU, fake tensors), lets
+the object collectives record and read what ranks sent (`objects.EXCHANGE`) and marks what a call's
+fields cannot know (`assumed`: an all-to-all's receives, `backend.assumed`; an object collective's
+stand-in sizes); `recording` is the dispatcher's recorder, or under ``--fake-tensors`` the dispatch
+mode above FakeTensorMode (`tensors.shapes_only`); `explain` words the failures only a fake world has
+(a value read without data, a pipeline that exchanges its shapes, a CUDA type check, an attention
+DTensor cannot shard on the CPU); `record` adds what the rank wrote in its own layer of files
+(`files`, taken by the fork server) and the stand-in GPU's answers.
 """
 
 from __future__ import annotations
@@ -17,9 +18,10 @@ import traceback
 from contextlib import AbstractContextManager
 
 from ...core.rundir import RunDir
+from .. import script_frames
 from ..options import RankOptions
 from ..recording import RankTrace
-from . import backend, devices, files, objects, patches, tensors
+from . import attention, backend, devices, files, gpu, objects, patches, tensors
 
 PIPELINE_SHAPES = ("the script's pipeline stages exchange their shapes over P2P (recv_object_list), which a fake "
                    "world cannot deliver (it also takes every stage's warm-up vote as 'static shapes'): give every "
@@ -43,6 +45,7 @@ class FakeMode:
         pass
 
     def install(self, trace: RankTrace, stopped) -> None:
+        gpu.choose(self.options.fake_device or gpu.DEFAULT)
         self.patched = patches.apply(patches.modes(self.options.fake_tensors))
         objects.EXCHANGE.begin(self.run_dir, self.rank)
         trace.assume = self.assumed
@@ -57,6 +60,9 @@ class FakeMode:
 
     def explain(self, exc: BaseException, script: str) -> tuple[str | None, str | None]:
         error = tensors.value_read(exc, script) if self.options.fake_tensors else None
+        if error is None and devices.needed():
+            where = script_frames.where(traceback.extract_tb(exc.__traceback__))
+            error = attention.explain(exc, where) or devices.explain(exc)
         frames = "".join(traceback.format_tb(exc.__traceback__))
         shapes = "recv_object_list" in frames or type(exc).__name__ == "PipeliningMetadataError"
         return error, PIPELINE_SHAPES if shapes else None
@@ -68,4 +74,7 @@ class FakeMode:
         pass
 
     def record(self) -> dict:
-        return {"mapped": tuple(devices.used), "patched": tuple(self.patched), **files.record()}
+        mapped = devices.used + ([devices.COMPILED] if devices.compiled() else [])
+        return {"mapped": tuple(mapped), "patched": tuple(self.patched),
+                "device": gpu.lookup(self.options.fake_device or gpu.DEFAULT) if devices.needed() else "",
+                "device_calls": tuple(gpu.answered), **files.record()}

@@ -4,8 +4,8 @@ A fake world runs an unmodified script against torch's fake backend, with CUDA m
 where there is none, and optionally with tensors that hold no data; each of those needs torch to
 answer something differently. `PATCHES` lists every such change: its targets (the torch names it
 replaces or wraps), why, the torch releases whose source it was read against, the modes it applies
-to, and the installer that makes it (in `backend`, `devices` or `tensors`). `apply` installs the
-rows of a mode whose targets this torch has, and returns their names for the rank's record, so a
+to, and the installer that makes it (in `backend`, `devices`, `cuda_api`, `attention` or `tensors`).
+`apply` installs the rows of a mode whose targets this torch has, and returns their names for the rank's record, so a
 result says which rows were active. ``tests/test_fake_patches.py`` checks, in-process, that every
 row's targets exist on the installed torch: a torch that renames one fails there, not in a user's
 trace.
@@ -13,11 +13,11 @@ trace.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Callable
 
-from . import backend, devices, objects, tensors
+from ..entry_points import resolve
+from . import attention, backend, cuda_api, devices, objects, tensors
 
 FAKE_WORLD = "fake-world"
 """Every rank of a fake world."""
@@ -42,23 +42,10 @@ class Patch:
     """Idempotent: the fork server installs a row before it forks the ranks, which install it again."""
 
 
-def resolve(target: str):
-    """The object a dotted torch name names, importing its module; AttributeError/ImportError if absent."""
-    parts = target.split(".")
-    for cut in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:cut]))
-        except ImportError:
-            continue
-        for attr in parts[cut:]:
-            obj = getattr(obj, attr)
-        return obj
-    raise ImportError(f"no module of {target!r} can be imported")
-
-
 C10D = "torch.distributed.distributed_c10d"
 DDP = "torch.nn.parallel.DistributedDataParallel"
 MESH = "torch.distributed.device_mesh.DeviceMesh"
+MATRIX_OPS = "torch.distributed.tensor._ops._matrix_ops"
 
 PATCHES = (
     Patch("fake backend", (f"{C10D}.init_process_group", "torch.testing._internal.distributed.fake_pg.FakeStore"),
@@ -87,24 +74,47 @@ PATCHES = (
     Patch("DDP's all-reduce hook", (f"{DDP}.__init__", f"{DDP}.register_comm_hook"),
           "DDP's built-in hook asserts on the fake work's empty future; a hook issuing the same all-reduce "
           "of the same bucket completes with the bucket", "2.11, 2.13", FAKE_WORLD, backend.hook_ddp),
-    Patch("CUDA answered", tuple(f"torch.cuda.{n}" for n in (
-              "is_available", "device_count", "current_device", "set_device", "synchronize", "empty_cache",
-              "manual_seed", "manual_seed_all", "is_current_stream_capturing", "get_rng_state", "get_rng_state_all",
-              "set_rng_state", "set_rng_state_all", "Stream", "Event", "_lazy_init"))
-          + ("torch.accelerator.is_available", "torch.accelerator.current_accelerator",
-             "torch.accelerator.device_count"),
-          "a script written for GPUs takes its GPU path on the CPU: one device per local rank, the CPU's RNG, "
-          "no-ops for what moves nothing; what needs a real device (streams, events, a lazy CUDA init) is one "
-          "line naming the call", "2.11, 2.13", CUDA_MAP, devices.answer_torch_cuda),
+    Patch("CUDA answered", tuple(cuda_api.ANSWERS),
+          "a script written for GPUs takes its GPU path on the CPU, and torch's own uses of torch.accelerator (the "
+          "optimizers' current stream, DataLoader's pinning) agree: one device per local rank, the CPU's RNG, "
+          "streams and events that do nothing, the stand-in GPU's properties and memory (--fake-device); every other "
+          "public function of torch.cuda and torch.accelerator raises one line naming the call when it needs a device",
+          "2.11, 2.13", CUDA_MAP, cuda_api.answer_torch_cuda),
+    Patch("CUDA's gate named", ("torch.cuda._lazy_init", "torch._utils._dummy_type"),
+          "torch.cuda's lazy init and a CPU build's placeholders for CUDA's C++ types (CUDAGraph, MemPool) raise one "
+          "line naming the call instead of 'not compiled with CUDA' or 'dummy base class'", "2.11, 2.13", CUDA_MAP,
+          cuda_api.unmapped_lazy_init),
     Patch("CUDA meshes on the CPU", (f"{MESH}.__init__",),
           "init_device_mesh('cuda') builds a CPU mesh, so FSDP2 and DTensor take their CPU path", "2.11, 2.13",
           CUDA_MAP, devices.cpu_device_mesh),
     Patch("DDP without device_ids", (f"{DDP}.__init__",),
           "DDP accepts device_ids / output_device only for GPU modules", "2.11, 2.13", CUDA_MAP,
           devices.ddp_without_device_ids),
-    Patch("CUDA devices as the CPU", ("torch.overrides.TorchFunctionMode", "torch.Tensor.cuda"),
-          "a TorchFunctionMode turns every CUDA device argument of a torch call (factories' device=, .to, "
-          ".cuda()) into the CPU, inside torch's parallel APIs too", "2.11, 2.13", CUDA_MAP, devices.cpu_devices),
+    Patch("CUDA devices as the CPU", (
+              "torch.overrides.TorchFunctionMode", "torch.overrides._get_current_function_mode_stack", "torch.Tensor.cuda",
+              "torch.Tensor.to", "torch.autograd.graph._engine_run_backward", "torch._C._nn._parse_to"),
+          "a TorchFunctionMode turns every CUDA device argument of a torch call (factories' device=, .to, .cuda(), an "
+          "ordinal as a CUDA build reads one) into the CPU, inside torch's parallel APIs too, and around autograd's "
+          "engine so backward functions see it (the mode is off inside its own handler, backward() included); "
+          "Module.to's C++ parser reads an ordinal as a CUDA device", "2.13", CUDA_MAP, devices.cpu_devices),
+    Patch("pinned memory unpinned", ("torch.Tensor.pin_memory",),
+          "pinning needs an accelerator's allocator: Tensor.pin_memory() returns the tensor (DataLoader pins in a "
+          "thread of its own)", "2.13", CUDA_MAP, devices.unpinned_memory),
+    Patch("CUDA checkpoints on the CPU", ("torch.serialization.register_package",
+                                          "torch.serialization.default_restore_location"),
+          "torch.load's storages tagged or mapped to cuda (map_location='cuda:N', a cuda device, a GPU's checkpoint) "
+          "stay on the CPU: a deserializer before CUDA's, through torch's hook for devices", "2.13", CUDA_MAP,
+          devices.cuda_checkpoints_on_cpu),
+    Patch("DTensor's rule for the CPU flash attention", (
+              f"{MATRIX_OPS}._scaled_dot_product_flash_attention_base_strategies",
+              f"{MATRIX_OPS}._scaled_dot_product_flash_attention_backward_base_strategies",
+              "torch.distributed.tensor._ops.utils.register_op_strategy",
+              "torch.distributed.tensor._ops.utils.expand_to_full_mesh_op_strategy",
+              "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default",
+              "torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default"),
+          "F.scaled_dot_product_attention on the CPU standing in for CUDA picks the CPU's flash kernel, which DTensor "
+          "cannot shard; it gets DTensor's rule for CUDA's flash kernel, so DTensor redistributes as on the GPU",
+          "2.13", CUDA_MAP, attention.cpu_flash_attention_rule),
     Patch("DeviceMesh on real tensors", (MESH, "torch.distributed.device_mesh.init_device_mesh",
                                          "torch._subclasses.fake_tensor.unset_fake_temporarily"),
           "its rank tables are read back as numbers (tolist), which a FakeTensor cannot answer: every "

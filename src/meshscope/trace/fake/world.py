@@ -16,11 +16,12 @@ import os
 import sys
 
 from ...core.rundir import RunDir
-from ...core.trace_result import FakeWorld, RankClass, RankEnd, TraceResult, TraceSpec
+from ...core.trace_result import FakeDevice, FakeWorld, RankClass, RankEnd, TraceResult, TraceSpec
 from ..assemble import assemble, conclude, created_groups
-from . import files
+from . import files, gpu
 from .classes import rank_classes
 from .fork_server import ForkServer, ServerFailed
+
 
 def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
     echo = echo or (lambda line: sys.stderr.write(line))
@@ -62,20 +63,31 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
     server.close()
     traced = chosen if same is None and chosen else asked  # the server failed before the classes were known
     run_dir.write_spec(spec(traced).to_json())
-    patched = tuple(dict.fromkeys(row for r in traced for row in run_dir.read_end(r).patched))
+    ends = [run_dir.read_end(r) for r in traced]
+    patched = tuple(dict.fromkeys(row for end in ends for row in end.patched))
     section = FakeWorld(world, tuple(traced), tuple(
         RankClass(_representative(m, codes), _ranges(m), len(m)) for m in sorted(classes.values(), key=min))
         if classes else None,
         "one rank per class of rank 0's group creations: ranks in the same place (first, middle or last member, "
         "group size) of every kind of group; a script that branches on its rank number can defeat this"
         if classes else "the ranks given" if options.chosen_ranks() is not None else
-        "the first ranks only: they failed the same way, so the classes were not traced", patched)
+        "the first ranks only: they failed the same way, so the classes were not traced", patched, stand_in(ends))
     result = assemble(run_dir, account=failure, fake_world=section)
     result.notes += fake_notes(result)
     if same is not None:
         result.notes.append(f"ranks {asked} failed the same way ({same}); the other classes of ranks were not "
                             f"traced: they run the same script")
     return conclude(run_dir, result)
+
+
+def stand_in(ends: list[RankEnd]) -> FakeDevice | None:
+    """The stand-in GPU of the ranks that mapped CUDA, with the queries it answered on any of them."""
+    key = next((end.device for end in ends if end.device), "")
+    if not key:
+        return None
+    g = gpu.GPUS[key]
+    return FakeDevice(key, g.name, g.total_memory, g.major, g.minor, g.multi_processor_count,
+                      tuple(dict.fromkeys(call for end in ends for call in end.device_calls)))
 
 
 def failed_alike(ends: list[RankEnd]) -> str | None:
@@ -106,6 +118,9 @@ def fake_notes(result: TraceResult) -> list[str]:
                      f"object, so the bytes of {objects} calls, sized from such objects, are assumed")
     if any(e.op == "recv" for e in result.events):
         notes.append("fake backend: a receive gets no data from its peer (a blocking recv is filled with ones)")
+    device = result.fake_world.device if result.fake_world else None
+    if device is not None and device.answered:
+        notes.append(gpu.note(list(device.answered), gpu.GPUS[device.key]))
     kept = files.note(result.ranks)
     return notes + ([kept] if kept else [])
 

@@ -1,0 +1,76 @@
+"""DTensor's attention on the CPU standing in for CUDA: the rule of CUDA's flash kernel for the CPU's.
+
+``F.scaled_dot_product_attention`` picks its kernel by the device of its inputs. On a GPU, DTensor
+shards the kernel it picks (flash, memory-efficient or cuDNN: torch 2.13
+torch/distributed/tensor/_ops/_matrix_ops.py:490-1130, each replicated, or sharded on the heads
+dim 1, or on the batch dim 0). In a fake world CUDA's tensors are the CPU's, so the same call picks
+the CPU's flash kernel, ``aten._scaled_dot_product_flash_attention_for_cpu``, for which torch has no
+sharding rule: its forward without a mask goes through DTensor's decomposition-based propagation,
+whose causal mask is a plain tensor ("got mixed torch.Tensor and DTensor"), and its backward has no
+decomposition at all (pytorch/examples distributed/tensor_parallelism/fsdp_tp_example.py fails at
+llama2_model.py:223). Steering the choice to a kernel DTensor does shard is no way out on the CPU:
+CUDA's three have no CPU kernel, and the math backend decomposes into matmuls whose placements
+need not be the flash kernel's (and meets the same causal mask).
+
+So the CPU kernel and its backward get DTensor's own rule for CUDA's flash kernel: the same three
+placements of query, key, value, output and logsumexp (the CPU kernel's two outputs are the first two
+of CUDA's; its backward's six tensor inputs are in the order of CUDA's backward). The strategy DTensor
+then picks, and with it every redistribution around the attention, is the one it picks on the GPU. An
+``attn_mask`` (for which CUDA takes the memory-efficient kernel, with its own rule for the bias) is
+not covered: that call fails with one line (`explain`) naming torch's limit and what to pass.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from .devices import mark
+
+CPU_FLASH = "aten._scaled_dot_product_flash_attention_for_cpu"
+_FORWARD = (0, 1, 9, 10, 11)
+"""The CPU kernel's placements (output, logsumexp, query, key, value) among the 12 of CUDA's rule
+(output, logsumexp, cum_seq_q, cum_seq_k, max_q, max_k, rng_state, unused, debug_attn_mask, q, k, v)."""
+
+
+@functools.cache
+def cpu_flash_attention_rule() -> None:
+    import torch
+    from torch.distributed.tensor._op_schema import RuntimeSchemaInfo
+    from torch.distributed.tensor._ops import _matrix_ops as cuda_rules
+    from torch.distributed.tensor._ops.utils import expand_to_full_mesh_op_strategy, register_op_strategy
+
+    aten = torch.ops.aten
+
+    @register_op_strategy(aten._scaled_dot_product_flash_attention_for_cpu.default,
+                          schema_info=RuntimeSchemaInfo(3, static_kwargkey=["attn_mask", "scale"]))
+    def forward(op_schema):
+        if op_schema.kwargs_schema.get("attn_mask") is not None:
+            raise NotImplementedError(f"{CPU_FLASH} with an attn_mask has no DTensor sharding rule")
+        mark("DTensor's flash-attention rule for the CPU kernel")
+        strategies = [[placements[i] for i in _FORWARD]
+                      for placements in cuda_rules._scaled_dot_product_flash_attention_base_strategies(op_schema)]
+        return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(), op_schema, strategies, input_index=2)
+
+    @register_op_strategy(aten._scaled_dot_product_flash_attention_for_cpu_backward.default,
+                          schema_info=RuntimeSchemaInfo(6, static_kwargkey=["attn_mask", "scale"]))
+    def backward(op_schema):
+        if op_schema.kwargs_schema.get("attn_mask") is not None:
+            raise NotImplementedError(f"{CPU_FLASH}_backward with an attn_mask has no DTensor sharding rule")
+        strategies = cuda_rules._scaled_dot_product_flash_attention_backward_base_strategies(op_schema)
+        return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(validate=False), op_schema, strategies,
+                                               input_index=3)
+
+
+def explain(exc: BaseException, where: str) -> str | None:
+    """One line for DTensor's missing rule of the CPU attention kernel, at the script's `where`."""
+    text = str(exc)
+    if not isinstance(exc, NotImplementedError) or CPU_FLASH not in text:
+        return None
+    import torch
+
+    masked = " with an attn_mask" if "attn_mask" in text else ""
+    return (f"DTensor (torch {torch.__version__.split('+')[0]}) has no sharding rule for {CPU_FLASH}{masked}, the "
+            f"kernel F.scaled_dot_product_attention picks on the CPU that stands for CUDA in a fake world"
+            f"{f' (at {where})' if where else ''}: run that attention under "
+            f"torch.nn.attention.sdpa_kernel(SDPBackend.MATH), whose matmuls DTensor shards"
+            f"{', or with is_causal=True instead of a causal mask' if masked else ''}")
