@@ -34,12 +34,14 @@ from __future__ import annotations
 import math
 import sys
 import threading
+import time
 from collections import Counter
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch._C import DispatchKey
+from torch._C._distributed_c10d import Work
 from torch.utils._python_dispatch import TorchDispatchMode
 
 
@@ -192,6 +194,7 @@ class _State(threading.local):
 
 _tls = _State()
 _sink = None
+_done = None
 _libs: list = []
 errors: list[tuple[str, str]] = []
 """(op, error) of calls that could not be decoded (the call itself still ran)."""
@@ -235,19 +238,36 @@ def _kernel(op, name):
         sink = _sink
         if sink is None or _tls.busy or keyset.has(meta):
             return redispatch(keyset & after, *args, **kwargs)
+        call_id = None
         if name in DECODERS:
             call = decode(name, args)
             if call is not None:
-                sink(*call)
+                call_id = sink(*call)
         else:
             count_undecoded(name)
         _tls.busy = True
         try:
-            return redispatch(keyset & after, *args, **kwargs)
+            out = redispatch(keyset & after, *args, **kwargs)
         finally:
             _tls.busy = False
+        if call_id is not None and _done is not None:
+            watch(out, call_id, _done)
+        return out
 
     return kernel
+
+
+def watch(out, call_id: int, done) -> None:
+    """``done(call_id, time.perf_counter())`` once the Work among an op's outputs `out` completed (its
+    future: gloo's worker thread finished it; NCCL enqueued it, native_recorder.cpp says more)."""
+    for value in out if isinstance(out, tuple) else (out,):
+        if isinstance(value, torch.ScriptObject):
+            try:
+                future = Work.unbox(value).get_future()
+            except RuntimeError:  # a backend whose Work has no future: its completion stays unknown
+                return
+            future.add_done_callback(lambda _: done(call_id, time.perf_counter()))
+            return
 
 
 def comm_ops() -> list[str]:
@@ -279,20 +299,21 @@ def uninstall() -> None:
 
 
 class Recorder:
-    """Calls `sink` for every collective this process issues while active (a context manager)."""
+    """Calls `sink` for every collective this process issues while active (a context manager); where
+    `sink` returns a call id and `done` is given, ``done(id, t)`` once the call's work completed."""
 
-    def __init__(self, sink):
-        self.sink = sink
+    def __init__(self, sink, done=None):
+        self.sink, self.done = sink, done
 
     def __enter__(self) -> Recorder:
-        global _sink
+        global _sink, _done
         install()
-        _sink = self.sink
+        _sink, _done = self.sink, self.done
         return self
 
     def __exit__(self, *exc) -> None:
-        global _sink
-        _sink = None
+        global _sink, _done
+        _sink = _done = None
 
 
 class ModeRecorder(TorchDispatchMode):

@@ -11,18 +11,31 @@ group, op, group, phase, dtype, bytes, splits, peer, region, microbatch), ``comp
 and seq of the issued call that returned),
 ``mark`` (free-form progress, e.g. an experiment starting).
 
-A traced job (`trace.rank`) writes its calls as compact JSON arrays instead, since its flusher runs
-inside the user's job: ``["i", t, rank, seq, step, group name, op, phase, dtype, bytes_in,
-bytes_out, region, input_splits, output_splits, peer]`` for an issued call and ``["c", t, group name,
-seq]`` for a completed one, the group named by an earlier ``group`` line (which then carries
-``name``). `read` returns them as the dict lines above, so readers see one format.
+A traced job (`trace.recording`) writes its calls as compact JSON arrays instead, since its flusher
+runs inside the user's job: ``["i", t, rank, seq, step, group name, op, phase, dtype, bytes_in,
+bytes_out, region, input_splits, output_splits, peer]`` for an issued call, ``["c", t, group name,
+seq]`` once the rank went past it (its next call on the group, or its step's end), ``["d", t, group
+name, seq]`` when its work completed (its Work's future), the group named by an earlier ``group``
+line (which then carries ``name``); ``["x", t, n]`` when the job moved to the n-th (phase, module)
+that an earlier ``["s", n, phase, module]`` names; a ``start`` line first (its ``t`` is the trace's
+start), and step marks with their ``step``. `read` returns them as the dict lines above, so readers
+see one format.
+
+**Times.** A line's ``t`` is wall-clock seconds (the process's ``time.time()`` at its trace's start
+plus its monotonic clock since then, so the lines of one rank are in order even if the wall clock is
+stepped). A traced rank's ledger counts seconds from its start instead (``CommEvent.t_issue``), and
+Flight Recorder dumps epoch seconds. `read_flight` is the one reader of a rank's log that keeps both:
+every time in its `Flight` is seconds since the rank's start (as the ledger's), and `Flight.start`
+turns them back into wall-clock time. It reads a file once per process while the file is unchanged:
+the trace's assembly and the doctor's rules share one reading.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -68,12 +81,12 @@ def read(path: Path) -> list[dict]:
     from ..core.errors import UsageError
 
     lines = Path(path).read_text().splitlines()
-    out, groups = [], {}
+    out, groups, states = [], {}, {}
     for i, line in enumerate(lines):
         try:
             record = json.loads(line)
             if isinstance(record, list):
-                record = _expand(record, groups)
+                record = _expand(record, groups, states)
             elif record.get("kind") == "group" and "name" in record:
                 groups[record["name"]] = record
         except (json.JSONDecodeError, KeyError, ValueError, TypeError, IndexError):
@@ -89,13 +102,23 @@ ISSUED = ("t", "rank", "seq", "step", "name", "op", "phase", "dtype", "bytes_in"
 """Fields of a compact ``"i"`` line after its tag."""
 
 
-def _expand(record: list, groups: dict) -> dict:
-    """A compact ``"i"`` or ``"c"`` line as the dict line it stands for (its group's axis and ranks filled in)."""
+def _expand(record: list, groups: dict, states: dict) -> dict:
+    """A compact line as the dict line it stands for (its group's axis and ranks, its move's phase and
+    module filled in)."""
     tag, *values = record
-    if tag == "c":
+    if tag in ("c", "d"):
         t, name, seq = values
         g = groups[name]
-        return {"t": t, "kind": "completed", "axis": g["axis"], "group": g["ranks"], "seq": seq}
+        return {"t": t, "kind": "completed" if tag == "c" else "done", "axis": g["axis"], "group": g["ranks"],
+                "seq": seq}
+    if tag == "s":
+        number, phase, module = values
+        states[number] = (phase, module)
+        return {"kind": "state", "n": number, "phase": phase, "module": module}
+    if tag == "x":
+        t, number = values
+        phase, module = states[number]
+        return {"t": t, "kind": "move", "phase": phase, "module": module}
     if tag != "i" or len(values) != len(ISSUED):
         raise ValueError(f"unknown compact record {tag!r}")
     d = dict(zip(ISSUED, values))
@@ -130,3 +153,74 @@ def read_creations(path: Path) -> GroupLog:
         elif rec.get("kind") == "created" and rec.get("index") in out:
             out[rec["index"]]["done"] = True
     return GroupLog(initialised, [out[i] for i in sorted(out)])
+
+
+@dataclass
+class Flight:
+    """One rank's flight log, read once (`read_flight`): times in seconds since the rank's start."""
+
+    rank: int
+    start: float | None
+    """The rank's start in wall-clock seconds (None: a log without a ``start`` line, meshscope's own runs,
+    whose times then stay wall-clock)."""
+    groups: list[dict] = field(default_factory=list)
+    """Its ``group`` lines in order (axis, ranks, index; a trace's also name and desc)."""
+    issued: list = field(default_factory=list)
+    """Every call (`CommEvent`) in issue order, with `t_issue`, `t_done` and `t_complete` where logged."""
+    completed: set = field(default_factory=set)
+    """(axis, group, seq) of the calls the rank went past."""
+    issued_at: dict = field(default_factory=dict)
+    """(axis, group, seq) -> when the call was issued, in wall-clock seconds (the doctor dates findings so)."""
+    marks: list[tuple[float, str, int | None]] = field(default_factory=list)
+    """(t, text, step) of every mark; ``step`` for a step's end."""
+    moves: list[tuple[float, str, str]] = field(default_factory=list)
+    """(t, phase, module) of every move between phases and modules, in order."""
+
+    def wall(self, t: float) -> float:
+        """A time of this log in wall-clock seconds."""
+        return t + (self.start or 0.0)
+
+
+_read: dict[Path, tuple[tuple, Flight]] = {}
+
+
+def read_flight(path: Path, rank: int) -> Flight:
+    """Rank `rank`'s flight log at `path`, as a `Flight` (read again only if the file changed)."""
+    path = Path(path)
+    stat = os.stat(path)
+    stamp = (stat.st_mtime_ns, stat.st_size)
+    known = _read.get(path)
+    if known is not None and known[0] == stamp:
+        return known[1]
+    from ..core.events import CommEvent
+
+    lines = read(path)
+    start = next((ln["t"] for ln in lines if ln.get("kind") == "start"), None)
+    zero = start or 0.0
+    flight = Flight(rank, start)
+    at: dict[tuple, int] = {}
+    for ln in lines:
+        kind = ln.get("kind")
+        if kind == "issued":
+            e = CommEvent.from_json(ln)
+            if start is not None:
+                e = replace(e, t_issue=ln["t"] - start)
+            at[(e.axis, e.group, e.seq)] = len(flight.issued)
+            flight.issued_at[(e.axis, e.group, e.seq)] = ln["t"]
+            flight.issued.append(e)
+        elif kind in ("completed", "done"):
+            k = (ln["axis"], tuple(ln["group"]), ln["seq"])
+            index = at.get(k)
+            if kind == "completed":
+                flight.completed.add(k)
+            if index is not None and start is not None:
+                name = "t_done" if kind == "completed" else "t_complete"
+                flight.issued[index] = replace(flight.issued[index], **{name: ln["t"] - zero})
+        elif kind == "group":
+            flight.groups.append(ln)
+        elif kind == "mark":
+            flight.marks.append((ln["t"] - zero, ln["text"], ln.get("step")))
+        elif kind == "move":
+            flight.moves.append((ln["t"] - zero, ln["phase"], ln["module"]))
+    _read[path] = (stamp, flight)
+    return flight

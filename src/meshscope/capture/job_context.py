@@ -18,6 +18,13 @@ A traced script is not meshscope's code, so nothing labels its calls; torch's gl
   ran, without wrapper prefixes (``module.``, ``_fsdp_wrapped_module.``, ...). Backward calls carry
   no module: autograd runs them below any module hook.
 
+Over time (where a rank's time went between its calls: docs/trace.md, "Time"), every change of
+(phase, module) on the main thread is noted with its time in `moves`: module entries and exits,
+optimizer steps and closures, and autograd's engine entered and left on the main thread (its one
+entry, ``torch.autograd.graph._engine_run_backward``, which ``backward`` and ``grad`` call, is wrapped
+while installed, as ``torch.compiler`` wraps it in torch 2.13; torch < 2.3 has none and its moves
+have no backward). Under ``--cheap`` (no module hooks) the moves are the phase's alone.
+
 Modules are known by the objects themselves (weak references), never by ``id()``: a module built
 inside a forward on every call (megatron-core 0.16.1's ``FusedScaleMaskSoftmax`` builds an
 ``nn.Softmax`` per call, ``fusions/fused_softmax.py:331``) often gets a freed one's address, and
@@ -30,6 +37,7 @@ from __future__ import annotations
 import re
 import sys
 import threading
+import time
 import weakref
 
 import torch
@@ -81,6 +89,10 @@ class JobContext:
         self._handles = []
         self.listener = None
         """Called with `state()` whenever it changes (the C++ recorder stamps calls with it)."""
+        self._backward_depth = 0
+        self.moves: list[tuple[float, str, str]] = []
+        """(``time.perf_counter()``, phase, module) at every change on the main thread, in order; the
+        trace's flusher takes them out as it writes them."""
 
     # -- hooks -----------------------------------------------------------------------------------
     def install(self) -> None:
@@ -103,6 +115,23 @@ class JobContext:
         if self.modules:
             self._handles += [nn_module.register_module_forward_pre_hook(self._pre_forward),
                               nn_module.register_module_forward_hook(self._post_forward, always_call=True)]
+        self._wrap_engine()
+
+    def _wrap_engine(self) -> None:
+        graph = torch.autograd.graph
+        run = getattr(graph, "_engine_run_backward", None)
+        if run is None:
+            return
+
+        def engine_run_backward(*args, **kwargs):
+            self.backward_begins()
+            try:
+                return run(*args, **kwargs)
+            finally:
+                self.backward_ends()
+
+        self._restore_engine = run
+        graph._engine_run_backward = torch.autograd._engine_run_backward = engine_run_backward
 
     def remove(self) -> None:
         """Undo `install`: every hook, and what they knew (a later `install` names the modules again)."""
@@ -113,6 +142,9 @@ class JobContext:
         self._stack.clear()
         if hasattr(self, "_restore_init"):
             torch.optim.Optimizer.__init__ = self._restore_init
+        if hasattr(self, "_restore_engine"):
+            torch.autograd.graph._engine_run_backward = torch.autograd._engine_run_backward = self._restore_engine
+            del self._restore_engine
 
     def _is_boundary(self, opt) -> bool:
         if self.step_optimizer is not None:
@@ -209,9 +241,22 @@ class JobContext:
         the main thread)."""
         return self._optimizer_depth > self._closure_depth, self._stack[-1][0] if self._stack else ""
 
+    def backward_begins(self) -> None:
+        """Autograd's engine runs a backward for the main thread (``torch.autograd.backward``, ``grad``)."""
+        if threading.get_ident() == self._main:
+            self._backward_depth += 1
+            self._changed()
+
+    def backward_ends(self) -> None:
+        if threading.get_ident() == self._main:
+            self._backward_depth -= 1
+            self._changed()
+
     def _changed(self) -> None:
+        optimizer, module = state = self.state()
+        self.moves.append((time.perf_counter(), self.phase_of(self._backward_depth > 0, optimizer, module)[0], module))
         if self.listener is not None:
-            self.listener(self.state())
+            self.listener(state)
 
     @staticmethod
     def phase_of(backward: bool, optimizer: bool, region: str) -> tuple[str, str]:

@@ -164,10 +164,10 @@ class NativeRecorder:
 
     def drain(self) -> list[tuple]:
         """The calls since the last drain as the trace's raw records: ``(op, group, dtype, b_in, b_out,
-        peer, input_splits, output_splits, phase, region, step, t)``, and ``("#step", step, t)`` marks.
-        A training step repeats its calls, so each distinct summary is decoded once."""
+        peer, input_splits, output_splits, phase, region, step, t, call id)``, and ``("#step", step, t)``
+        marks. A training step repeats its calls, so each distinct summary is decoded once."""
         out, seen = [], self._decoded
-        for op, t, state, backward, main, flat, groups in self.module.drain():
+        for op, t, state, backward, main, flat, groups, call_id in self.module.drain():
             if op == -1:  # a step mark
                 self._step = flat[0]
                 out.append(("#step", self._step, t))
@@ -187,5 +187,10 @@ class NativeRecorder:
                 seen[key] = call
             optimizer, module = self._state_of[state]
             phase, region = self.context.phase_of(backward, optimizer, module if main else "")
-            out.append((*call, phase, region, self._step, t))
+            out.append((*call, phase, region, self._step, t, call_id))
         return out
+
+    def completions(self) -> list[tuple[int, float]]:
+        """(call id, t) of every call whose work completed since the last time asked (drain first: a
+        call's completion never comes before its record)."""
+        return self.module.completions()

@@ -13,7 +13,11 @@ the machine's load changes less than the wall time: the source as it was (on <to
 built by ``torch.utils.cpp_extension.load``) took 30-36 s, 26 s of them its compilation; measured
 alone, reading <ATen/ATen.h> (which the process group's header includes) took 7 s, and pybind11's
 bindings of the module's 8 functions 7 s. The source now (torch/library.h, Python's C API) takes 6.6-7.1 s,
-compiled and linked in one command: 7-13 s of wall time at load 1.4-2.8. A first trace of
+compiled and linked in one command: 7-13 s of wall time at load 1.4-2.8. Its completion callbacks
+need c10d's Work.hpp, which includes <ATen/ATen.h>: with that header whole, the callbacks alone
+compiled apart took 11.8 s of CPU; with `HEADERS`' two in its place 7.6 s apart, and 9.1 s for the
+whole file in one against 8.9 s without the callbacks (load 3-3.7); `ensure` then took 8.5 s of CPU,
+9.2 s of wall time (load 2.1). A first trace of
 ``tests/jobs/ddp.py --steps 3`` on 2 ranks (`benchmarks/bench_first_trace.py`, medians of 3, a cold
 cache vs a warm one) went from 32.8-41.5 s slower than a warm one (load 2.7-4.9) to 12.8 s (load
 1.7-3.9), and 19.8 s with the machine at load 5-10 (docs/trace.md has the table).
@@ -32,6 +36,8 @@ from importlib import metadata
 from pathlib import Path
 
 SOURCE = Path(__file__).with_name("native_recorder.cpp")
+# ATen/ATen.h as the two headers the source's Work.hpp uses of it (the header says why).
+HEADERS = Path(__file__).with_name("native_headers")
 NAME = "meshscope_native_recorder"
 
 
@@ -51,7 +57,8 @@ def torch_version() -> str:
 
 def build_dir() -> Path:
     """One folder per torch release, Python and source text: a change of any of them builds anew."""
-    key = hashlib.sha256(SOURCE.read_bytes() + torch_version().encode() + sys.version.encode()).hexdigest()[:16]
+    text = SOURCE.read_bytes() + (HEADERS / "ATen" / "ATen.h").read_bytes()
+    key = hashlib.sha256(text + torch_version().encode() + sys.version.encode()).hexdigest()[:16]
     root = Path(os.environ.get("MESHSCOPE_CACHE", Path.home() / ".cache" / "meshscope"))
     return root / "native" / key
 
@@ -62,8 +69,9 @@ def library() -> Path | None:
     return built[0] if built else None
 
 
-def command(output: Path) -> list[str]:
-    """The compiler command that builds `SOURCE` into `output`, found without importing torch.
+def command(output: Path, headers: bool = True) -> list[str]:
+    """The compiler command that builds `SOURCE` into `output`, found without importing torch
+    (`headers`: with `HEADERS` before torch's own).
 
     What torch 2.13's ``torch.utils.cpp_extension.load`` runs for a C++ extension on Linux and macOS
     (torch/utils/cpp_extension.py): its compiler (``$CXX``, else ``c++``), ``-fPIC -std=c++20 -shared``,
@@ -77,7 +85,7 @@ def command(output: Path) -> list[str]:
         raise NativeUnavailable("torch is not installed")
     torch = Path(spec.submodule_search_locations[0])
     return [os.environ.get("CXX", "c++"), "-O2", "-fPIC", "-std=c++20", "-shared",
-            "-isystem", str(torch / "include"), "-isystem", sysconfig.get_path("include"), str(SOURCE),
+            *(["-I", str(HEADERS)] if headers else []), "-isystem", str(torch / "include"), "-isystem", sysconfig.get_path("include"), str(SOURCE),
             "-o", str(output), f"-L{torch / 'lib'}", "-lc10", "-ltorch_cpu", "-ltorch", "-ltorch_python",
             *(["-undefined", "dynamic_lookup"] if sys.platform == "darwin" else [])]
 
@@ -105,6 +113,8 @@ def _compile(folder: Path, log) -> Path:
     partial, path = folder / f"{NAME}.{os.getpid()}.partial", folder / f"{NAME}.so"
     try:
         proc = subprocess.run(command(partial), capture_output=True, text=True, errors="replace")
+        if proc.returncode != 0:  # a torch whose Work.hpp needs more of ATen than HEADERS has
+            proc = subprocess.run(command(partial, headers=False), capture_output=True, text=True, errors="replace")
         if proc.returncode != 0:
             lines = proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"]
             error = next((line for line in lines if "error" in line), lines[-1])

@@ -13,17 +13,27 @@
 // when it changes (`set_context`); whether the call is inside the autograd engine is asked of
 // autograd here, on the calling thread, as the Python kernel does.
 //
+// Each call's completion: a c10d op returns its Work among its outputs (Ops.cpp, torch 2.13:
+// `(Tensor[], Work)` or `Work`), and the kernel adds a callback to the Work's future, which notes
+// (call id, time) in a second buffer (`completions`). The future completes when the backend finished
+// the work: gloo, on its worker thread (`AsyncWork::finishWorkGloo`); NCCL, once the work is
+// enqueued, with CUDA events standing for the GPU's completion, so on NCCL it is not the kernel's end
+// (docs/trace.md, "Time").
+//
 // A newcomer's first trace waits for this file's compilation, so it includes only what the kernel
 // uses (native_build.py has the figures). Not <torch/extension.h> (all of ATen's operators and
 // pybind11), nor the headers of the process group and of autograd's graph task, which pull in all
 // of ATen's operators too (torch 2.13: ProcessGroup.hpp includes <ATen/ATen.h>, graph_task.h reaches
 // <ATen/Functions.h> through input_buffer.h). The one function of each it calls is declared below,
 // and the module is bound with Python's C API, not pybind11, whose templates alone cost more to
-// compile than the kernel.
+// compile than the kernel. Work.hpp, whose virtual getFuture it calls, includes <ATen/ATen.h> for
+// at::Tensor and the future alone: native_build puts native_headers/ first on the include path,
+// whose ATen/ATen.h is those two headers (4 s of CPU less, measured in native_build.py).
 
 #include <Python.h>  // first, as Python's C API asks
 #include <pybind11/pytypes.h>  // py::object, for toPyObject's declaration only
 #include <torch/csrc/DynamicTypes.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/library.h>
 
 #include <atomic>
@@ -55,6 +65,7 @@ enum Tag : int64_t { NONE = 0, TENSOR = 1, TENSORS = 2, TENSOR_LISTS = 3, INT = 
 constexpr int32_t MARK = -1, UNKNOWN = -2, UNSUMMARISED = -3;
 
 struct Record {
+  int64_t id;         // the call's number in this process (its completion names it)
   int32_t op;         // index into `names`, or MARK (a step mark), UNKNOWN, UNSUMMARISED
   int32_t context;    // set_context's value when the call was issued
   bool backward;      // inside the autograd engine
@@ -66,10 +77,12 @@ struct Record {
 
 std::mutex mutex;
 std::vector<Record> buffer;
+std::vector<std::pair<int64_t, int64_t>> completed;  // (call id, steady-clock ns), under `mutex`
 std::vector<std::string> names;
 std::vector<std::unique_ptr<torch::Library>> libraries;
 std::atomic<bool> active{false};
 std::atomic<int32_t> context{0};
+std::atomic<int64_t> calls{0};
 std::thread::id main_id;
 thread_local bool busy = false;  // a call nested in a recorded one (coalesced -> plain) is not recorded again
 const c10::DispatchKeySet after_backend_select(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::BackendSelect);
@@ -82,6 +95,28 @@ int64_t now_ns() {
 const c10::TypePtr& group_type() {
   static const c10::TypePtr type = c10::getCustomClassType<c10::intrusive_ptr<c10d::ProcessGroup>>();
   return type;
+}
+
+const c10::TypePtr& work_type() {
+  static const c10::TypePtr type = c10::getCustomClassType<c10::intrusive_ptr<c10d::Work>>();
+  return type;
+}
+
+// After the op returned: the Work among the stack's top `outputs` values gets a completion callback.
+void watch(const torch::jit::Stack& stack, size_t outputs, int64_t id) {
+  for (size_t i = stack.size() - std::min(outputs, stack.size()); i < stack.size(); ++i) {
+    const c10::IValue& v = stack[i];
+    if (!v.isCustomClass() || v.type() != work_type()) continue;
+    try {
+      v.toCustomClass<c10d::Work>()->getFuture()->addCallback([id](c10::ivalue::Future&) {
+        const int64_t t = now_ns();
+        std::lock_guard<std::mutex> lock(mutex);
+        completed.emplace_back(id, t);
+      });
+    } catch (const std::exception&) {  // a backend whose Work has no future: its completion stays unknown
+    }
+    return;
+  }
 }
 
 void summarise_tensor(const at::Tensor& t, std::vector<int64_t>& out) {
@@ -133,6 +168,7 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keyset, torch::ji
     return;
   }
   Record r;
+  r.id = calls.fetch_add(1, std::memory_order_relaxed);
   r.t_ns = now_ns();
   r.context = context.load(std::memory_order_relaxed);
   r.backward = torch::autograd::get_current_graph_task_id() != -1;
@@ -150,6 +186,7 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keyset, torch::ji
     r.groups.clear();
     r.op = UNSUMMARISED;
   }
+  const int64_t id = r.id;
   {
     std::lock_guard<std::mutex> lock(mutex);
     buffer.push_back(std::move(r));
@@ -162,6 +199,7 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keyset, torch::ji
     throw;
   }
   busy = false;
+  watch(*stack, op.schema().returns().size(), id);
 }
 
 // Register the kernel for each named c10d op ("allreduce_", ...) at BackendSelect.
@@ -190,6 +228,7 @@ void set_context(int32_t value) { context.store(value, std::memory_order_relaxed
 // A step mark, in order with the calls around it.
 void mark(int64_t step) {
   Record r;
+  r.id = -1;
   r.op = MARK;
   r.t_ns = now_ns();
   r.context = context.load(std::memory_order_relaxed);
@@ -231,7 +270,7 @@ PyObject* group_name(const c10::IValue& group, std::vector<std::pair<void*, PyOb
 }
 
 // Every record since the last drain: (op, t in seconds, context, backward, main thread, flat args,
-// group names); capture/native.py rebuilds the arguments from the flat ints.
+// group names, call id); capture/native.py rebuilds the arguments from the flat ints.
 PyObject* drain(PyObject*, PyObject*) {
   std::vector<Record> taken;
   {
@@ -251,9 +290,9 @@ PyObject* drain(PyObject*, PyObject*) {
       if (name == nullptr) Py_CLEAR(groups);
       else PyList_SET_ITEM(groups, i, Py_NewRef(name));
     }
-    PyObject* row = args && groups ? Py_BuildValue("(idiOOOO)", r.op, static_cast<double>(r.t_ns) * 1e-9, r.context,
+    PyObject* row = args && groups ? Py_BuildValue("(idiOOOOL)", r.op, static_cast<double>(r.t_ns) * 1e-9, r.context,
                                                    r.backward ? Py_True : Py_False, r.main_thread ? Py_True : Py_False,
-                                                   args, groups)
+                                                   args, groups, static_cast<long long>(r.id))
                                    : nullptr;
     Py_XDECREF(args);
     Py_XDECREF(groups);
@@ -291,6 +330,22 @@ PyObject* py_install(PyObject*, PyObject* list) {
   Py_RETURN_NONE;
 }
 
+// (call id, t in seconds) of every completion since the last call.
+PyObject* completions(PyObject*, PyObject*) {
+  std::vector<std::pair<int64_t, int64_t>> taken;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    taken.swap(completed);
+  }
+  PyObject* out = PyList_New(taken.size());
+  for (size_t k = 0; out != nullptr && k < taken.size(); ++k) {
+    PyObject* row = Py_BuildValue("(Ld)", static_cast<long long>(taken[k].first), static_cast<double>(taken[k].second) * 1e-9);
+    if (row == nullptr) Py_CLEAR(out);
+    else PyList_SET_ITEM(out, k, row);
+  }
+  return out;
+}
+
 PyObject* py_uninstall(PyObject*, PyObject*) {
   uninstall();
   Py_RETURN_NONE;
@@ -325,6 +380,7 @@ PyMethodDef methods[] = {
     {"set_context", py_set_context, METH_O, nullptr},
     {"mark", py_mark, METH_O, nullptr},
     {"drain", drain, METH_NOARGS, nullptr},
+    {"completions", completions, METH_NOARGS, nullptr},
     {"dtype_of", dtype_of, METH_O, nullptr},
     {nullptr, nullptr, 0, nullptr}};
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "meshscope_native_recorder", nullptr, -1, methods,

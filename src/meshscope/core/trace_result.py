@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field, fields
 
+from .clock import Clock
 from .events import CommEvent
 from .findings import Diagnosis
 from .result import Check
@@ -150,6 +151,8 @@ class RankEnd:
     time: float = 0.0
     """When the rank wrote its end (wall clock): the first failure is the earliest."""
     recorder: str = ""
+    clock: Clock | None = None
+    """Its place on the common clock (`trace.clock`); None in a fake world or before a default group."""
 
     @property
     def ended(self) -> bool:
@@ -180,6 +183,7 @@ class RankEnd:
         doc["groups"] = [g.to_json() for g in self.groups]
         doc["decode_errors"] = [list(e) for e in self.decode_errors]
         doc["undecoded"] = dict(self.undecoded)
+        doc["clock"] = self.clock.to_json() if self.clock is not None else None
         return doc
 
     @classmethod
@@ -190,6 +194,7 @@ class RankEnd:
         values["groups"] = tuple(GroupUse(g["name"], g["desc"], g["axis"], tuple(g["ranks"])) for g in d.get("groups", ()))
         values["decode_errors"] = tuple(tuple(e) for e in d.get("decode_errors", ()))
         values["undecoded"] = dict(d.get("undecoded", {}))
+        values["clock"] = Clock.from_json(d["clock"]) if d.get("clock") else None
         if values["status"] not in RANK_STATUSES:
             raise ValueError(f"rank status {values['status']!r} is not one of {', '.join(RANK_STATUSES)}")
         return cls(**values)

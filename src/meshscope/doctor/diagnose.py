@@ -9,7 +9,7 @@ from collections import defaultdict
 from dataclasses import replace
 from pathlib import Path
 
-from ..capture.flightlog import read
+from ..capture.flightlog import read_flight
 from ..core.errors import UsageError
 from ..core.events import P2P
 from ..core.findings import Diagnosis, Finding, RankError
@@ -102,9 +102,9 @@ def _trace_groups(run_dir: RunDir) -> dict[str, tuple[str, tuple[int, ...]]]:
     """Group name -> (axis, ranks) as a trace's flight logs name its groups (`trace.rank` writes the
     name; meshscope's own runs do not, and give none)."""
     out: dict[str, tuple[str, tuple[int, ...]]] = {}
-    for path in run_dir.files("flight"):
-        for line in read(path):
-            if line["kind"] == "group" and "name" in line:
+    for rank in run_dir.ranks_with("flight"):
+        for line in read_flight(run_dir.flight(rank), rank).groups:
+            if "name" in line:
                 out.setdefault(line["name"], (line["axis"], tuple(line["ranks"])))
     return out
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..capture.flightlog import read, read_creations
+from ..capture.flightlog import read_creations, read_flight
 from ..core.errors import UsageError
 from ..core.events import CommEvent, human_bytes
 from ..core.rundir import RunDir
@@ -59,15 +59,9 @@ def load(run_dir: RunDir | Path) -> dict[int, RankLog]:
         raise UsageError(f"{run_dir} has no flight logs (flight/rank*.jsonl); is it a meshscope run directory?")
     ranks = {}
     for r in present:
-        lines = read(run_dir.flight(r))
-        ranks[r] = RankLog(
-            r,
-            [(ln["axis"], tuple(ln["ranks"])) for ln in lines if ln["kind"] == "group"],
-            [CommEvent.from_json(ln) for ln in lines if ln["kind"] == "issued"],
-            {(ln["axis"], tuple(ln["group"]), ln["seq"]) for ln in lines if ln["kind"] == "completed"},
-            {key(CommEvent.from_json(ln)): ln["t"] for ln in lines if ln["kind"] == "issued"},
-            next((ln["text"] for ln in reversed(lines) if ln["kind"] == "mark"), None),
-        )
+        flight = read_flight(run_dir.flight(r), r)
+        ranks[r] = RankLog(r, [(g["axis"], tuple(g["ranks"])) for g in flight.groups], flight.issued,
+                           flight.completed, flight.issued_at, flight.marks[-1][1] if flight.marks else None)
         created = run_dir.groups(r)
         if created.exists():
             ranks[r].created = read_creations(created).creations

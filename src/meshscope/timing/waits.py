@@ -44,6 +44,8 @@ class Instance:
     """Member -> how long it waited for the last arrival (0 for the last)."""
     last: int
     """The member that arrived last (for a pair: the sender when the receiver waited)."""
+    calls: dict[int, CommEvent] = field(default_factory=dict, compare=False, repr=False)
+    """Member -> its call."""
 
     @property
     def skew(self) -> float:
@@ -105,14 +107,14 @@ def instances(events: list[CommEvent], offsets: dict[int, float]) -> list[Instan
         last = max(arrived, key=lambda r: (arrived[r], r))
         first = next(iter(calls.values()))
         out.append(Instance(axis, group, seq, first.op, first.step or 0, arrived,
-                            {r: start - t for r, t in arrived.items()}, last))
+                            {r: start - t for r, t in arrived.items()}, last, dict(calls)))
     for (src, dst), sent in sends.items():
         got = sorted(recvs.get((src, dst), []), key=lambda e: when[e])
         for k, (s, r) in enumerate(zip(sorted(sent, key=lambda e: when[e]), got)):
             arrived = {src: when[s], dst: when[r]}
             wait = max(0.0, when[s] - when[r])  # the receiver waits for the send; a send is buffered
             out.append(Instance(s.axis, (src, dst), k, "send/recv", r.step or 0, arrived, {src: 0.0, dst: wait},
-                                src if wait > 0 else dst))
+                                src if wait > 0 else dst, {src: s, dst: r}))
     return sorted(out, key=lambda i: (min(i.arrivals.values()), i.axis, i.seq))
 
 
@@ -139,15 +141,17 @@ class StepTime:
         return self.ranks.setdefault((axis, rank), RankTime())
 
 
-def per_step(events: list[CommEvent], offsets: dict[int, float]) -> dict[int, StepTime]:
-    """Step -> per (axis, rank): time inside collectives, waiting, and waits caused."""
+def per_step(events: list[CommEvent], offsets: dict[int, float],
+             found: list[Instance] | None = None) -> dict[int, StepTime]:
+    """Step -> per (axis, rank): time inside collectives, waiting, and waits caused (`found`: the
+    events' `instances`, where already known)."""
     out: dict[int, StepTime] = {}
     when = arrivals(events, offsets)
     for e, arrived in when.items():
         if e.t_complete is not None:
             step = out.setdefault(e.step or 0, StepTime(e.step or 0))
             step.of(e.axis, e.rank).inside += max(0.0, e.t_complete + offsets.get(e.rank, 0.0) - arrived)
-    for inst in instances(events, offsets):
+    for inst in found if found is not None else instances(events, offsets):
         step = out.setdefault(inst.step, StepTime(inst.step))
         for rank, wait in inst.waits.items():
             step.of(inst.axis, rank).waiting += wait

@@ -15,7 +15,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from ..capture.flightlog import read, read_creations
+from ..capture.flightlog import read_creations, read_flight
 from ..core.axes import axis_of, is_mesh_axis
 from ..core.events import WORLD, CommEvent
 from ..core.findings import Diagnosis
@@ -31,7 +31,7 @@ def _events(run_dir: RunDir, rank: int) -> list[CommEvent]:
     if ledger.exists():
         return [CommEvent.from_json(json.loads(line)) for line in ledger.read_text().splitlines() if line]
     flight = run_dir.flight(rank)
-    return [CommEvent.from_json(ln) for ln in read(flight) if ln["kind"] == "issued"] if flight.exists() else []
+    return list(read_flight(flight, rank).issued) if flight.exists() else []
 
 
 def created_groups(run_dir: RunDir) -> list[tuple[str, list[int]]]:

@@ -7,16 +7,19 @@ words), `failed` and `ended`; it tests no fake-world flag of its own.
 
 A real rank keeps what it prints in ``logs/rank<R>.log`` (`output.tee`), turns torch's Flight
 Recorder on and dumps it when it fails (`fr_dump`), ends at once when the launcher sends SIGTERM
-(`stopping.stop_on_sigterm`) and, with ``--steps``, tells the ranks waiting for it that it is done
-when its script ended first.
+(`stopping.stop_on_sigterm`), estimates its offset to rank 0's clock through the job's store once
+the default group exists (`clock`) and, with ``--steps``, tells the ranks waiting for it that it is
+done when its script ended first.
 """
 
 from __future__ import annotations
 
+import functools
 from contextlib import AbstractContextManager
 
 from ..core.rundir import RunDir
 from . import fr_dump
+from .entry_points import wrap
 from .options import RankOptions
 from .output import tee
 from .recording import RankTrace
@@ -43,6 +46,18 @@ class RealMode:
         if self.options.flight_recorder:
             fr_dump.enable(self.run_dir)
         stop_on_sigterm(stopped)
+
+        def clocked(original):
+            @functools.wraps(original)  # its signature stays visible to the wrappers after this one
+            def init_process_group(*args, **kwargs):
+                out = original(*args, **kwargs)
+                import torch.distributed as dist
+
+                trace.begin_clock(dist.get_rank(), dist.get_world_size())
+                return out
+            return init_process_group
+
+        wrap("init_process_group", clocked)
 
     def recording(self, trace: RankTrace) -> AbstractContextManager:
         return trace.recording()

@@ -2,13 +2,17 @@
 by a flusher thread, turned into `CommEvent`s and the rank's end at the finish.
 
 A call is recorded as a tuple (by the C++ recorder where it is built, `capture.native`, else the
-Python kernel, `capture.dispatch`), streamed to ``flight/rank<R>.jsonl`` by a thread that writes
-twice a second (so a killed rank still leaves all but its last half second), and at the end written
-as ``ledgers/rank<R>.jsonl`` (every event with its step) and ``ranks/rank<R>.json`` (`RankEnd`).
+Python kernel, `capture.dispatch`), with a number that its completion (a callback on its Work's future)
+names later; streamed to ``flight/rank<R>.jsonl`` by a thread that writes twice a second (so a killed
+rank still leaves all but its last half second), with the job's moves between phases and modules
+(`JobContext.moves`) and its step marks, and at the end written as ``ledgers/rank<R>.jsonl`` (every
+event with its step) and ``ranks/rank<R>.json`` (`RankEnd`, with this rank's place on the common
+clock: `clock`).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 import threading
@@ -23,9 +27,12 @@ from ..core.events import CommEvent
 from ..core.rundir import RunDir, write_atomic
 from ..core.trace_result import GroupUse, RankEnd
 from . import mesh_dims
+from .clock import Estimator
 
 FLUSH_S = 0.5
 """How often the flusher thread writes new calls to the flight log."""
+CLOCK_WAIT_S = 2.0
+"""How long a rank's end waits for its clock estimate (rank 0: for the ranks still asking)."""
 
 
 class RankTrace:
@@ -46,16 +53,25 @@ class RankTrace:
                 self.recorder_note = f"the C++ recorder is unavailable ({exc}): calls were recorded by the Python kernel"
         self.t0 = time.perf_counter()
         self.wall0 = time.time()
+        self.clock = Estimator(self.t0)
+        """This rank's offset to the common clock, estimated once the job's default group exists (`begin_clock`)."""
         self.raw: list[tuple] = []
+        self.completed: list[tuple[int, float]] = []
+        """(call id, t) from the Python kernel's completion callbacks (the C++ recorder keeps its own)."""
+        self._ids = itertools.count()
+        self._by_id: dict[int, int] = {}  # call id -> index in `calls`, until it completed
+        self._early: dict[int, float] = {}  # completions drained before their call's record
+        self._states: dict[tuple[str, str], int] = {}  # (phase, module) -> its number in the flight log
         self.calls: list[list] = []
         """[group name, seq, op, phase, dtype, bytes in, bytes out, region, splits in, splits out, peer,
-        step, issued, completed] per call, in issue order (`ledger` makes them CommEvents)."""
+        step, issued, next on the group, completed] per call, in issue order (`ledger` makes them CommEvents)."""
         self.groups: dict[str, GroupInfo] = {}
         self._seq: dict[str, int] = {}
         self._open: dict[str, int] = {}  # group name -> index in `calls` of its last, unfinished call
         self._text: dict[tuple, str] = {}  # a call's JSON fields (all but time, seq, step), made once
         run_dir.flight(rank).parent.mkdir(parents=True, exist_ok=True)
         self._flight = open(run_dir.flight(rank), "w", buffering=1)
+        self._flight.write(json.dumps({"t": self.wall0, "kind": "start", "rank": rank}) + "\n")  # its times' origin
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._flusher = threading.Thread(target=self._flush_loop, name="meshscope-trace-flush", daemon=True)
@@ -71,13 +87,22 @@ class RankTrace:
 
     def recording(self):
         """The context manager that records this rank's calls: the C++ recorder, else the Python kernel."""
-        return self.native if self.native is not None else Recorder(self.sink)
+        return self.native if self.native is not None else Recorder(self.sink, self.done)
+
+    def begin_clock(self, rank: int, world: int) -> None:
+        """The job's default group exists: estimate this rank's offset to rank 0 through its store."""
+        self.clock.begin(rank, world)
 
     # -- recording (hot path) ----------------------------------------------------------------------
-    def sink(self, op, group, dtype, b_in, b_out, peer, ins, outs) -> None:
+    def sink(self, op, group, dtype, b_in, b_out, peer, ins, outs) -> int:
         ctx = self.context
+        call_id = next(self._ids)
         self.raw.append((op, group, dtype, b_in, b_out, peer, ins, outs, ctx.phase(), ctx.region(), ctx.step,
-                         time.perf_counter()))
+                         time.perf_counter(), call_id))
+        return call_id
+
+    def done(self, call_id: int, t: float) -> None:
+        self.completed.append((call_id, t))
 
     def step_done(self, step: int) -> None:
         """A step boundary: every call before it has completed."""
@@ -90,19 +115,28 @@ class RankTrace:
     # The flusher's work is paid by the job (it holds the GIL), so a call costs here one list and one
     # compact line (`capture.flightlog`'s "i" and "c" arrays); CommEvents are built once, at the end.
     def _drain(self) -> list[str]:
-        """Number the new tuples per group; returns the flight-log lines they make."""
+        """Number the new tuples per group, note their completions and the job's moves; returns the
+        flight-log lines they make, in time order within each kind."""
         lines = []
         if self.native is not None:
-            self.pull()
+            self.raw.extend(self.native.drain())  # its groups are named while they still exist
         new = self.raw[:]  # the hot path only appends: take what is there, leave what comes meanwhile
         del self.raw[: len(new)]
+        if self.native is not None:  # after the records: a call's completion never comes before its record
+            completions = self.native.completions()
+        else:
+            completions = self.completed[:]
+            del self.completed[: len(completions)]
+        moves = self.context.moves[:]
+        del self.context.moves[: len(moves)]
         wall = self.wall0 - self.t0
         for rec in new:
             if rec[0] == "#step":
                 lines += self._complete_all(rec[2])
-                lines.append(json.dumps({"t": wall + rec[2], "kind": "mark", "text": f"step {rec[1]} done"}))
+                lines.append(json.dumps({"t": wall + rec[2], "kind": "mark", "text": f"step {rec[1]} done",
+                                         "step": rec[1]}))
                 continue
-            op, group, dtype, b_in, b_out, peer, ins, outs, phase, region, step, t = rec
+            op, group, dtype, b_in, b_out, peer, ins, outs, phase, region, step, t, call_id = rec
             name = group.name
             if name not in self.groups:
                 self.groups[name] = group
@@ -113,22 +147,33 @@ class RankTrace:
                 lines.append(self._complete(self._open.pop(name), t))
             seq = self._seq.get(name, 0)
             self._seq[name] = seq + 1
-            self._open[name] = len(self.calls)
-            self.calls.append([name, seq, op, phase, dtype, b_in, b_out, region, ins, outs, peer, step, t, None])
+            self._open[name] = self._by_id[call_id] = len(self.calls)
+            self.calls.append([name, seq, op, phase, dtype, b_in, b_out, region, ins, outs, peer, step, t, None, None])
             what = (name, op, phase, dtype, b_in, b_out, region, ins, outs, peer)
             text = self._text.get(what)
             if text is None:  # a step repeats its calls: their JSON is made once
                 text = self._text[what] = json.dumps(what)[1:-1]
             lines.append(f'["i",{wall + t!r},{self.rank},{seq},{step},{text}]')
+        for call_id, t in (*self._early.items(), *completions):
+            index = self._by_id.pop(call_id, None)
+            if index is None:  # its record comes in a later drain (or was not decoded)
+                self._early[call_id] = t
+                continue
+            self._early.pop(call_id, None)
+            call = self.calls[index]
+            call[-1] = t
+            lines.append(f'["d",{wall + t!r},{json.dumps(call[0])},{call[1]}]')
+        for t, phase, module in moves:
+            state = self._states.get((phase, module))
+            if state is None:
+                state = self._states[(phase, module)] = len(self._states)
+                lines.append(json.dumps(["s", state, phase, module]))
+            lines.append(f'["x",{wall + t!r},{state}]')
         return lines
-
-    def pull(self) -> None:
-        """Move the C++ recorder's calls into `raw` (their groups are named while they still exist)."""
-        self.raw.extend(self.native.drain())
 
     def _complete(self, index: int, t: float) -> str:
         call = self.calls[index]
-        call[-1] = t
+        call[-2] = t
         return f'["c",{self.wall0 - self.t0 + t!r},{json.dumps(call[0])},{call[1]}]'
 
     def _complete_all(self, t: float) -> list[str]:
@@ -138,11 +183,11 @@ class RankTrace:
         """Every call so far as a CommEvent, labelled with what is known now (a DeviceMesh built after a
         group's first calls names its dim late)."""
         out = []
-        for name, seq, op, phase, dtype, b_in, b_out, region, ins, outs, peer, step, t, done in self.calls:
+        for name, seq, op, phase, dtype, b_in, b_out, region, ins, outs, peer, step, t, done, end in self.calls:
             group = self.groups[name]
             out.append(CommEvent(self.rank, seq, op, self.axis(group), group.ranks, phase, dtype, b_in, b_out, region,
                                  None, ins, outs, peer, step, t - self.t0, None if done is None else done - self.t0,
-                                 self.assume(name, op, ins, outs, t)))
+                                 self.assume(name, op, ins, outs, t), None if end is None else end - self.t0))
         return out
 
     @staticmethod
@@ -187,7 +232,8 @@ class RankTrace:
             self.rank, status, steps=self.context.step, exit_code=code, note=note, **(record or {}),
             events=len(events), optimizer_steps=self.context.optimizers_seen,
             groups=tuple(GroupUse(g.name, g.desc, self.axis(g), g.ranks) for g in self.groups.values()),
-            decode_errors=tuple(decode_errors[:10]), undecoded=dict(undecoded), time=time.time(), recorder=self.recorder, **(failure or {})))
+            decode_errors=tuple(decode_errors[:10]), undecoded=dict(undecoded), time=time.time(), recorder=self.recorder,
+            clock=self.clock.result(wait=0.0 if status == "terminated" else CLOCK_WAIT_S), **(failure or {})))
 
 
 def flushed_first(trace: RankTrace, destroy):

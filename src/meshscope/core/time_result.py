@@ -1,0 +1,87 @@
+"""Where a traced job's time went: the ``time`` section of a trace's result (`TraceResult.time`).
+
+Written once, by `timing.stragglers.analyse` (the trace's assembly calls it; the doctor calls it on the
+same flight logs for its ``straggler`` findings), read by the report, ``--json`` and the doctor alike.
+Milliseconds throughout; a step is one of the steady steps analysed (docs/trace.md, "Time").
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass(frozen=True)
+class AxisTime:
+    """One axis's time per rank and steady step, averaged over the ranks that issued on it."""
+
+    axis: str
+    inside_ms: float
+    """From each call's arrival (`timing.waits.arrivals`) to its completion, summed over the step's calls."""
+    waiting_ms: float
+    """Of which waiting for a later member (a collective's last arrival, a send not yet issued)."""
+    max_waiting_ms: float
+    """The largest one rank's waiting averaged over the steps (the rank that waits most)."""
+
+
+@dataclass(frozen=True)
+class Straggler:
+    """A rank the others waited for, step after step, and where its time went before its late calls."""
+
+    rank: int
+    axis: str
+    """The axis whose members waited for it most."""
+    ms_per_step: float
+    """The others' mean wait per steady step it caused on `axis` (over all the steady steps)."""
+    share: float
+    """`ms_per_step` over the median step."""
+    steps: tuple[int, ...]
+    """The steady steps on which it held the others by at least the rule's share."""
+    phase: str
+    """Where its extra time went: the (phase, module) of its segments before its late calls (from its
+    previous completion to the late issue) that exceeds the other members' median by most."""
+    module: str
+    excess_ms: float
+    """That excess, per steady step on which it held the others."""
+
+    @property
+    def where(self) -> str:
+        return f"{self.phase}, {self.module or 'no module'}"
+
+
+@dataclass(frozen=True)
+class TimeSection:
+    """Waits per axis, the waits each rank caused per step, and the stragglers."""
+
+    analysed: bool
+    note: str = ""
+    """Why it was not analysed (a fake world, no clock, too few steps), or what limits it."""
+    rule: str = ""
+    """The straggler rule, in words (with its thresholds)."""
+    steps: tuple[int, ...] = ()
+    step_ms: float | None = None
+    """The median steady step (each step's median over the ranks)."""
+    clock_error_ms: float | None = None
+    """The largest bound on a rank's clock offset (half its fastest round trip through the store)."""
+    clock_true_error_ms: float | None = None
+    """On one host: the largest difference between an estimated offset and the true one (one monotonic clock)."""
+    axes: tuple[AxisTime, ...] = ()
+    caused: tuple[tuple[int, int, float], ...] = ()
+    """(rank, step, ms): the others' mean wait that rank caused in that step, every axis summed."""
+    stragglers: tuple[Straggler, ...] = ()
+
+    def to_json(self) -> dict:
+        doc = asdict(self)
+        doc["caused"] = [list(c) for c in self.caused]
+        doc["steps"] = list(self.steps)
+        for s in doc["stragglers"]:
+            s["steps"] = list(s["steps"])
+        return doc
+
+    @classmethod
+    def from_json(cls, d: dict) -> TimeSection:
+        values = {f.name: d[f.name] for f in fields(cls) if f.name in d}
+        values["steps"] = tuple(d.get("steps", ()))
+        values["axes"] = tuple(AxisTime(**a) for a in d.get("axes", ()))
+        values["caused"] = tuple(tuple(c) for c in d.get("caused", ()))
+        values["stragglers"] = tuple(Straggler(**{**s, "steps": tuple(s["steps"])}) for s in d.get("stragglers", ()))
+        return cls(**values)
