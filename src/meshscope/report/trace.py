@@ -18,10 +18,12 @@ from .table import make_console, print_table
 TOP_MODULES = 10
 
 ASSUMED = "*"
-"""Marks a figure that holds assumed values (`CommEvent.assumed`: a fake world's all-to-all sizes)."""
+"""Marks a figure that holds assumed values (`CommEvent.assumed`: a fake world's all-to-all sizes, sizes
+computed from a value ``--fake-tensors`` answered without data)."""
 
 LEGEND = (f"{ASSUMED} assumed: a fake world cannot know what an all-to-all receives (nor uneven splits computed "
-          "from it); the fake backend filled in this rank's own input (the ledger's `assumed` field names them)")
+          "from it: the fake backend filled in this rank's own input), nor, with --fake-tensors, a size computed "
+          "from a value read without data (the ledger's `assumed` field names them)")
 """The legend under a table with an `ASSUMED` mark."""
 
 

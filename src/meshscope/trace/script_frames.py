@@ -10,6 +10,7 @@ device mapping and the fork server (which imports ahead only library modules).
 
 from __future__ import annotations
 
+import functools
 import os
 import sysconfig
 import traceback
@@ -27,9 +28,18 @@ def _runner(filename: str) -> bool:
     return os.path.abspath(filename).startswith(MESHSCOPE) or "runpy" in Path(filename).name  # "<frozen runpy>" too
 
 
+@functools.cache  # asked per frame of every value read a fake rank answers (`fake.values`)
 def is_library(filename: str) -> bool:
     """A frame of the standard library, an installed package or meshscope: not the user's own code."""
     return os.path.abspath(filename).startswith(LIBRARY_ROOTS) or _runner(filename)
+
+
+def short(filename: str) -> str:
+    """A frame's file as a one-line message names it: a library's from its package (``torch/nn/init.py``),
+    the script's by its name."""
+    path = os.path.abspath(filename)
+    root = max((r for r in LIBRARY_ROOTS if path.startswith(r)), key=len, default=None)  # site-packages lies in a root
+    return path[len(root):] if root else os.path.basename(filename)
 
 
 def shown(frames) -> list[traceback.FrameSummary]:

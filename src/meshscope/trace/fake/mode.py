@@ -5,7 +5,9 @@ it has no peers to meet and no launcher to stop it; `install` applies the rows o
 modes (the fake backend, CUDA mapped where torch has none, fake tensors) and marks what a call's
 fields cannot know (`backend.assumed`); `recording` is the dispatcher's recorder, or under
 ``--fake-tensors`` the dispatch mode above FakeTensorMode (`tensors.shapes_only`); `explain` words
-the failures only a fake world has (a value read without data, a pipeline that exchanges its shapes).
+the failures only a fake world has (a value read without an answer, `values.value_read`, reported for
+its first cause; a pipeline that exchanges its shapes); `record` adds what it mapped, patched and, under
+``--fake-tensors``, the value reads it answered (`values.reads`).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import traceback
 from contextlib import AbstractContextManager
 
 from ...core.rundir import RunDir
+from ..mode import Explained
 from ..options import RankOptions
 from ..recording import RankTrace
 from . import backend, devices, patches, tensors
@@ -41,16 +44,27 @@ class FakeMode:
 
     def install(self, trace: RankTrace, stopped) -> None:
         self.patched = patches.apply(patches.modes(self.options.fake_tensors))
-        trace.assume = backend.assumed
+        if self.options.fake_tensors:
+            from .values import reads
+
+            trace.assume = lambda index, op, ins, outs: tuple(dict.fromkeys(
+                backend.assumed(op, ins, outs) + reads.assumed.get(index, ())))
+        else:
+            trace.assume = lambda index, op, ins, outs: backend.assumed(op, ins, outs)
 
     def recording(self, trace: RankTrace) -> AbstractContextManager:
         return tensors.shapes_only(trace.sink) if self.options.fake_tensors else trace.recording()
 
-    def explain(self, exc: BaseException, script: str) -> tuple[str | None, str | None]:
-        error = tensors.value_read(exc, script) if self.options.fake_tensors else None
-        frames = "".join(traceback.format_tb(exc.__traceback__))
-        shapes = "recv_object_list" in frames or type(exc).__name__ == "PipeliningMetadataError"
-        return error, PIPELINE_SHAPES if shapes else None
+    def explain(self, exc: BaseException) -> Explained:
+        read = None
+        if self.options.fake_tensors:
+            from .values import value_read
+
+            read = value_read(exc)
+        error, cause = read if read is not None else (None, exc)
+        frames = "".join(traceback.format_tb(cause.__traceback__))
+        shapes = "recv_object_list" in frames or type(cause).__name__ == "PipeliningMetadataError"
+        return Explained(error, PIPELINE_SHAPES if shapes else None, cause)
 
     def failed(self) -> None:
         pass
@@ -59,4 +73,9 @@ class FakeMode:
         pass
 
     def record(self) -> dict:
-        return {"mapped": tuple(devices.used), "patched": tuple(self.patched)}
+        answered = ()
+        if self.options.fake_tensors:
+            from .values import reads
+
+            answered = reads.records()
+        return {"mapped": tuple(devices.used), "patched": tuple(self.patched), "answered": answered}

@@ -16,7 +16,7 @@ import os
 import sys
 
 from ...core.rundir import RunDir
-from ...core.trace_result import FakeWorld, RankClass, RankEnd, TraceResult, TraceSpec
+from ...core.trace_result import Answered, FakeWorld, RankClass, RankEnd, TraceResult, TraceSpec
 from ..assemble import assemble, conclude, created_groups
 from .classes import rank_classes
 from .fork_server import ForkServer, ServerFailed
@@ -92,14 +92,39 @@ def failed_alike(ends: list[RankEnd]) -> str | None:
 def fake_notes(result: TraceResult) -> list[str]:
     """What the fake backend stood in for, in this trace: each note only where its calls occur."""
     notes = []
-    assumed = sum(1 for e in result.events if e.assumed)
+    assumed = sum(1 for e in result.events if e.assumed and e.op == "all_to_all")
     if assumed:
         notes.append(f"fake backend: collectives return their input, so what an all-to-all receives (and uneven "
                      f"splits computed from it) is assumed: {assumed} calls carry an `assumed` field naming those "
                      f"values")
     if any(e.op == "recv" for e in result.events):
         notes.append("fake backend: a receive gets no data from its peer (a blocking recv is filled with ones)")
+    answered = [a for r in result.ranks for a in r.answered]
+    if answered:
+        notes.append(answered_note(answered, sum(1 for r in result.ranks if r.answered)))
     return notes
+
+
+ANSWERED_SHOWN = 6
+"""Places an answered-reads note names (the rest are in ``ranks/rank<R>.json``)."""
+
+
+def answered_note(answered: list[Answered], ranks: int) -> str:
+    """What ``--fake-tensors`` answered without data, by place, most read first."""
+    total: dict[tuple[str, str, str], list[int]] = {}
+    for a in answered:
+        counts = total.setdefault((a.at, a.script, a.answer), [0, 0])
+        counts[0] += a.count
+        counts[1] += a.sized
+    places = sorted(total.items(), key=lambda item: -item[1][0])
+    shown = "; ".join(f"{at}{f' (from {script})' if script != at else ''}: {n} answered {answer}"
+                      for (at, script, answer), (n, _) in places[:ANSWERED_SHOWN])
+    more = f"; and {len(places) - ANSWERED_SHOWN} more places (ranks/rank<R>.json)" if len(places) > ANSWERED_SHOWN else ""
+    sized = sum(s for _, (_, s) in places)
+    sizes = (f"; {sized} calls issued by a function after it read an integer carry assumed sizes (`assumed`)"
+             if sized else "")
+    return (f"--fake-tensors: tensors have no values, so {sum(n for _, (n, _) in places)} value reads on {ranks} "
+            f"rank{'s' if ranks > 1 else ''} were answered without data: {shown}{more}{sizes}")
 
 
 def _representative(members: list[int], traced) -> int:
