@@ -321,3 +321,19 @@ def test_a_rank_records_the_value_read_a_teardown_error_hid(tmp_path):
                             "test_fake_tensors.py:")
     explained = FakeMode(RankOptions(run_dir=tmp_path, target=("train.py",), fake=True), RunDir(tmp_path), 0)
     assert explained.explain(masked) == (None, None, masked)  # with data, the script's own error stands
+
+
+def test_the_scripts_line_of_a_job_that_is_all_library_code_is_its_entry_modules():
+    """``-m torchtitan.train``: no frame is the user's, so the script's line is the innermost frame of the
+    module the rank ran (train.py:571), not the library frame that read (distributed/utils.py:58)."""
+    import traceback
+
+    from meshscope.trace import script_frames
+
+    site = script_frames.LIBRARY_ROOTS[0]
+    frames = [traceback.FrameSummary(f"{site}{path}", line, name, lookup_line=False) for path, line, name in (
+        ("runpy.py", 88, "_run_code"), ("torchtitan/train.py", 700, "<module>"), ("torchtitan/train.py", 571, "train"),
+        ("torchtitan/distributed/utils.py", 58, "_dist_reduce"))]
+    assert script_frames.where(frames) == f"{site}torchtitan/train.py:571"
+    mine = [*frames[:2], traceback.FrameSummary("/home/me/train.py", 12, "main", lookup_line=False), *frames[2:]]
+    assert script_frames.where(mine) == "/home/me/train.py:12"  # the user's own innermost frame

@@ -135,8 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="trace ranks of a world of this many on torch's fake backend, one CPU process each")
     tr.add_argument("--fake-tensors", action="store_true",
                     help="with --fake-world: tensors with shapes and no data (no memory, no arithmetic), recorded "
-                         "by a dispatch mode (--recorder does not apply); the script must not read tensor values "
-                         "(docs/trace.md)")
+                         "by a dispatch mode (--recorder does not apply); values the script reads get placeholders, "
+                         "counted in the result, and a shape that depends on values stops the rank (docs/trace.md)")
     tr.add_argument("--ranks", default="auto",
                     help="with --fake-world: auto (one rank per class, the default) or a comma list such as 0,7,1023")
     tr.add_argument("--out", type=Path, default=None, help="run directory (default traces/<script>-<time>)")

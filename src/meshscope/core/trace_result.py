@@ -118,7 +118,8 @@ class Answered:
     """What the reads were given (``1.0``, ``False (a check that finds nothing)``, ``saved without data``)."""
     count: int
     sized: int = 0
-    """Calls issued while the function that read this integer ran: their sizes are marked assumed."""
+    """Calls the function that read this integer issued after the read (an all-to-all: while it ran): their
+    sizes are marked assumed (`CommEvent.assumed`)."""
 
     def to_json(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}

@@ -51,12 +51,21 @@ def place(frame: traceback.FrameSummary | None) -> str:
     return f"{frame.filename}:{frame.lineno}" if frame is not None else ""
 
 
-def where(frames) -> str:
-    """``file:line`` of the script's own innermost frame; of the innermost shown frame when the job is
-    all library code (``-m`` of an installed trainer)."""
+def own(frames) -> traceback.FrameSummary | None:
+    """The script's own innermost frame (of `frames`, outermost first): the innermost that is not a
+    library's; when the job is all library code (``-m`` of an installed trainer), the innermost of the
+    module it ran."""
     frames = shown(frames)
-    own = [f for f in frames if not is_library(f.filename)]
-    return place(own[-1] if own else frames[-1] if frames else None)
+    mine = [f for f in frames if not is_library(f.filename)]
+    if mine:
+        return mine[-1]
+    entry = [f for f in frames if f.filename == frames[0].filename] if frames else []
+    return entry[-1] if entry else None
+
+
+def where(frames) -> str:
+    """``file:line`` of the script's own innermost frame (`own`)."""
+    return place(own(frames))
 
 
 def origin(frames) -> str:

@@ -296,10 +296,10 @@ def coalesced_fake_kernels() -> None:
 @contextlib.contextmanager
 def shapes_only(sink):
     """Run the block with fake tensors, every collective handed to `sink` (a `capture.dispatch` sink) and
-    every value read answered or explained (`values.ValueReads`)."""
+    every value read answered or explained (`values.recorder`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from .values import ValueReads
+    from .values import recorder
 
-    with FakeTensorMode(allow_non_fake_inputs=True), ValueReads(sink):
+    with FakeTensorMode(allow_non_fake_inputs=True), recorder(sink):
         yield

@@ -7,8 +7,9 @@ A FakeTensor has a shape and no values, so torch 2.13's FakeTensorMode raises on
 code reads values all the time without any of them deciding a collective: a loss logged, a grad norm
 turned into a float, torchtitan's global token count (``distributed/utils.py:58``), Megatron's check
 that the CPU generator was left alone (``tensor_parallel/random.py:264``), torch's own
-``nn.init.trunc_normal_`` rejection loop (``torch/nn/init.py:119``). `ValueReads`, the dispatch mode
-that records the calls (`capture.dispatch.ModeRecorder`), answers those reads with a placeholder:
+``nn.init.trunc_normal_`` rejection loop (``torch/nn/init.py:119``). The dispatch mode that records
+the calls (`capture.dispatch.ModeRecorder`) answers those reads with a placeholder (`Answers`,
+`recorder`):
 
 - a check for trouble finds none: a read of what ``any``, ``isnan`` / ``isinf`` / ``isposinf`` /
   ``isneginf`` made, or of the ``found_inf`` AMP's unscale fills, is ``False`` / ``0`` (so a
@@ -52,7 +53,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ...capture.dispatch import ModeRecorder
 from ...core.trace_result import Answered
-from ..script_frames import MESHSCOPE, is_library, short
+from ..script_frames import MESHSCOPE, own, short
 
 _TORCH = os.path.dirname(torch.__file__) + os.sep
 MACHINERY = (MESHSCOPE,) + tuple(_TORCH + p for p in (
@@ -71,9 +72,17 @@ CALLING = MACHINERY + tuple(_TORCH + os.path.join(*p) for p in (
 """Frames between a function and the collective it calls (torch.distributed's API, its autograd wrappers)."""
 
 
+HANDLERS = ("__torch_function__", "__torch_dispatch__")
+"""A mode's or a tensor subclass's handler (the script's own too) is machinery as well: it passes the call on."""
+
+
 @functools.cache
-def _machinery(filename: str) -> bool:
+def _machinery_file(filename: str) -> bool:
     return filename.startswith(MACHINERY)
+
+
+def _machinery(filename: str, function: str) -> bool:
+    return function in HANDLERS or _machinery_file(filename)
 
 
 @functools.cache
@@ -102,7 +111,8 @@ class Reads:
         self.counts: Counter = Counter()
         """(at, script, answer) -> reads."""
         self.sized: Counter = Counter()
-        """(at, script, answer) -> calls issued while the function that read it ran."""
+        """(at, script, answer) -> calls the function that read it issued after the read (all-to-alls: any
+        issued while it ran), whose sizes are marked assumed."""
         self.sizing: list[tuple] = []
         """(frame, key) of the functions that read an integer and may still be running."""
         self.assumed: dict[int, tuple[str, ...]] = {}
@@ -111,12 +121,11 @@ class Reads:
 
     def count(self, frame, answer: str, sizes: bool) -> None:
         """One read answered with `answer`, made below `frame` (the innermost frame of the read)."""
-        while frame is not None and _machinery(frame.f_code.co_filename):
+        while frame is not None and _machinery(frame.f_code.co_filename, frame.f_code.co_name):
             frame = frame.f_back
-        reader = script = frame
-        while script is not None and is_library(script.f_code.co_filename):
-            script = script.f_back
-        key = (_site(reader), _site(script or reader), answer)
+        reader = frame
+        stack = traceback.StackSummary.extract(traceback.walk_stack(reader), lookup_lines=False)[::-1]
+        key = (_site(stack[-1] if stack else None), _site(own(stack)), answer)
         self.counts[key] += 1
         while reader is not None and reader.f_code.co_name in _COMPREHENSIONS:
             reader = reader.f_back  # a comprehension's value is its function's
@@ -154,34 +163,24 @@ class Reads:
 reads = Reads()
 
 
-def _site(frame) -> str:
-    return f"{short(frame.f_code.co_filename)}:{frame.f_lineno}" if frame is not None else ""
+def _site(frame: traceback.FrameSummary | None) -> str:
+    return f"{short(frame.filename)}:{frame.lineno}" if frame is not None else ""
 
 
-class ValueReads(ModeRecorder):
-    """`capture.dispatch.ModeRecorder` that also answers its FakeTensors' value reads (module doc)."""
+class Answers:
+    """What `capture.dispatch.ModeRecorder` gives a value read of a FakeTensor (module doc), and the
+    outputs it watches: those that say whether something is wrong."""
 
-    def __init__(self, sink):
-        def issue(*call):
-            reads.issued(call[0])
-            sink(*call)
-        super().__init__(issue)
+    watched = frozenset(_FINDINGS | _FOUND_INF)
+
+    def __init__(self):
         self.findings = WeakIdKeyDictionary()
         """FakeTensors that say whether something is wrong (`_FINDINGS`)."""
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        try:
-            out = super().__torch_dispatch__(func, types, args, kwargs)
-        except DataDependentOutputException as exc:
-            return self._answer(func, args, exc)
-        if out is not NotImplemented:  # a tensor subclass (DTensor) comes back desugared
-            if id(func) in _FINDINGS:
-                self.findings[out] = True
-            elif id(func) in _FOUND_INF:
-                self.findings[args[1]] = True
-        return out
+    def watch(self, func, args, out) -> None:
+        self.findings[args[1] if id(func) in _FOUND_INF else out] = True
 
-    def _answer(self, func, args, exc: DataDependentOutputException):
+    def answer(self, func, args, exc: DataDependentOutputException):
         returns = func._schema.returns
         kind = str(returns[0].type) if len(returns) == 1 else ""
         finding = bool(args) and isinstance(args[0], torch.Tensor) and args[0] in self.findings
@@ -194,6 +193,15 @@ class ValueReads(ModeRecorder):
         reads.count(sys._getframe(), f"{value} (a check that finds nothing)" if finding else str(value),
                     sizes=type(value) is int)
         return value
+
+
+def recorder(sink) -> ModeRecorder:
+    """The dispatch mode of a ``--fake-tensors`` rank: its calls to `sink`, each counted for the reads that may
+    have sized it (`Reads.issued`), and its value reads answered (`Answers`)."""
+    def issue(*call):
+        reads.issued(call[0])
+        sink(*call)
+    return ModeRecorder(issue, Answers())
 
 
 def _placeholder(dtype: torch.dtype, finding: bool):
@@ -236,16 +244,19 @@ def value_read(exc: BaseException) -> tuple[str, BaseException] | None:
     cause = next((e for e in reversed(_chain(exc)) if _what(e)), None)
     if cause is None:
         return None
-    frames = traceback.extract_tb(cause.__traceback__)
+    frames = list(traceback.extract_tb(cause.__traceback__))
+    if cause is not exc and frames:
+        # A cause's traceback begins where it was caught (inside a framework, for a masked one); the frames
+        # above that are those of the exception that reached the script.
+        outer = list(traceback.extract_tb(exc.__traceback__))
+        caught = next((i for i, f in enumerate(outer) if (f.filename, f.name) == (frames[0].filename, frames[0].name)),
+                      len(outer))
+        frames = outer[:caught] + frames
     inner = len(frames)
-    while inner and _machinery(frames[inner - 1].filename):
+    while inner and _machinery(frames[inner - 1].filename, frames[inner - 1].name):
         inner -= 1
     reader = frames[inner - 1] if inner else None
-    # A cause's traceback begins where it was caught (inside a framework, for a masked one): the script's
-    # frames above that are in the traceback of the exception that reached the script.
-    script = next((f for f in reversed(frames[:inner]) if not is_library(f.filename)),
-                  next((f for f in reversed(traceback.extract_tb(exc.__traceback__)) if not is_library(f.filename)),
-                       None))
+    script = own(frames[:inner])
 
     def said(f) -> str:
         text = (f.line or "").strip()

@@ -117,14 +117,15 @@ def answered_note(answered: list[Answered], ranks: int) -> str:
         counts[0] += a.count
         counts[1] += a.sized
     places = sorted(total.items(), key=lambda item: -item[1][0])
-    shown = "; ".join(f"{at}{f' (from {script})' if script != at else ''}: {n} answered {answer}"
+    shown = "; ".join(f"{at}{f' (from {script})' if script != at else ''}: {n}, {answer}"
                       for (at, script, answer), (n, _) in places[:ANSWERED_SHOWN])
     more = f"; and {len(places) - ANSWERED_SHOWN} more places (ranks/rank<R>.json)" if len(places) > ANSWERED_SHOWN else ""
     sized = sum(s for _, (_, s) in places)
     sizes = (f"; {sized} calls issued by a function after it read an integer carry assumed sizes (`assumed`)"
              if sized else "")
-    return (f"--fake-tensors: tensors have no values, so {sum(n for _, (n, _) in places)} value reads on {ranks} "
-            f"rank{'s' if ranks > 1 else ''} were answered without data: {shown}{more}{sizes}")
+    reads = sum(n for _, (n, _) in places)
+    return (f"--fake-tensors: tensors have no values, so {reads} value read{'s' if reads > 1 else ''} on {ranks} "
+            f"rank{'s' if ranks > 1 else ''} {'were' if reads > 1 else 'was'} answered without data: {shown}{more}{sizes}")
 
 
 def _representative(members: list[int], traced) -> int:
