@@ -3,9 +3,12 @@
 Oracles: the real c10d kernels recorded at BackendSelect (the functional collectives' decoders), the
 hand counts of tests/jobs/transformer.py's docstring, DDP's bucket structure (as in
 tests/test_fake_world.py), the fake world with real tensors (itself held against gloo there), and
-torch's 1F1B order of sends and receives. (By hand, docs/trace.md: fsdp2.py, fsdp_tp.py,
-dtensor_tp.py with SP, megatron_groups.py and pipeline_3d.py gave the same ledgers with and without
-fake tensors.)
+torch's 1F1B order of sends and receives; for value reads, the counts of tests/jobs/value_reads.py's
+docstring and the same job with data (whose real gloo trace equals it, by hand), and, kind by kind
+(tests/fixtures/value_read_kinds.py, one process), the same code on real tensors where it has an
+answer (a DataLoader's indices, an object collective's and a coalesced all-reduce's calls). (By hand,
+docs/trace.md: fsdp2.py, fsdp_tp.py, dtensor_tp.py with SP, megatron_groups.py and pipeline_3d.py gave
+the same ledgers with and without fake tensors; so did torchtitan, Lightning and Megatron's GPTModel.)
 """
 
 from __future__ import annotations
@@ -208,11 +211,12 @@ def test_checks_for_trouble_find_none_and_others_hold(kinds):
     assert (doc["any_nan"], doc["all_equal"], doc["equal"]) == (False, True, True)
 
 
-def test_trunc_normal_ends_its_rejection_loop(kinds):
+def test_trunc_normal_ends_its_rejection_loop_on_plain_and_sharded_weights(kinds):
     doc = kinds("trunc_normal")
-    assert doc["shape"] == [64, 64]
-    assert _answered(doc) == {("torch/nn/init.py:119", f"value_read_kinds.py:{doc['line']}",
-                               "False (a check that finds nothing)"): 1}
+    assert doc["shape"] == [64, 64] and doc["sharded"] == ["DTensor", [16, 64]]
+    assert _answered(doc) == {("torch/nn/init.py:119", f"value_read_kinds.py:{doc[line]}",
+                               "False (a check that finds nothing)"): 1 for line in ("line", "sharded_line")}
+    assert not doc["calls"]  # a DTensor's any() and its read stay local, as with data
 
 
 def test_tolist_answers_every_element(kinds):
