@@ -207,7 +207,9 @@ def recorder(sink) -> ModeRecorder:
 def _placeholder(dtype: torch.dtype, finding: bool):
     if dtype == torch.bool:
         return not finding
-    if dtype.is_floating_point or dtype.is_complex:
+    if dtype.is_complex:
+        return complex(not finding)
+    if dtype.is_floating_point:
         return 0.0 if finding else 1.0
     return 0 if finding else 1
 
