@@ -72,7 +72,7 @@ def cmd_diff(args) -> int:
     if assumed["fields"]:
         calls = ", ".join(f"{n} on {side.upper()}" for side, n in assumed["calls"].items() if n)
         console.print(f"not compared: {', '.join(assumed['fields'])} of the calls that assumed them ({calls}; a fake "
-                      f"world cannot know what peers send), and the bytes of {len(assumed['totals'])} step/axis/op "
+                      f"world cannot know what peers send, nor sizes computed from values it has not got), and the bytes of {len(assumed['totals'])} step/axis/op "
                       f"totals holding such calls")
     if result.same:
         console.print(f"same ledgers on ranks {result.ranks}: {kinds}", highlight=False)

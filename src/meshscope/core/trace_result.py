@@ -106,6 +106,27 @@ class GroupUse:
 
 
 @dataclass(frozen=True)
+class Answered:
+    """Value reads a ``--fake-tensors`` rank answered without data, by where they were read
+    (``trace.fake.values``)."""
+
+    at: str
+    """``file:line`` of the frame that read (a library's, from its package: ``torch/nn/init.py:119``; or the
+    script's own)."""
+    script: str
+    """``file:line`` of the script's own line that led there (the same as `at` for a read of the script's)."""
+    answer: str
+    """What the reads were given (``1.0``, ``False (a check that finds nothing)``, ``saved without data``)."""
+    count: int
+    sized: int = 0
+    """Calls the function that read this integer issued after the read (an all-to-all: while it ran): their
+    sizes are marked assumed (`CommEvent.assumed`)."""
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@dataclass(frozen=True)
 class RankEnd:
     """How one rank of a traced job ended (``ranks/rank<R>.json``, written once by the rank itself;
     a rank without that file is ``missing``)."""
@@ -141,6 +162,11 @@ class RankEnd:
     """A fake world's stand-in GPU on this rank where CUDA was mapped (a ``trace.fake.gpu.GPUS`` name), else empty."""
     device_calls: tuple[str, ...] = ()
     """The device and memory queries the stand-in GPU answered on this rank (``torch.cuda.get_device_name``...)."""
+    answered: tuple[Answered, ...] = ()
+    """Value reads this ``--fake-tensors`` rank answered without data."""
+    stood_in: int = 0
+    """A fake world's object collectives that got a stand-in for a rank not traced before (``trace.fake.objects``):
+    the sizes of the calls they issued are assumed."""
     events: int = 0
     optimizer_steps: int = 0
     groups: tuple[GroupUse, ...] = ()
@@ -180,6 +206,7 @@ class RankEnd:
         doc = {f.name: getattr(self, f.name) for f in fields(self)}
         for name in ("mapped", "patched", "wrote", "device_calls"):
             doc[name] = list(getattr(self, name))
+        doc["answered"] = [a.to_json() for a in self.answered]
         doc["groups"] = [g.to_json() for g in self.groups]
         doc["decode_errors"] = [list(e) for e in self.decode_errors]
         doc["undecoded"] = dict(self.undecoded)
@@ -191,6 +218,7 @@ class RankEnd:
         values = {f.name: d[f.name] for f in fields(cls) if f.name in d}
         for name in ("mapped", "patched", "wrote", "device_calls"):
             values[name] = tuple(d.get(name, ()))
+        values["answered"] = tuple(Answered(**a) for a in d.get("answered", ()))
         values["groups"] = tuple(GroupUse(g["name"], g["desc"], g["axis"], tuple(g["ranks"])) for g in d.get("groups", ()))
         values["decode_errors"] = tuple(tuple(e) for e in d.get("decode_errors", ()))
         values["undecoded"] = dict(d.get("undecoded", {}))
@@ -363,6 +391,15 @@ class TraceResult:
     def exit_code(self) -> int:
         return EXIT_CODES[self.outcome]
 
+    @property
+    def answered(self) -> dict[str, int]:
+        """``file:line`` -> value reads answered there without data, over the traced ranks (`RankEnd.answered`)."""
+        out: dict[str, int] = {}
+        for r in self.ranks:
+            for a in r.answered:
+                out[a.at] = out.get(a.at, 0) + a.count
+        return out
+
     def steps_of(self, rank: int) -> dict[int, list[CommEvent]]:
         out: dict[int, list[CommEvent]] = {}
         for e in self.events:
@@ -378,7 +415,7 @@ class TraceResult:
                              "steps": [{"step": s, "events": [e.to_json() for e in evs]}
                                        for s, evs in sorted(self.steps_of(r.rank).items())]} for r in self.ranks],
                "ranks": [r.to_json() for r in self.ranks], "expected": self.expected, "notes": self.notes,
-               "run_dir": self.run_dir, "undecoded": dict(self.undecoded)}
+               "run_dir": self.run_dir, "undecoded": dict(self.undecoded), "answered": self.answered}
         if self.error is not None:
             doc["error"], doc["failure"] = self.error.line(), self.error.to_json()
         if self.last_lines is not None:

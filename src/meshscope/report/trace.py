@@ -18,12 +18,14 @@ from .table import make_console, print_table
 TOP_MODULES = 10
 
 ASSUMED = "*"
-"""Marks a figure that holds assumed values (`CommEvent.assumed`: a fake world's all-to-all sizes, and the
-bytes of object collectives sized from objects of ranks it had not traced)."""
+"""Marks a figure that holds assumed values (`CommEvent.assumed`: a fake world's all-to-all sizes, the bytes
+of object collectives sized from objects of ranks it had not traced, sizes computed from a value
+``--fake-tensors`` answered without data)."""
 
 LEGEND = (f"{ASSUMED} assumed: a fake world cannot know what its peers send: what an all-to-all receives (nor uneven "
-          "splits computed from it), the objects of an object collective from ranks not traced before; this rank's "
-          "own stood in (the ledger's `assumed` field names them)")
+          "splits computed from it), the objects of an object collective from ranks not traced before (this rank's "
+          "own stood in), nor, with --fake-tensors, a size computed from a value read without data (the ledger's "
+          "`assumed` field names them)")
 """The legend under a table with an `ASSUMED` mark."""
 
 

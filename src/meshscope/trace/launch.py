@@ -181,8 +181,8 @@ def add_trace_options(p: argparse.ArgumentParser) -> None:
                    help="trace ranks of a world of this many on torch's fake backend, one CPU process each")
     p.add_argument("--fake-tensors", action="store_true",
                    help="with --fake-world: tensors with shapes and no data (no memory, no arithmetic), recorded "
-                        "by a dispatch mode (--recorder does not apply); the script must not read tensor values "
-                        "(docs/trace.md)")
+                        "by a dispatch mode (--recorder does not apply); values the script reads get placeholders, "
+                        "counted in the result, and a shape that depends on values stops the rank (docs/trace.md)")
     p.add_argument("--fake-device", default=None, metavar="NAME",
                    help=f"with --fake-world, where CUDA is mapped to the CPU: the GPU torch.cuda's device and memory "
                         f"queries answer as: {', '.join(gpu.GPUS)} (default {gpu.DEFAULT})")

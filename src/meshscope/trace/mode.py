@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 from contextlib import AbstractContextManager
+from typing import NamedTuple
 
 from ..core.rundir import RunDir
 from . import fr_dump
@@ -24,6 +25,16 @@ from .options import RankOptions
 from .output import tee
 from .recording import RankTrace
 from .stopping import count_done, stop_on_sigterm
+
+
+class Explained(NamedTuple):
+    """A failure in the user's words (`RealMode.explain`)."""
+
+    error: str | None
+    """One line better than the exception's own, or None."""
+    note: str | None
+    cause: BaseException
+    """The exception the failure is recorded for: the one raised, or the first cause it hid."""
 
 
 class RealMode:
@@ -62,9 +73,9 @@ class RealMode:
     def recording(self, trace: RankTrace) -> AbstractContextManager:
         return trace.recording()
 
-    def explain(self, exc: BaseException, script: str) -> tuple[str | None, str | None]:
-        """(an error line better than the exception's, a note) for a failure: a real job's is its own."""
-        return None, None
+    def explain(self, exc: BaseException) -> Explained:
+        """A failure in the user's words: a real job's is its own."""
+        return Explained(None, None, exc)
 
     def failed(self) -> None:
         """The rank failed or was stopped: gloo dumps no Flight Recorder on its own timeout."""

@@ -26,7 +26,6 @@ failed) it writes what it has and exits at once, even while blocked in a collect
 from __future__ import annotations
 
 import atexit
-import importlib.util
 import os
 import runpy
 import signal
@@ -47,15 +46,6 @@ from .options import RankOptions
 from .recording import RankTrace, flushed_first
 from .stopping import StopTrace, stop_when_all_done
 from .timeouts import limit_timeouts
-
-
-def _script_file(module: str) -> str:
-    """The file of a ``-m`` module (its name when it has none)."""
-    try:
-        spec = importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return module
-    return spec.origin if spec is not None and spec.origin else module
 
 
 def _failure(exc: BaseException, error: str) -> dict:
@@ -116,9 +106,9 @@ def main(argv: list[str], on_end=None) -> int:
                                                 else f"the script exited with code {exc.code}")
     except BaseException as exc:  # noqa: BLE001 - the script's failure is reported as the script's
         sys.stderr.write(script_frames.script_traceback(exc))
-        error, note = mode.explain(exc, _script_file(target) if options.module else target)
+        error, note, cause = mode.explain(exc)
         status, code = "error", 1
-        failure = _failure(exc, error or f"{type(exc).__name__}: {exc}".splitlines()[0])
+        failure = _failure(cause, error or f"{type(cause).__name__}: {cause}".splitlines()[0])
     finally:
         context.remove()
         mode.ended(status == "stopped")

@@ -43,9 +43,9 @@ class RankTrace:
                  recorder: str = "python"):
         self.run_dir, self.rank, self.context, self.stream = run_dir, rank, context, stream
         self.native, self.recorder_note, self.kind = None, None, "python" if recorder == "native" else recorder
-        self.assume = lambda group, op, ins, outs, t: ()
-        """(group name, op, input splits, output splits, issue time) -> the event's assumed fields (a fake
-        world's: `fake.mode.FakeMode.assumed`)."""
+        self.assume = lambda index, group, op, ins, outs, t: ()
+        """(the call's index in issue order, group name, op, input splits, output splits, issue time) -> the
+        event's assumed fields (a fake world's: `fake.mode.FakeMode.assumed`)."""
         if recorder == "native":
             try:
                 self.native = native.NativeRecorder(native.build(log=self._log), context)
@@ -183,11 +183,12 @@ class RankTrace:
         """Every call so far as a CommEvent, labelled with what is known now (a DeviceMesh built after a
         group's first calls names its dim late)."""
         out = []
-        for name, seq, op, phase, dtype, b_in, b_out, region, ins, outs, peer, step, t, done, end in self.calls:
+        for index, (name, seq, op, phase, dtype, b_in, b_out, region, ins, outs, peer, step, t, done, end) in enumerate(
+                self.calls):
             group = self.groups[name]
             out.append(CommEvent(self.rank, seq, op, self.axis(group), group.ranks, phase, dtype, b_in, b_out, region,
                                  None, ins, outs, peer, step, t - self.t0, None if done is None else done - self.t0,
-                                 self.assume(name, op, ins, outs, t), None if end is None else end - self.t0))
+                                 self.assume(index, name, op, ins, outs, t), None if end is None else end - self.t0))
         return out
 
     @staticmethod

@@ -10,6 +10,7 @@ device mapping and the fork server (which imports ahead only library modules).
 
 from __future__ import annotations
 
+import functools
 import os
 import sysconfig
 import traceback
@@ -27,9 +28,18 @@ def _runner(filename: str) -> bool:
     return os.path.abspath(filename).startswith(MESHSCOPE) or "runpy" in Path(filename).name  # "<frozen runpy>" too
 
 
+@functools.cache  # asked per frame of every value read a fake rank answers (`fake.values`)
 def is_library(filename: str) -> bool:
     """A frame of the standard library, an installed package or meshscope: not the user's own code."""
     return os.path.abspath(filename).startswith(LIBRARY_ROOTS) or _runner(filename)
+
+
+def short(filename: str) -> str:
+    """A frame's file as a one-line message names it: a library's from its package (``torch/nn/init.py``),
+    the script's by its name."""
+    path = os.path.abspath(filename)
+    root = max((r for r in LIBRARY_ROOTS if path.startswith(r)), key=len, default=None)  # site-packages lies in a root
+    return path[len(root):] if root else os.path.basename(filename)
 
 
 def shown(frames) -> list[traceback.FrameSummary]:
@@ -41,12 +51,21 @@ def place(frame: traceback.FrameSummary | None) -> str:
     return f"{frame.filename}:{frame.lineno}" if frame is not None else ""
 
 
-def where(frames) -> str:
-    """``file:line`` of the script's own innermost frame; of the innermost shown frame when the job is
-    all library code (``-m`` of an installed trainer)."""
+def own(frames) -> traceback.FrameSummary | None:
+    """The script's own innermost frame (of `frames`, outermost first): the innermost that is not a
+    library's; when the job is all library code (``-m`` of an installed trainer), the innermost of the
+    module it ran."""
     frames = shown(frames)
-    own = [f for f in frames if not is_library(f.filename)]
-    return place(own[-1] if own else frames[-1] if frames else None)
+    mine = [f for f in frames if not is_library(f.filename)]
+    if mine:
+        return mine[-1]
+    entry = [f for f in frames if f.filename == frames[0].filename] if frames else []
+    return entry[-1] if entry else None
+
+
+def where(frames) -> str:
+    """``file:line`` of the script's own innermost frame (`own`)."""
+    return place(own(frames))
 
 
 def origin(frames) -> str:

@@ -5,11 +5,13 @@ it has no peers to meet and no launcher to stop it; `install` applies the rows o
 modes (the fake backend, CUDA mapped where torch has none with its stand-in GPU, fake tensors), lets
 the object collectives record and read what ranks sent (`objects.EXCHANGE`) and marks what a call's
 fields cannot know (`assumed`: an all-to-all's receives, `backend.assumed`; an object collective's
-stand-in sizes); `recording` is the dispatcher's recorder, or under ``--fake-tensors`` the dispatch
-mode above FakeTensorMode (`tensors.shapes_only`); `explain` words the failures only a fake world has
-(a value read without data, a pipeline that exchanges its shapes, a CUDA type check, an attention
-DTensor cannot shard on the CPU); `record` adds what the rank wrote in its own layer of files
-(`files`, taken by the fork server) and the stand-in GPU's answers.
+stand-in sizes; under ``--fake-tensors``, sizes from a value read without data); `recording` is the
+dispatcher's recorder, or under ``--fake-tensors`` the dispatch mode above FakeTensorMode
+(`tensors.shapes_only`); `explain` words the failures only a fake world has (a value read without an
+answer, `values.value_read`, reported for its first cause; a pipeline that exchanges its shapes; a
+CUDA type check; an attention DTensor cannot shard on the CPU); `record` adds what it mapped and
+patched, what the rank wrote in its own layer of files (`files`, taken by the fork server), the
+stand-in GPU's answers and, under ``--fake-tensors``, the value reads it answered (`values.reads`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from contextlib import AbstractContextManager
 
 from ...core.rundir import RunDir
 from .. import script_frames
+from ..mode import Explained
 from ..options import RankOptions
 from ..recording import RankTrace
 from . import attention, backend, devices, files, gpu, objects, patches, tensors
@@ -50,22 +53,31 @@ class FakeMode:
         objects.EXCHANGE.begin(self.run_dir, self.rank)
         trace.assume = self.assumed
 
-    @staticmethod
-    def assumed(group: str, op: str, input_splits, output_splits, t: float) -> tuple[str, ...]:
-        """The fields of a call (on `group`, issued at `t`) this rank could not know."""
-        return backend.assumed(op, input_splits, output_splits) or objects.EXCHANGE.assumed(group, t)
+    def assumed(self, index: int, group: str, op: str, input_splits, output_splits, t: float) -> tuple[str, ...]:
+        """The fields of this rank's `index`-th call (on `group`, issued at `t`) it could not know."""
+        fields = backend.assumed(op, input_splits, output_splits) or objects.EXCHANGE.assumed(group, t)
+        if self.options.fake_tensors:
+            from .values import reads
+
+            fields = tuple(dict.fromkeys(fields + reads.assumed.get(index, ())))
+        return fields
 
     def recording(self, trace: RankTrace) -> AbstractContextManager:
         return tensors.shapes_only(trace.sink) if self.options.fake_tensors else trace.recording()
 
-    def explain(self, exc: BaseException, script: str) -> tuple[str | None, str | None]:
-        error = tensors.value_read(exc, script) if self.options.fake_tensors else None
+    def explain(self, exc: BaseException) -> Explained:
+        read = None
+        if self.options.fake_tensors:
+            from .values import value_read
+
+            read = value_read(exc)
+        error, cause = read if read is not None else (None, exc)
         if error is None and devices.needed():
-            where = script_frames.where(traceback.extract_tb(exc.__traceback__))
-            error = attention.explain(exc, where) or devices.explain(exc)
-        frames = "".join(traceback.format_tb(exc.__traceback__))
-        shapes = "recv_object_list" in frames or type(exc).__name__ == "PipeliningMetadataError"
-        return error, PIPELINE_SHAPES if shapes else None
+            where = script_frames.where(traceback.extract_tb(cause.__traceback__))
+            error = attention.explain(cause, where) or devices.explain(cause)
+        frames = "".join(traceback.format_tb(cause.__traceback__))
+        shapes = "recv_object_list" in frames or type(cause).__name__ == "PipeliningMetadataError"
+        return Explained(error, PIPELINE_SHAPES if shapes else None, cause)
 
     def failed(self) -> None:
         pass
@@ -75,6 +87,12 @@ class FakeMode:
 
     def record(self) -> dict:
         mapped = devices.used + ([devices.COMPILED] if devices.compiled() else [])
+        answered = ()
+        if self.options.fake_tensors:
+            from .values import reads
+
+            answered = reads.records()
         return {"mapped": tuple(mapped), "patched": tuple(self.patched),
                 "device": gpu.lookup(self.options.fake_device or gpu.DEFAULT) if devices.needed() else "",
-                "device_calls": tuple(gpu.answered), **files.record()}
+                "device_calls": tuple(gpu.answered), "answered": answered, "stood_in": len(objects.EXCHANGE.stood_in),
+                **files.record()}

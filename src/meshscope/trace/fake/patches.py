@@ -46,6 +46,7 @@ C10D = "torch.distributed.distributed_c10d"
 DDP = "torch.nn.parallel.DistributedDataParallel"
 MESH = "torch.distributed.device_mesh.DeviceMesh"
 MATRIX_OPS = "torch.distributed.tensor._ops._matrix_ops"
+LOADER_ITER = "torch.utils.data.dataloader._BaseDataLoaderIter"
 
 PATCHES = (
     Patch("fake backend", (f"{C10D}.init_process_group", "torch.testing._internal.distributed.fake_pg.FakeStore"),
@@ -131,6 +132,35 @@ PATCHES = (
     Patch("pipelining's vote real", ("torch.distributed.pipelining.schedules._PipelineSchedule._warmup_p2p",),
           "the warm-up vote reads the one-element tensors it received as numbers", "2.13", FAKE_TENSORS,
           tensors.pipeline_vote_real),
+    Patch("DataLoader's random draws and indices real", (f"{LOADER_ITER}.__init__", f"{LOADER_ITER}._next_index"),
+          "every iterator draws its random base seed with .item() (torch/utils/data/dataloader.py:690-694) and samplers "
+          "read their indices back (DistributedSampler: randperm(...).tolist(), distributed.py:112)", "2.13",
+          FAKE_TENSORS, tensors.data_loading_real),
+    Patch("object collectives real", tuple(f"{C10D}.{n}" for n in tensors.OBJECT_COLLECTIVES),
+          "they pickle the rank's own objects into byte tensors and read the sizes back "
+          "(distributed_c10d.py:3514 max(object_size_list).item())", "2.13", FAKE_TENSORS,
+          tensors.object_collectives_real),
+    Patch("format of a 0-dim FakeTensor", ("torch.Tensor.__format__",),
+          "Tensor.__format__ formats a 0-dim tensor's item() but leaves a subclass to object.__format__ (a "
+          "TypeError for f'{loss:.3f}'); the read is answered like .item()", "2.13", FAKE_TENSORS,
+          tensors.format_answers),
+    Patch("torch.tensor of FakeTensors", ("torch.tensor", "torch.as_tensor"),
+          "a list of 0-dim FakeTensors is read element by element ('data is not allocated yet'; Megatron's grad "
+          "norm without Apex, megatron/core/utils.py:1206): it is their stack", "2.13", FAKE_TENSORS,
+          tensors.tensor_of_fakes),
+    Patch("deepcopy of FakeTensors", ("torch._subclasses.fake_tensor.FakeTensor", "torch.Tensor.__deepcopy__"),
+          "Tensor.__deepcopy__ copies a constant FakeTensor's storage, which fails (torch/_tensor.py:174; "
+          "torchmetrics' states via Lightning's self.log), and else copies its FakeTensorMode: a clone in the "
+          "same mode", "2.13", FAKE_TENSORS, tensors.deepcopy_clones),
+    Patch("torch.save without data", ("torch.save", "torch.serialization.skip_data"),
+          "pickling a FakeTensor fails and leaves a truncated file; torch's skip_data(materialize_fake_tensors) "
+          "writes the structure, and torch.load under fake mode reads FakeTensors back", "2.13", FAKE_TENSORS,
+          tensors.save_without_data),
+    Patch("coalesced c10d ops on fake tensors", tuple(f"torch.ops.c10d.{n}" for n in tensors.COALESCED)
+          + ("torch.distributed._meta_registrations.create_fakework",),
+          "FakeTensorMode has no kernel for them (torch registers fake ones for every other c10d op); Megatron's "
+          "DDP issues its bucket all-reduces in _coalescing_manager (distributed_c10d.py:2900)", "2.13",
+          FAKE_TENSORS, tensors.coalesced_fake_kernels),
 )
 
 

@@ -12,36 +12,49 @@ with real tensors). FakeTensorMode answers every op before the dispatcher's ``Ba
 kernels run, so the calls are recorded by `capture.dispatch.ModeRecorder`, a dispatch mode above it,
 through the same decoders (``--recorder`` does not apply).
 
-What a script meets here, and how it is handled:
+What a script meets here, and how it is handled (each a row of `patches.PATCHES`, installed here):
 
 - **DeviceMesh** keeps real tensors: its rank tables are read back as Python ints (``tolist``), which
   a FakeTensor cannot answer, so every DeviceMesh method runs with fake mode off
-  (``unset_fake_temporarily``); the mesh is bookkeeping, not data.
+  (``unset_fake_temporarily``); the mesh is bookkeeping, not data. So do DDP's parameter check and
+  bucket rebuild and pipelining's warm-up vote, for the same reason.
 - **Module.to / .cuda / .float** of fake parameters: torch's ``Module._apply`` swaps a FakeTensor
   parameter for its converted copy with ``torch.utils.swap_tensors``, which refuses a tensor that
   FakeTensorMode holds a weak reference to; two FakeTensors are swapped through ``.data`` instead.
-- **Reading a value** (``loss.item()``, ``.tolist()``, ``if tensor:``, data-dependent shapes such as
-  ``nonzero`` or MoE routing counts for an uneven all-to-all) has no answer without data: the rank
-  fails with one line naming the script's line (`value_read`), and such a script runs in a fake
-  world without ``--fake-tensors``.
+- **A DataLoader** draws its base seed with ``torch.empty((), dtype=torch.int64).random_().item()``
+  (torch/utils/data/dataloader.py:690-694, every iterator, torchdata's StatefulDataLoader's too) and
+  its sampler reads indices back (``DistributedSampler``: ``randperm(...).tolist()``,
+  distributed.py:112): the iterator's set-up and its index sampling run with fake mode off, so the
+  indices are the real ones; the dataset's items stay what the script made.
+- **Object collectives** (``all_gather_object``, ``broadcast_object_list``, ...) pickle the rank's own
+  objects into byte tensors and read their sizes back (distributed_c10d.py:3514): they run with fake
+  mode off, on the rank's own bytes, as in a fake world with real tensors.
+- **What needs no value**: ``copy.deepcopy`` of a FakeTensor is its clone in the same fake mode
+  (torch's deepcopy copies storage, or the fake mode itself); ``torch.tensor([...])`` of 0-dim
+  FakeTensors (Megatron's grad norm without Apex) is their stack, a FakeTensor of the list's shape;
+  ``torch.save`` writes the structure without data (``torch.serialization.skip_data``), so a file is
+  whole and a later ``torch.load`` in the rank gets FakeTensors of the same shapes; c10d's coalesced
+  ops (Megatron's DDP in ``_coalescing_manager``, distributed_c10d.py:2900) get the fake kernels torch
+  declares for the others (torch/distributed/_meta_registrations.py).
+- **Reading a value** (``loss.item()``, ``float(norm)``, ``f"{loss:.3f}"``, ``if mask.any():``) is
+  answered with a placeholder and counted by where it was read; an op whose output shape depends on
+  values (``bincount`` of MoE routing for an uneven all-to-all) stops the rank with one line naming
+  both places: `values` says which, and why.
 
 Checked (tests and by hand, docs/trace.md): DDP, FSDP2, DTensor TP and SP, FSDP2 x TP,
-``torch.distributed.pipelining`` with static stage shapes, and Megatron-core's process groups. A
-``torch.compile``'d module was seen to run eagerly under the outer fake mode (the same calls, the
-region without ``.GraphModule``). Anything that reads tensor values is not supported.
+``torch.distributed.pipelining`` with static stage shapes, Megatron-core's process groups, and the
+value reads of ``tests/jobs/value_reads.py``. A ``torch.compile``'d module was seen to run eagerly
+under the outer fake mode (the same calls, the region without ``.GraphModule``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
-import os
-import traceback
+import sys
 
-from ..entry_points import rebind
-
-DATA_DEPENDENT = ("DataDependentOutputException", "DynamicOutputShapeException")
-"""FakeTensorMode's errors for an op whose answer needs the data."""
+from ..entry_points import rebind, wrap
 
 
 def _with_fake_off(function):
@@ -121,25 +134,172 @@ def pipeline_vote_real() -> None:
     base._warmup_p2p = _with_fake_off(base._warmup_p2p)
 
 
+OBJECT_COLLECTIVES = ("all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",
+                      "send_object_list", "recv_object_list")
+
+
+@functools.cache
+def data_loading_real() -> None:
+    """A DataLoader iterator's set-up (its random base seed) and its index sampling (the sampler's reads) with fake
+    mode off; fetching the items stays in fake mode."""
+    from torch.utils.data import dataloader
+
+    base = dataloader._BaseDataLoaderIter
+    base.__init__ = _with_fake_off(base.__init__)
+    base._next_index = _with_fake_off(base._next_index)
+
+
+@functools.cache
+def object_collectives_real() -> None:
+    """The ``*_object`` collectives with fake mode off: their tensors are the rank's own pickled objects."""
+    for name in OBJECT_COLLECTIVES:
+        wrap(name, _with_fake_off)
+
+
+@functools.cache
+def format_answers() -> None:
+    """``format`` of a 0-dim FakeTensor formats its value, as ``Tensor.__format__`` does for a plain tensor
+    (torch/_tensor.py:1139, which leaves a subclass to ``object.__format__``: a TypeError for ``:.3f``); the
+    value is read, and answered (`values`)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    original = torch.Tensor.__format__
+
+    def __format__(self, spec):
+        if isinstance(self, FakeTensor) and self.dim() == 0:
+            return self.detach().item().__format__(spec)
+        return original(self, spec)
+
+    torch.Tensor.__format__ = __format__
+
+
+@functools.cache
+def tensor_of_fakes() -> None:
+    """``torch.tensor`` / ``torch.as_tensor`` of (nested) sequences of FakeTensors: their stack, with the dtype,
+    device and grad torch would give (torch 2.13 reads each element's storage: "data is not allocated yet")."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def make(original):
+        @functools.wraps(original)
+        def build(data, *args, **kwargs):
+            leaf = data
+            while isinstance(leaf, (list, tuple)) and leaf:
+                leaf = leaf[0]
+            if not isinstance(leaf, FakeTensor):
+                return original(data, *args, **kwargs)
+            return _stacked(original, data, kwargs.get("dtype", args[0] if args else None),
+                            kwargs.get("device", args[1] if len(args) > 1 else None), kwargs.get("requires_grad", False))
+        return build
+
+    torch.tensor, torch.as_tensor = make(torch.tensor), make(torch.as_tensor)
+
+
+def _stacked(original, data, dtype, device, requires_grad: bool):
+    """What ``torch.tensor(data)`` gives for nested sequences of scalars and one-element tensors."""
+    import torch
+
+    def leaves(d):
+        if isinstance(d, (list, tuple)):
+            for x in d:
+                yield from leaves(x)
+        else:
+            yield d
+
+    def dtype_of(x):  # torch's element type inference (torch/csrc/utils/tensor_new.cpp infer_scalar_type)
+        if isinstance(x, torch.Tensor):
+            return x.dtype
+        if isinstance(x, bool):
+            return torch.bool
+        if isinstance(x, int):
+            return torch.int64
+        return torch.complex64 if isinstance(x, complex) else torch.get_default_dtype()
+
+    dtype = dtype or functools.reduce(torch.promote_types, map(dtype_of, leaves(data)))
+
+    def stack(d):
+        if isinstance(d, (list, tuple)):
+            return torch.stack([stack(x) for x in d])
+        return (d if isinstance(d, torch.Tensor) else original(d)).detach().reshape(()).to(dtype)
+
+    out = stack(data).to(device if device is not None else torch.get_default_device())
+    return out.requires_grad_() if requires_grad else out
+
+
+@functools.cache
+def deepcopy_clones() -> None:
+    """``copy.deepcopy`` of a FakeTensor is its clone in the same fake mode, with the script's own attributes
+    copied (torch 2.13's ``Tensor.__deepcopy__`` copies a constant FakeTensor's storage, which fails
+    (torch/_tensor.py:174), and else deep-copies the FakeTensorMode the tensor belongs to)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    def __deepcopy__(self, memo):
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            new = self.clone()  # torch's own answer for a tensor without storage (torch/_tensor.py:153-163)
+        if self.requires_grad:
+            new.requires_grad_()
+        memo[id(self)] = new
+        if self.grad is not None:
+            new.grad = copy.deepcopy(self.grad, memo)
+        for name, value in self.__dict__.items():
+            if name not in new.__dict__:  # FakeTensor's own fields are the clone's; a Parameter's flag is not
+                setattr(new, name, copy.deepcopy(value, memo))
+        return new
+
+    FakeTensor.__deepcopy__ = __deepcopy__
+
+
+@functools.cache
+def save_without_data() -> None:
+    """``torch.save`` under ``torch.serialization.skip_data(materialize_fake_tensors=True)``: the checkpoint's
+    structure, tensors' shapes and dtypes, and no data (a FakeTensor has none; without it torch 2.13 fails to
+    pickle one and leaves a truncated file); counted as an answered read (`values`)."""
+    import torch
+    from torch.serialization import skip_data
+
+    original = torch.save
+
+    @functools.wraps(original)
+    def save(*args, **kwargs):
+        from .values import reads
+
+        reads.count(sys._getframe(), "saved without data", sizes=False)
+        with skip_data(materialize_fake_tensors=True):
+            return original(*args, **kwargs)
+
+    rebind(original, save)
+
+
+COALESCED = ("allreduce_coalesced_", "allgather_coalesced_", "allgather_into_tensor_coalesced_",
+             "reduce_scatter_tensor_coalesced_")
+_libraries: list = []  # a torch.library registration lasts as long as its Library object
+
+
+@functools.cache
+def coalesced_fake_kernels() -> None:
+    """Fake (Meta) kernels for c10d's coalesced ops: the one torch registers for every other c10d op (a fake
+    Work), which torch 2.13 leaves commented out for these as deprecated (torch/distributed/
+    _meta_registrations.py); without them FakeTensorMode raises UnsupportedOperatorException."""
+    import torch
+    from torch.distributed._meta_registrations import create_fakework
+
+    library = torch.library.Library("c10d", "IMPL")
+    for name in COALESCED:
+        library.impl(name, lambda *args: create_fakework(args, return_first_arg=False), "Meta")
+    _libraries.append(library)
+
+
 @contextlib.contextmanager
 def shapes_only(sink):
-    """Run the block with fake tensors, every collective handed to `sink` (a `capture.dispatch` sink)."""
+    """Run the block with fake tensors, every collective handed to `sink` (a `capture.dispatch` sink) and
+    every value read answered or explained (`values.recorder`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ...capture.dispatch import ModeRecorder
+    from .values import recorder
 
-    with FakeTensorMode(allow_non_fake_inputs=True), ModeRecorder(sink):
+    with FakeTensorMode(allow_non_fake_inputs=True), recorder(sink):
         yield
-
-
-def value_read(exc: BaseException, script: str) -> str | None:
-    """The one-line error for a script (a path, or the file of a ``-m`` module) that read a tensor's
-    value under fake tensors, else None."""
-    if type(exc).__name__ not in DATA_DEPENDENT:
-        return None
-    frames = [f for f in traceback.extract_tb(exc.__traceback__)
-              if os.path.abspath(f.filename) == os.path.abspath(script)]
-    where = f" at {os.path.basename(script)}:{frames[-1].lineno} ({(frames[-1].line or '').strip()})" if frames else ""
-    what = (str(exc).splitlines() or [type(exc).__name__])[0]
-    return (f"the script reads a tensor's value{where} ({what}); with --fake-tensors tensors have shapes and no "
-            f"values: trace it in a fake world without --fake-tensors")

@@ -16,7 +16,7 @@ import os
 import sys
 
 from ...core.rundir import RunDir
-from ...core.trace_result import FakeDevice, FakeWorld, RankClass, RankEnd, TraceResult, TraceSpec
+from ...core.trace_result import Answered, FakeDevice, FakeWorld, RankClass, RankEnd, TraceResult, TraceSpec
 from ..assemble import assemble, conclude, created_groups
 from . import files, gpu
 from .classes import rank_classes
@@ -107,7 +107,7 @@ def fake_notes(result: TraceResult) -> list[str]:
     the ranks' files were kept apart."""
     notes = []
     a2a = sum(1 for e in result.events if e.assumed and e.op == "all_to_all")
-    objects = sum(1 for e in result.events if e.assumed and e.op != "all_to_all")
+    objects = sum(r.stood_in for r in result.ranks)
     if a2a:
         notes.append(f"fake backend: collectives return their input, so what an all-to-all receives (and uneven "
                      f"splits computed from it) is assumed: {a2a} calls carry an `assumed` field naming those "
@@ -115,14 +115,41 @@ def fake_notes(result: TraceResult) -> list[str]:
     if objects:
         notes.append(f"fake backend: an object collective (broadcast_object_list, all_gather_object, scatter_object_list, "
                      f"gather_object) gets what the ranks traced before it sent; from any other rank it gets its own "
-                     f"object, so the bytes of {objects} calls, sized from such objects, are assumed")
+                     f"object: {objects} such calls got a stand-in, and the bytes of the calls sized from them are "
+                     f"assumed (their `assumed` field)")
     if any(e.op == "recv" for e in result.events):
         notes.append("fake backend: a receive gets no data from its peer (a blocking recv is filled with ones)")
     device = result.fake_world.device if result.fake_world else None
     if device is not None and device.answered:
         notes.append(gpu.note(list(device.answered), gpu.GPUS[device.key]))
+    answered = [a for r in result.ranks for a in r.answered]
+    if answered:
+        notes.append(answered_note(answered, sum(1 for r in result.ranks if r.answered)))
     kept = files.note(result.ranks)
     return notes + ([kept] if kept else [])
+
+
+ANSWERED_SHOWN = 6
+"""Places an answered-reads note names (the rest are in ``ranks/rank<R>.json``)."""
+
+
+def answered_note(answered: list[Answered], ranks: int) -> str:
+    """What ``--fake-tensors`` answered without data, by place, most read first."""
+    total: dict[tuple[str, str, str], list[int]] = {}
+    for a in answered:
+        counts = total.setdefault((a.at, a.script, a.answer), [0, 0])
+        counts[0] += a.count
+        counts[1] += a.sized
+    places = sorted(total.items(), key=lambda item: -item[1][0])
+    shown = "; ".join(f"{at}{f' (from {script})' if script != at else ''}: {n}, {answer}"
+                      for (at, script, answer), (n, _) in places[:ANSWERED_SHOWN])
+    more = f"; and {len(places) - ANSWERED_SHOWN} more places (ranks/rank<R>.json)" if len(places) > ANSWERED_SHOWN else ""
+    sized = sum(s for _, (_, s) in places)
+    sizes = (f"; {sized} calls issued by a function after it read an integer carry assumed sizes (`assumed`)"
+             if sized else "")
+    reads = sum(n for _, (n, _) in places)
+    return (f"--fake-tensors: tensors have no values, so {reads} value read{'s' if reads > 1 else ''} on {ranks} "
+            f"rank{'s' if ranks > 1 else ''} {'were' if reads > 1 else 'was'} answered without data: {shown}{more}{sizes}")
 
 
 def _representative(members: list[int], traced) -> int:
