@@ -146,6 +146,7 @@ def budgets(tmp_path_factory):
         root = tmp_path_factory.mktemp(job.removesuffix(".py"))
         copy = root / job
         shutil.copy(JOBS / job, copy)
+        shutil.copy(JOBS / "delays.py", root / "delays.py")  # the helper module the jobs import beside them
         budget = root / "budget.toml"
         proc = cli("budget", *options, "--budget", budget, "--out", root / "points",
                    *[f for v in vary for f in ("--vary", v)], "--", copy, *args, timeout=300)

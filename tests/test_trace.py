@@ -40,9 +40,11 @@ RUNS = {
 @pytest.fixture(scope="module")
 def traced(tmp_path_factory):
     """name -> (completed `meshscope trace --json` process, its document), two launches at a time."""
+    dirs = {name: tmp_path_factory.mktemp(name) for name in RUNS}  # here: mktemp is not thread-safe
+
     def run(name):
         nproc, job = RUNS[name]
-        out = tmp_path_factory.mktemp(name)
+        out = dirs[name]
         proc = cli("trace", "--nproc-per-node", nproc, "--out", out / "run", "--json", "--",
                    str(JOBS / job[0]), *job[1:], timeout=240)
         return name, (proc, json.loads(proc.stdout) if proc.stdout.strip() else None)

@@ -38,6 +38,10 @@ Independent facts (defaults: --layers 4 --hidden 256 --bucket-cap-mb 0.2, fp32):
   allgather 1. In general: allreduce = 1 + 4*(steps-1) (with --layers L:
   1 + L*(steps-1)).
 
+``--slow-rank R --slow-in forward|data|backward --slow-ms MS`` plants a delay on
+rank R once per step (`delays.py`; forward and backward in ``net.2``, the
+second Linear): the calls are unchanged, rank R's buckets come late.
+
 Measured on torch 2.13 CPU/gloo at world 2 and 4 with a TorchDispatchMode
 counter keyed on optimizer step hooks (init | step1 | step2 | step3):
 init = allgather_ 1, broadcast_ 2; step1 = allreduce_ 1; step2 = broadcast_ 2,
@@ -54,6 +58,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+import delays
+
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -64,6 +70,7 @@ def parse_args():
     p.add_argument("--bucket-cap-mb", type=float, default=0.2)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--print-buckets", action="store_true")
+    delays.add_arguments(p, module="net.2")
     return p.parse_args()
 
 
@@ -101,6 +108,8 @@ def main():
 
     torch.manual_seed(0)
     model = MLP(args.hidden, args.layers).to(device)
+    delay = delays.Delay(args, rank)
+    delay.attach(model)
     ddp = DDP(
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
@@ -110,6 +119,8 @@ def main():
 
     gen = torch.Generator().manual_seed(1234 + rank)
     for _ in range(args.steps):
+        delay.next_step()
+        delay.data()
         x = torch.randn(args.batch, args.hidden, generator=gen).to(device)
         y = torch.randn(args.batch, args.hidden, generator=gen).to(device)
         opt.zero_grad(set_to_none=True)

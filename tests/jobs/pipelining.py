@@ -47,6 +47,9 @@ Independent facts (S = WORLD_SIZE stages, M = --microbatches), per step:
   ``c10d::send`` / ``c10d::recv_``; on NCCL the same ops are coalesced per
   batch, but the per-tensor counts above are unchanged.
 * One ``optimizer.step()`` (SGD) per step per rank, on that rank's stage only.
+* ``--slow-rank R --slow-in forward|data|backward --slow-ms MS`` plants a
+  delay on rank R once per step (`delays.py`; forward and backward in its
+  stage's ``fc1``): the calls are unchanged.
 
 Measured on torch 2.13 CPU/gloo at world 2 and 4 (both schedules) with a
 TorchDispatchMode counter keyed on optimizer step hooks: ops ``c10d::send``
@@ -65,6 +68,8 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
+import delays
+
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 
 
@@ -78,6 +83,7 @@ def parse_args():
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--infer-shapes", action="store_true",
                    help="give only the first stage's input_args: the stages exchange the other shapes over P2P")
+    delays.add_arguments(p, module="fc1")
     return p.parse_args()
 
 
@@ -122,6 +128,8 @@ def main():
     blocks = [StageBlock(args.hidden) for _ in range(num_stages)]
     stage_mod = blocks[rank].to(device)
     del blocks
+    delay = delays.Delay(args, rank)
+    delay.attach(stage_mod)
 
     mb = args.batch // args.microbatches
     # Static metadata. torch 2.13 also reads requires_grad from the examples:
@@ -151,6 +159,8 @@ def main():
 
     gen = torch.Generator().manual_seed(1234)
     for _ in range(args.steps):
+        delay.next_step()
+        delay.data()
         # Every rank draws the same batch so rank 0 and the last rank agree.
         x = torch.randn(args.batch, args.hidden, generator=gen).to(device)
         y = torch.randn(args.batch, args.hidden, generator=gen).to(device)

@@ -68,6 +68,8 @@ from torch.testing._internal.distributed._tensor.common_dtensor import (
     TransformerBlock,
 )
 
+import delays
+
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -85,6 +87,7 @@ def parse_args():
     p.add_argument("--weight-tying", action=argparse.BooleanOptionalAction, default=True,
                    help="the output Linear shares the token embedding's weight (ModelArgs' default)")
     p.add_argument("--lr", type=float, default=1e-3)
+    delays.add_arguments(p, module="layers.0.feed_forward")
     return p.parse_args()
 
 
@@ -132,9 +135,13 @@ def main():
     else:
         model = DistributedDataParallel(model, device_mesh=mesh["dp"], bucket_cap_mb=args.bucket_cap_mb)
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    delay = delays.Delay(args, dist.get_rank())
+    delay.attach(model.module if args.dp_mode == "ddp" else model)
 
     gen = torch.Generator().manual_seed(1234 + mesh["dp"].get_local_rank())
     for _ in range(args.steps):
+        delay.next_step()
+        delay.data()
         tokens = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen).to(device)
         opt.zero_grad(set_to_none=True)
         out = model(tokens)

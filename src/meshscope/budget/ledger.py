@@ -10,7 +10,7 @@
   replaced by ``*`` (``layers.*.attention``: depth is a variable, not new keys). Its calls in one
   steady step may differ in size (FSDP2's reduce-scatter of each block and of the root unit share an
   entry): they are kept as parts, one per distinct size, largest first, each with its count.
-- **The steady step**: a budget needs at least two steady steps (`trace.steady`) on every rank, all
+- **The steady step**: a budget needs at least two steady steps (`core.steady`) on every rank, all
   equal; an all-to-all whose sizes move between steps or ranks follows its routing, and its sizes
   are ``routed`` (its count is still held); sizes a fake world could not know are ``assumed``.
 """
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from ..core.errors import UsageError
 from ..core.events import CommEvent
 from ..core.trace_result import TraceResult
-from ..trace.steady import needed, steady_steps
+from ..core.steady import needed, steady_steps
 
 ROUTED = "routed"
 ASSUMED = "assumed"

@@ -2,7 +2,10 @@
 
 Each rank's times are seconds since its own trace started (``time.perf_counter``); `Clock.offset`
 moves them onto rank 0's. On one boot of one machine every rank's ``perf_counter`` is the same
-``CLOCK_MONOTONIC``, so the true offsets are known too (`truth`), and the estimate's error with them.
+``CLOCK_MONOTONIC``, so the true offsets are known there (`truth`), and the estimate's error with them.
+`offsets` uses what is exact where it can: the ranks of rank 0's host get their true offsets; the
+ranks of another host share that host's best estimate (the one with the fastest round trip), each
+moved by its start on their common clock.
 """
 
 from __future__ import annotations
@@ -44,3 +47,25 @@ def truth(clocks: dict[int, Clock]) -> dict[int, float] | None:
     if 0 not in clocks or len({c.host for c in clocks.values()}) != 1 or not clocks[0].host:
         return None
     return {r: c.start - clocks[0].start for r, c in clocks.items()}
+
+
+def offsets(clocks: dict[int, Clock | None]) -> dict[int, tuple[float, float]]:
+    """Rank -> (offset, error bound) on rank 0's clock, for every rank whose host has rank 0 or an estimate."""
+    hosts: dict[str, list[int]] = {}
+    for r, c in clocks.items():
+        if c is not None:
+            hosts.setdefault(c.host or f"rank {r}", []).append(r)
+    out: dict[int, tuple[float, float]] = {}
+    zero = clocks.get(0)
+    for host, ranks in hosts.items():
+        if zero is not None and zero.host and host == zero.host:
+            best, base, error = 0, 0.0, 0.0
+        else:
+            estimated = [r for r in ranks if clocks[r].offset is not None]
+            if not estimated:
+                continue
+            best = min(estimated, key=lambda r: clocks[r].error if clocks[r].error is not None else float("inf"))
+            base, error = clocks[best].offset, clocks[best].error or 0.0
+        for r in ranks:
+            out[r] = (base + clocks[r].start - clocks[best].start, error)
+    return out

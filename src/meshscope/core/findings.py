@@ -29,6 +29,12 @@ class Finding:
     evidence: str = "flight log"
     """What the finding rests on: ``flight log`` (meshscope's own), ``flight recorder`` (torch's dumps),
     ``both`` (each source shows it on its own) or ``rank record`` (how a traced rank ended)."""
+    where: str = ""
+    """A ``straggler``'s: the phase and module where its extra time went (``forward, layers.1``)."""
+    ms_per_step: float | None = None
+    """A ``straggler``'s: the others' mean wait per steady step it caused, in ms."""
+    steps: list[int] = field(default_factory=list)
+    """A ``straggler``'s: the steady steps it held the others on."""
 
     def line(self) -> str:
         where = f"{self.axis}{self.group}" if self.group else self.axis
@@ -75,6 +81,10 @@ class Diagnosis:
     """What it rests on: ``flight_log`` (bool), ``flight_recorder`` (source, version, backend, ranks)."""
     failure: str | None = None
     """Set when the doctor could not read the directory at all (the job's own failure stands)."""
+    performance: list[Finding] = field(default_factory=list)
+    """Findings about speed, not health (``straggler``): they leave `healthy` and the root cause alone."""
+    time_note: str = ""
+    """Why the time of a trace was not analysed, where it was not (a fake world, too few steps)."""
 
     @property
     def healthy(self) -> bool:
@@ -90,7 +100,8 @@ class Diagnosis:
         return {"run_dir": self.run_dir, "ranks": self.ranks, "healthy": self.healthy,
                 "findings": [f.to_json(i == 0) for i, f in enumerate(self.findings)],
                 "errors": [e.to_json() for e in self.errors],
-                "last_marks": dict(self.last_marks), "sources": self.sources}
+                "last_marks": dict(self.last_marks), "sources": self.sources,
+                "performance": [f.to_json(False) for f in self.performance], "time_note": self.time_note}
 
     @classmethod
     def from_json(cls, d: dict) -> Diagnosis:
@@ -98,4 +109,6 @@ class Diagnosis:
             return cls(d.get("run_dir", ""), [], failure=d["error"])
         return cls(d["run_dir"], list(d.get("ranks", [])), [Finding.from_json(f) for f in d.get("findings", [])],
                    [RankError(e["rank"], e["error"], e.get("status", "error")) for e in d.get("errors", [])],
-                   {int(r): m for r, m in d.get("last_marks", {}).items()}, d.get("sources", {}))
+                   {int(r): m for r, m in d.get("last_marks", {}).items()}, d.get("sources", {}),
+                   performance=[Finding.from_json(f) for f in d.get("performance", [])],
+                   time_note=d.get("time_note", ""))

@@ -61,9 +61,11 @@ class TimeSection:
     step_ms: float | None = None
     """The median steady step (each step's median over the ranks)."""
     clock_error_ms: float | None = None
-    """The largest bound on a rank's clock offset (half its fastest round trip through the store)."""
+    """The largest error bound of the offsets used (`core.clock.offsets`): 0 on one host, where they are
+    exact; else half the fastest round trip through the store of another host's best estimate."""
     clock_true_error_ms: float | None = None
-    """On one host: the largest difference between an estimated offset and the true one (one monotonic clock)."""
+    """On one host: the store estimate's largest difference from the true offset (one monotonic clock),
+    which is what it would have cost across hosts."""
     axes: tuple[AxisTime, ...] = ()
     caused: tuple[tuple[int, int, float], ...] = ()
     """(rank, step, ms): the others' mean wait that rank caused in that step, every axis summed."""

@@ -26,6 +26,7 @@ from .clock import Clock
 from .events import CommEvent
 from .findings import Diagnosis
 from .result import Check
+from .time_result import TimeSection
 
 OUTCOMES = ("passed", "failed", "empty", "incomplete")
 EXIT_CODES = {"passed": 0, "failed": 1, "incomplete": 1, "empty": 3}
@@ -367,6 +368,8 @@ class TraceResult:
     fake_world: FakeWorld | None = None
     undecoded: dict[str, int] = field(default_factory=dict)
     """c10d op -> calls of it, over every rank, that no decoder reads (`RankEnd.undecoded`): not in `events`."""
+    time: TimeSection | None = None
+    """Where the time went: waits per axis, waits each rank caused, stragglers (`timing.stragglers`)."""
 
     @property
     def outcome(self) -> str:
@@ -424,6 +427,8 @@ class TraceResult:
             doc["doctor"] = self.doctor.to_json()
         if self.fake_world is not None:
             doc["fake_world"] = self.fake_world.to_json()
+        if self.time is not None:
+            doc["time"] = self.time.to_json()
         return doc
 
     @classmethod
@@ -437,4 +442,5 @@ class TraceResult:
                    last_lines=LastLines.from_json(d["last_lines"]) if d.get("last_lines") else None,
                    doctor=Diagnosis.from_json(d["doctor"]) if d.get("doctor") else None,
                    fake_world=FakeWorld.from_json(d["fake_world"]) if d.get("fake_world") else None,
-                   undecoded=dict(d.get("undecoded", {})))
+                   undecoded=dict(d.get("undecoded", {})),
+                   time=TimeSection.from_json(d["time"]) if d.get("time") else None)

@@ -23,6 +23,8 @@ from .fr_findings import diagnose_job
 from .fr_job import FrJob, load_job
 from .p2p import p2p, pp_no_grad
 from .prediction import dp_wrong_group, pruned_a2a
+from .stragglers import finding as straggler
+from .stragglers import time_of
 
 
 def _results(run_dir: RunDir) -> list[RunResult]:
@@ -131,8 +133,11 @@ def diagnose(run_dir: Path | RunDir) -> Diagnosis:
     findings, errors, stuck = _flight_log_findings(run_dir, ranks) if logged else ([], [], [])
     if job is not None:
         findings = _merge(findings, diagnose_job(job))
+    time = time_of(run_dir, ranks, ends(run_dir)) if logged else None
+    performance = [straggler(s, time.step_ms) for s in time.stragglers] if time is not None else []
     return Diagnosis(str(run_dir), sorted(set(ranks) | set(job.dumps if job else ())), order(findings, stuck), errors,
-                     {r: ranks[r].last_mark for r in sorted(ranks)}, _sources(job, logged))
+                     {r: ranks[r].last_mark for r in sorted(ranks)}, _sources(job, logged), performance=performance,
+                     time_note=time.note if time is not None and not time.analysed else "")
 
 
 def render(report: Diagnosis) -> list[str]:
@@ -146,6 +151,9 @@ def render(report: Diagnosis) -> list[str]:
         lines.append(f"no problem found in the {_evidence(report)} of ranks {report.ranks}")
     elif line := progress(report):  # where each rank last reported progress: the only trace of a hang in timing
         lines.append(line)
+    lines += [f"performance: {f.line()}" for f in report.performance]
+    if report.time_note:
+        lines.append(f"time not analysed: {report.time_note}")
     return lines
 
 

@@ -1,6 +1,6 @@
 """A trace directory as `place` reads it: the layout it reconstructed and each traced rank's steady step.
 
-The steady step is the last complete step of `trace.steady` (from step 2 on: step 0 holds set-up,
+The steady step is the last complete step of `core.steady` (from step 2 on: step 0 holds set-up,
 step 1 warm-up such as DDP's bucket rebuild; `trace.checks` compares the same steps). Its calls, grouped by axis, op,
 phase and size, are the same `Traffic` records the analytic model (`volume.stage_traffic`) gives,
 so the advisor can rank placements from what a job really issued (`place --from-trace`) and the
@@ -24,7 +24,7 @@ from ..core.mesh import Layout
 from ..core.trace_result import TraceResult
 from ..predict.alpha_beta import model_bytes
 from ..predict.volume import Traffic
-from ..trace.steady import FIRST_STEADY, needed, steady_steps
+from ..core.steady import FIRST_STEADY, needed, steady_steps
 from .node_crossing import AXIS_MEMBERS
 
 

@@ -1,7 +1,8 @@
 """What a traced job shows: the layout its groups imply, per step x axis x op the calls of each rank
-(count, logical bytes in and out, phase), the modules that moved the most bytes, and the checks;
-``report.md``, a Chrome trace (``trace.json``: one row per rank, one slice per call) and PNGs of the
-bytes per axis per step and per module."""
+(count, logical bytes in and out, phase), the modules that moved the most bytes, where the time went
+(`report.time`), and the checks; ``report.md``, a Chrome trace (``trace.json``: one row per rank, one
+slice per call from issue to completion and one per wait, on the common clock) and PNGs of the bytes
+per axis per step, per module, and of the waits each rank caused."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from rich.console import Console
 from ..core.events import human_bytes
 from ..core.trace_result import TraceResult
 from .table import make_console, print_table
+from .time import TIME_HEAD, caused_figure, shifts, time_lines, time_rows, wait_slices
 
 TOP_MODULES = 10
 
@@ -139,6 +141,10 @@ def print_trace(result: TraceResult, console: Console | None = None) -> None:
         console.print(LEGEND)
     if result.events:
         print_table(console, "top modules by bytes (all ranks)", ["module", "calls", "bytes"], module_rows(result))
+    if rows := time_rows(result):
+        print_table(console, "time per rank and steady step", TIME_HEAD, rows)
+    for line in time_lines(result):
+        console.print(line, highlight=False, markup=False)
     print_table(console, "checks", ["check", "ok", "detail"], check_rows(result))
     for r in result.ranks:
         if not r.ended:
@@ -150,17 +156,21 @@ def print_trace(result: TraceResult, console: Console | None = None) -> None:
 
 
 def chrome_trace(result: TraceResult) -> dict:
-    """Chrome trace event format: pid = rank, one complete slice per call, issue to completion."""
+    """Chrome trace event format on the common clock (rank 0's; `report.time.shifts`): pid = rank, one
+    complete slice per call from its issue to its completion (where unseen: to the next call on its
+    group), and one per wait (`report.time.wait_slices`)."""
+    shift = shifts(result)
     events = []
     for e in result.events:
         if e.t_issue is None:
             continue
-        dur = max((e.t_done or e.t_issue) - e.t_issue, 1e-6)
+        end = e.t_complete if e.t_complete is not None else e.t_done
+        dur = max((end or e.t_issue) - e.t_issue, 1e-6)
         events.append({"name": f"{e.op} {e.axis}", "cat": e.phase, "ph": "X", "pid": e.rank, "tid": e.axis,
-                       "ts": e.t_issue * 1e6, "dur": dur * 1e6,
+                       "ts": (e.t_issue + shift.get(e.rank, 0.0)) * 1e6, "dur": dur * 1e6,
                        "args": {"group": list(e.group), "bytes_in": e.bytes_in, "bytes_out": e.bytes_out,
                                 "step": e.step, "region": e.region, "dtype": e.dtype}})
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+    return {"traceEvents": events + wait_slices(result, shift), "displayTimeUnit": "ms"}
 
 
 def write_files(result: TraceResult, run_dir: Path) -> list[str]:
@@ -177,13 +187,28 @@ def write_files(result: TraceResult, run_dir: Path) -> list[str]:
         lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in rows] + [""]
         if title == "calls per step" and has_assumed(result):
             lines += [LEGEND.replace(ASSUMED, "\\" + ASSUMED, 1), ""]
+        if title == "top modules by bytes":
+            lines += _time_md(result)
     lines += [f"note: {n}" for n in result.notes] + ["", *verdict_lines(result)]
     (run_dir / "report.md").write_text("\n".join(lines) + "\n")
     written = [str(run_dir / "report.md"), str(run_dir / "trace.json")]
     if result.events:
         written.append(_bytes_figure(result, run_dir / "figures" / "bytes_per_axis.png"))
         written.append(_modules_figure(result, run_dir / "figures" / "bytes_per_module.png"))
+    if caused := caused_figure(result, run_dir / "figures" / "waits_caused.png"):
+        written.append(caused)
     return written
+
+
+def _time_md(result: TraceResult) -> list[str]:
+    """report.md's time section (none for a trace without one)."""
+    if result.time is None:
+        return []
+    lines = ["## time", ""]
+    if rows := time_rows(result):
+        lines += ["| " + " | ".join(TIME_HEAD) + " |", "|" + "---|" * len(TIME_HEAD)]
+        lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in rows] + [""]
+    return lines + time_lines(result) + [""]
 
 
 def _md_cell(text: str) -> str:

@@ -30,7 +30,7 @@ from ..core.events import CommEvent
 from ..core.trace_result import TraceResult
 from ..trace.launch import TraceOptions
 from ..trace.launch import trace as run_trace
-from ..trace.steady import steady_steps
+from ..core.steady import steady_steps
 
 __all__ = ["Traced", "TraceFailed", "check", "trace"]
 
@@ -59,7 +59,7 @@ class Traced:
 
     @property
     def steady_step(self) -> int:
-        """The last steady step every traced rank completed (`trace.steady`); ValueError if none did."""
+        """The last steady step every traced rank completed (`core.steady`); ValueError if none did."""
         last = min((steady_steps(r.steps) or [-1])[-1] for r in self.result.ranks)
         if last < 0:
             raise ValueError("no steady step (steps 2 and on): trace at least 3 optimizer steps")

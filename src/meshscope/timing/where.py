@@ -4,8 +4,10 @@ A traced rank notes every change of (phase, module) on its main thread with its 
 (`capture.job_context.JobContext.moves`, written to its flight log and read back by
 `capture.flightlog.read_flight`). Between two instants, each (phase, module) gets the time the rank
 was in it: the state at the start is the last move before it (``other``, no module, before any).
-A segment before a call is what the rank did from its previous completion to the call's issue
-(`before`): what made it late, when it was.
+A segment before a call is what the rank did from its previous completion on the call's group to
+the call's issue (`before`): what made it late, when it was. The group's, not any call's: a call
+queued earlier and completing on its own (FSDP2's prefetched all-gathers, DDP's buckets) can complete
+in the middle of what made the rank late, and would cut the segment there.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import defaultdict
 
-from ..core.events import CommEvent
+from ..core.events import P2P, CommEvent
 
 Where = tuple[str, str]
 """(phase, module): ``("forward", "layers.1.mlp")``, ``("other", "")``."""
@@ -43,20 +45,33 @@ class Moves:
 
 
 class Completions:
-    """One rank's completion times, for "its previous completion before t"."""
+    """One rank's calls per group, for "its previous completion on that group before t"."""
 
     def __init__(self, events: list[CommEvent]):
-        self.times = sorted(e.t_complete for e in events if e.t_complete is not None)
+        by: dict[tuple, list[float]] = defaultdict(list)
+        for e in events:
+            # a call whose completion was not seen (gloo's send and recv works have no future) stands in
+            # with its issue: the segment then starts no later than it could
+            by[_channel(e)].append(e.t_complete if e.t_complete is not None else e.t_issue)
+        self.times = {k: sorted(v) for k, v in by.items()}
 
-    def before(self, t: float) -> float | None:
-        i = bisect_right(self.times, t) - 1
-        return self.times[i] if i >= 0 else None
+    def before(self, e: CommEvent) -> float | None:
+        times = self.times.get(_channel(e), [])
+        i = bisect_right(times, e.t_issue) - 1
+        while i >= 0 and times[i] >= e.t_issue:  # the call itself, where it stands in with its issue
+            i -= 1
+        return times[i] if i >= 0 else None
+
+
+def _channel(e: CommEvent) -> tuple:
+    """What a call queues behind: its group (a point-to-point call: its peer)."""
+    return (e.axis, e.group, e.peer) if e.op in P2P else (e.axis, e.group)
 
 
 def before(e: CommEvent, moves: Moves, completions: Completions) -> dict[Where, float]:
-    """What the rank did from its previous completion to `e`'s issue, per (phase, module) (from its
-    first move when nothing completed before)."""
-    start = completions.before(e.t_issue)
+    """What the rank did from its previous completion on `e`'s group to `e`'s issue, per (phase,
+    module) (from its first move when nothing completed before)."""
+    start = completions.before(e)
     if start is None:
         start = moves.times[0] if moves.times else e.t_issue
     return moves.spent(start, e.t_issue)

@@ -22,8 +22,9 @@ from ..core.findings import Diagnosis
 from ..core.mesh_fit import fit
 from ..core.rundir import RunDir
 from ..core.trace_result import FakeWorld, LastLines, RankEnd, TraceError, TraceResult
-from .fake import devices
+from ..timing.stragglers import of_trace
 from .checks import run_all
+from .fake import devices
 
 
 def _events(run_dir: RunDir, rank: int) -> list[CommEvent]:
@@ -133,7 +134,8 @@ def assemble(run_dir: Path | RunDir, account: str | None = None, fake_world: Fak
     result = TraceResult(world=world, command=list(spec.command), events=events, axes=axes_sorted,
                          layout=layout_section(world, axes_sorted), checks=checks, ranks=ranks,
                          run_dir=str(run_dir), notes=notes, expected=expected, fake_world=fake_world,
-                         undecoded=dict(sorted(undecoded.items())))
+                         undecoded=dict(sorted(undecoded.items())),
+                         time=of_trace(run_dir, events, ranks, spec.fake_world))
     if result.outcome in ("failed", "incomplete"):
         result.error = _error(ranks, run_dir, account)
     if result.outcome != "passed":
@@ -158,13 +160,18 @@ def _last_lines(run_dir: RunDir, result: TraceResult) -> LastLines | None:
 
 
 def load(run_dir: Path | RunDir) -> TraceResult:
-    """A trace directory's result: its ``result.json`` once the trace has concluded, else assembled from
-    what the ranks wrote (a hung or killed trace)."""
+    """A trace directory's result: its ``result.json`` once the trace has concluded and it holds every
+    rank the directory has, else assembled from what the ranks wrote (a hung or killed trace, nodes
+    that shared the directory)."""
     run_dir = RunDir(run_dir) if not isinstance(run_dir, RunDir) else run_dir
     run_dir.trace_spec()  # a trace directory, or a one-line error
     doc = run_dir.read_result()
     if doc is not None and not run_dir.incomplete.exists():
-        return TraceResult.from_json(doc)
+        result = TraceResult.from_json(doc)
+        # several nodes sharing the directory (`torchrun -m meshscope.trace`): each node's local rank 0
+        # writes a result when its node ends, so the last may lack ranks another node ended after it
+        if {r.rank for r in result.ranks} >= set(run_dir.ranks_with("ranks")):
+            return result
     return assemble(run_dir)
 
 

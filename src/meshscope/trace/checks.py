@@ -27,7 +27,7 @@ from ..core.agreement import disagreement
 from ..core.axes import is_mesh_axis
 from ..core.events import P2P, CommEvent, by_group
 from ..core.result import Check
-from .steady import FIRST_STEADY, needed, steady_steps as steady_of
+from ..core.steady import FIRST_STEADY, needed, steady_steps as steady_of
 
 
 def _brief(e: CommEvent) -> str:

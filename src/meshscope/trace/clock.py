@@ -23,7 +23,7 @@ import time
 
 from ..core.clock import Clock, boot_id
 
-ROUNDS = 5
+ROUNDS = 16
 SERVERS = 4
 TIMEOUT_S = 30.0
 PREFIX = "meshscope/clock"

@@ -1,0 +1,193 @@
+"""Which rank made the others wait, on which axis, and where its time went: a trace's ``time`` section.
+
+One pure function, `analyse`, over a traced job's calls (`CommEvent`, with each rank's `t_issue` and
+`t_complete`), each rank's place on the common clock (`core.clock.Clock`), its moves between phases
+and modules and its step ends (`capture.flightlog.Flight`). The trace's assembly calls it for
+``TraceResult.time``; the doctor calls it on the same flight logs for its ``straggler`` findings; the
+report draws it. docs/trace.md ("Time") says what the figures mean and what they cannot see.
+
+**The rule.** Rank R is a straggler when, on at least `ON_STEPS` of the steady steps, both
+
+- the others' mean wait it caused on one axis (`timing.waits.Instance.caused`, summed over the step's
+  instances of that axis where R arrived last) is at least `SHARE` of the median step, and
+- what it caused on every axis minus what it waited itself is at least `SHARE` of the median step too:
+  a rank that only passes on a wait it suffered (its pair in another group was late) is not the cause.
+
+`SHARE` is 15 %: a planted delay of 60 ms that is at least 30 % of the healthy step (the target of
+docs/trace.md's benchmark) is at least 23 % of the slowed step; `benchmarks/bench_stragglers.py`
+measured healthy runs of 4 ranks on 2 shared cores below it (its figures are in docs/trace.md).
+
+**Where.** On each step R held the others, its late call is the instance of that axis where its
+lateness cost them most; its segment before that call (from its previous completion on the call's
+group to the late issue, `timing.where.before`) and each other member's segment before its own call of that instance
+are split by (phase, module); the (phase, module) whose time on R exceeds the others' median by most,
+summed over those steps, is where R's time went.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+
+from ..capture.flightlog import read_flight
+from ..core.clock import Clock, offsets, truth
+from ..core.events import CommEvent
+from ..core.rundir import RunDir
+from ..core.steady import steady_steps
+from ..core.time_result import AxisTime, Straggler, TimeSection
+from ..core.trace_result import RankEnd
+from .waits import Instance, instances, per_step
+from .where import Completions, Moves, before
+
+SHARE = 0.15
+"""Of the median steady step: the waits a rank must cause (and cause more than it waits) on a step."""
+ON_STEPS = 0.5
+"""Of the steady steps: on how many the rank must hold the others."""
+MIN_STEPS = 2
+"""Steady steps needed for a verdict."""
+
+RULE = (f"a rank whose lateness cost the others, on one axis, at least {SHARE:.0%} of the median step (and more than "
+        f"it waited itself by as much) on at least {ON_STEPS:.0%} of the steady steps ({MIN_STEPS} at least)")
+
+
+def analyse(events: list[CommEvent], clocks: dict[int, Clock | None], moves: dict[int, list[tuple[float, str, str]]],
+            step_ends: dict[int, dict[int, float]], steps: list[int], fake_world: bool = False) -> TimeSection:
+    """The ``time`` section of a trace (module docstring). `step_ends`: rank -> step -> when that step's
+    boundary passed on the rank (its own clock); `steps`: the steady steps to analyse."""
+    if fake_world:
+        return TimeSection(False, "fake world: its ranks ran one after another, so their times say nothing of "
+                                  "waits (trace the job for real to see them)", RULE)
+    common = offsets(clocks)
+    unclocked = sorted(r for r in {e.rank for e in events} if r not in common)
+    shifts = {r: offset for r, (offset, _) in common.items()}
+    events = [e for e in events if e.rank in shifts and e.t_issue is not None]
+    note = (f"ranks {unclocked} have no clock offset (no default group, or the estimate through the job's store "
+            f"timed out): their calls are left out" if unclocked else "")
+    durations = _step_ms(step_ends, steps)
+    if len(durations) < MIN_STEPS or not events:
+        why = (f"{len(durations)} steady step{'s' if len(durations) != 1 else ''} with an end on every rank; waits need "
+               f"{MIN_STEPS} at least (trace more steps)" if events else "no calls with a clock to compare")
+        return TimeSection(False, "; ".join(n for n in (note, why) if n), RULE, clock_error_ms=_error(common),
+                           clock_true_error_ms=_true_error(clocks))
+    steps = sorted(durations)
+    step_ms = statistics.median(durations.values())
+    found = instances(events, shifts)
+    by_step = per_step(events, shifts, found)
+    held = _held(by_step, steps, step_ms)
+    stragglers = tuple(sorted((_straggler(rank, axis, held_steps, by_step, steps, step_ms, found, events, moves)
+                               for rank, (axis, held_steps) in held.items()), key=lambda s: -s.ms_per_step))
+    return TimeSection(True, note, RULE, tuple(steps), step_ms, _error(common), _true_error(clocks),
+                       _axes(by_step, steps), _caused(by_step, steps), stragglers)
+
+
+def of_trace(run_dir: RunDir, events: list[CommEvent], ends: list[RankEnd], fake_world: bool) -> TimeSection:
+    """`analyse` of a trace directory: its ranks' moves and step ends from their flight logs, their clocks
+    from their ends, the steady steps every traced rank completed."""
+    flights = [read_flight(run_dir.flight(r), r) for r in run_dir.ranks_with("flight")]
+    traced = [e for e in ends if e.status != "missing"]
+    complete = min((e.steps for e in traced), default=0)
+    return analyse(events, {e.rank: e.clock for e in traced}, {f.rank: f.moves for f in flights},
+                   {f.rank: {step: t for t, _, step in f.marks if step is not None} for f in flights},
+                   steady_steps(complete), fake_world)
+
+
+def _step_ms(step_ends: dict[int, dict[int, float]], steps: list[int]) -> dict[int, float]:
+    """Steady step -> its median duration over the ranks, in ms (step k runs from boundary k to k + 1)."""
+    out = {}
+    for s in steps:
+        spans = [(ends[s + 1] - ends[s]) * 1e3 for ends in step_ends.values() if s in ends and s + 1 in ends]
+        if spans and len(spans) == len(step_ends):
+            out[s] = statistics.median(spans)
+    return out
+
+
+def _held(by_step, steps: list[int], step_ms: float) -> dict[int, tuple[str, list[int]]]:
+    """Rank -> (the axis it held the others on most, the steps it held them) for ranks the rule names."""
+    floor = SHARE * step_ms
+    counts: dict[tuple[int, str], list[int]] = defaultdict(list)
+    for s in steps:
+        st = by_step.get(s)
+        if st is None:
+            continue
+        net: dict[int, float] = defaultdict(float)
+        for (axis, rank), t in st.ranks.items():
+            net[rank] += (t.caused - t.waiting) * 1e3
+        for (axis, rank), t in st.ranks.items():
+            if t.caused * 1e3 >= floor and net[rank] >= floor:
+                counts[(rank, axis)].append(s)
+    out: dict[int, tuple[str, list[int]]] = {}
+    for (rank, axis), held_steps in counts.items():
+        if len(held_steps) >= max(MIN_STEPS, ON_STEPS * len(steps)):
+            caused = sum(by_step[s].of(axis, rank).caused for s in steps)
+            best = out.get(rank)
+            if best is None or caused > sum(by_step[s].of(best[0], rank).caused for s in steps):
+                out[rank] = (axis, held_steps)
+    return out
+
+
+def _straggler(rank: int, axis: str, held_steps: list[int], by_step, steps: list[int], step_ms: float,
+               found: list[Instance], events: list[CommEvent], moves) -> Straggler:
+    ms_per_step = sum(by_step[s].of(axis, rank).caused for s in steps) * 1e3 / len(steps)
+    excess = _excess(rank, axis, set(held_steps), found, events, moves)
+    (phase, module), extra = max(excess.items(), key=lambda kv: kv[1]) if excess else (("other", ""), 0.0)
+    return Straggler(rank, axis, round(ms_per_step, 3), round(ms_per_step / step_ms, 3), tuple(held_steps), phase,
+                     module, round(extra * 1e3 / len(held_steps), 3))
+
+
+def _excess(rank: int, axis: str, held: set[int], found: list[Instance], events: list[CommEvent],
+            moves) -> dict[tuple[str, str], float]:
+    """(phase, module) -> seconds by which `rank`'s segment before its late call exceeded the other
+    members' median, summed over the steps it held them on; its late call in a step is the instance of
+    `axis` where its lateness cost the others most."""
+    late: dict[int, Instance] = {}
+    for inst in found:
+        if inst.last == rank and inst.axis == axis and inst.step in held and inst.caused > 0:
+            if inst.step not in late or inst.caused > late[inst.step].caused:
+                late[inst.step] = inst
+    ranks = {r for inst in late.values() for r in inst.calls}
+    lookups = {r: Moves(moves.get(r, [])) for r in ranks}
+    done = {r: Completions([e for e in events if e.rank == r]) for r in ranks}
+    out: dict[tuple[str, str], float] = defaultdict(float)
+    for inst in late.values():
+        mine = before(inst.calls[rank], lookups[rank], done[rank])
+        theirs = [before(e, lookups[r], done[r]) for r, e in inst.calls.items() if r != rank]
+        for where in set(mine) | {w for t in theirs for w in t}:
+            others = statistics.median(t.get(where, 0.0) for t in theirs) if theirs else 0.0
+            out[where] += mine.get(where, 0.0) - others
+    return out
+
+
+def _axes(by_step, steps: list[int]) -> tuple[AxisTime, ...]:
+    sums: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
+    for s in steps:
+        for (axis, rank), t in by_step[s].ranks.items() if s in by_step else ():
+            sums[axis][rank][0] += t.inside
+            sums[axis][rank][1] += t.waiting
+    out = []
+    for axis, ranks in sorted(sums.items()):
+        n = len(steps) * len(ranks)
+        out.append(AxisTime(axis, round(sum(v[0] for v in ranks.values()) * 1e3 / n, 3),
+                            round(sum(v[1] for v in ranks.values()) * 1e3 / n, 3),
+                            round(max(v[1] for v in ranks.values()) * 1e3 / len(steps), 3)))
+    return tuple(out)
+
+
+def _caused(by_step, steps: list[int]) -> tuple[tuple[int, int, float], ...]:
+    out: dict[tuple[int, int], float] = defaultdict(float)
+    for s in steps:
+        for (_, rank), t in by_step[s].ranks.items() if s in by_step else ():
+            out[(rank, s)] += t.caused
+    return tuple((r, s, round(v * 1e3, 3)) for (r, s), v in sorted(out.items()))
+
+
+def _error(common: dict[int, tuple[float, float]]) -> float | None:
+    return round(max(error for _, error in common.values()) * 1e3, 4) if common else None
+
+
+def _true_error(clocks: dict[int, Clock | None]) -> float | None:
+    """The store estimate's largest error against the true offsets, where every rank shares one clock."""
+    known = {r: c for r, c in clocks.items() if c is not None and c.offset is not None}
+    true = truth(known)
+    if not true:
+        return None
+    return round(max(abs(known[r].offset - true[r]) for r in known) * 1e3, 4)
