@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -31,6 +33,22 @@ def cli(*args, timeout: float = 120.0, env: dict | None = None, cwd: Path = ROOT
     path = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)
     return subprocess.run([sys.executable, "-m", "meshscope", *map(str, args)], capture_output=True, text=True,
                           timeout=timeout, cwd=cwd, env={**os.environ, "PYTHONPATH": path, **(env or {})})
+
+
+def cli_here(*args) -> subprocess.CompletedProcess:
+    """`cli` in this process: what ends before any launch (a bad input's one-line error) without a new
+    interpreter and torch import per call. An exception meshscope lets escape fails the test here, as
+    its traceback would fail `cli`'s one-line checks."""
+    from meshscope.cli.parser import main
+    from meshscope.core.trace_result import exit_code
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exc:  # argparse's own errors
+            code = exit_code(exc)
+    return subprocess.CompletedProcess(["meshscope", *map(str, args)], code, out.getvalue(), err.getvalue())
 
 
 def trace_json(out: Path, *args, timeout: float = 240.0, cwd: Path = ROOT) -> tuple[subprocess.CompletedProcess, dict]:

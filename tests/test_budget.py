@@ -22,7 +22,7 @@ from meshscope.core.errors import UsageError
 from meshscope.testing import TraceFailed, check, trace
 from meshscope.trace.assemble import load
 
-from .helpers import ROOT, cli
+from .helpers import ROOT, cli, cli_here
 
 JOBS = ROOT / "tests" / "jobs"
 
@@ -212,9 +212,9 @@ def test_a_point_the_budget_cannot_serve_is_bad_input(budgets, tmp_path):
                 {"layers": 2}, "p")
     bad = tmp_path / "bad.toml"
     bad.write_text("[budget\n")
-    proc = cli("check", bad)
+    proc = cli_here("check", bad)
     assert proc.returncode == 2 and "not valid TOML" in proc.stderr and "Traceback" not in proc.stderr
-    proc = cli("check", path, "--", copy, "--layerz", "2", "--steps", "4")
+    proc = cli_here("check", path, "--", copy, "--layerz", "2", "--steps", "4")
     assert proc.returncode == 2 and "'--layerz' does not match the budget's '--layers'" in proc.stderr
 
 

@@ -18,7 +18,7 @@ from meshscope.doctor.evidence import load
 from meshscope.doctor.p2p import p2p
 from meshscope.doctor.prediction import dp_wrong_group
 
-from .helpers import cli
+from .helpers import cli, cli_here
 
 # -- synthetic flight logs ------------------------------------------------------------------------
 AXES = {(0, 1): "pp", (0, 2): "dp"}
@@ -229,7 +229,7 @@ def injected(tmp_path_factory):
     def run(kind):
         experiment, extra, _, _ = CASES[kind]
         out = tmp_path_factory.mktemp(kind)
-        proc = cli("run", experiment, *extra, "--inject", kind, "--timeout", 10, "--out", out, "--json", timeout=300)
+        proc = cli("run", experiment, *extra, "--inject", kind, "--timeout", 6, "--out", out, "--json", timeout=300)
         return kind, (proc, out)
 
     with ThreadPoolExecutor(3) as pool:
@@ -257,26 +257,26 @@ def test_injected_fault_is_named_first(injected, kind):
 
 def test_doctor_cli_marks_the_root_cause(injected):
     _, out = injected["p2p-order"]
-    text = cli("doctor", out)
+    text = cli_here("doctor", out)
     assert text.returncode == 1 and "\nlikely root cause: [p2p] pp[0, 1] ranks [0, 1]" in text.stdout
-    report = json.loads(cli("doctor", out, "--json").stdout)
+    report = json.loads(cli_here("doctor", out, "--json").stdout)
     assert [f["root_cause"] for f in report["findings"]][:2] == [True, False]
 
 
 def test_healthy_run_has_no_findings(tmp_path):
     proc = cli("run", "collectives", "--world", 2, "--tp", 2, "--out", tmp_path, "--json", timeout=200)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    proc = cli("doctor", tmp_path, "--json")
+    proc = cli_here("doctor", tmp_path, "--json")
     report = json.loads(proc.stdout)
     assert proc.returncode == 0 and report["healthy"] and report["findings"] == [] and report["ranks"] == [0, 1]
 
 
 def test_doctor_on_missing_directory_is_a_usage_error(tmp_path):
-    proc = cli("doctor", tmp_path / "nope")
+    proc = cli_here("doctor", tmp_path / "nope")
     assert proc.returncode == 2 and "does not exist" in proc.stderr
-    proc = cli("run", "collectives", "--inject", "p2p-shape")
+    proc = cli_here("run", "collectives", "--inject", "p2p-shape")
     assert proc.returncode == 2 and "not available for collectives" in proc.stderr
-    proc = cli("run", "pp_mb1", "--inject", "p2p-order")
+    proc = cli_here("run", "pp_mb1", "--inject", "p2p-order")
     assert proc.returncode == 2 and "p2p-order fault needs an exchange carrying messages both ways" in proc.stderr
 
 

@@ -13,7 +13,7 @@ from meshscope.experiments.ep.experiment import backward_note
 from meshscope.models.moe import dispatch as dsp
 from meshscope.models.moe.router import Routing, apply_capacity, apportion, fixed_routing, parse_skew
 
-from .helpers import cli, failed_checks, run_many
+from .helpers import cli_here, failed_checks, run_many
 
 KiB = 1024
 
@@ -103,7 +103,7 @@ def test_bad_splits_fail_before_any_collective():
 
 def test_bad_config_is_one_line_error():
     for args in (["--experts", "3"], ["--topk", "2"], ["--world", "4", "--ep", "3"], ["--skew", "7:x"]):
-        proc = cli("predict", "ep_skewed", *args)
+        proc = cli_here("predict", "ep_skewed", *args)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, (args, proc.stderr)
 
 

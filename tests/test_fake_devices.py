@@ -19,7 +19,7 @@ import meshscope
 from meshscope.trace.fake import devices
 from meshscope.trace.options import RankOptions
 
-from .helpers import ROOT, cli, trace_json
+from .helpers import ROOT, cli_here, trace_json
 
 JOBS = ROOT / "tests" / "jobs"
 
@@ -99,7 +99,7 @@ def test_a_cuda_call_that_cannot_be_mapped_is_named(tmp_path):
     (("--fake-device", "H100"), "--fake-device needs --fake-world N"),
 ])
 def test_a_bad_fake_device_is_one_line(args, needle, tmp_path):
-    proc = cli("trace", *args, "--out", tmp_path / "x", "--", str(JOBS / "ddp.py"))
+    proc = cli_here("trace", *args, "--out", tmp_path / "x", "--", str(JOBS / "ddp.py"))
     assert proc.returncode == 2 and needle in proc.stderr and "H100 (NVIDIA H100 80GB HBM3, the default)" in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and not (tmp_path / "x").exists(), proc.stderr
 

@@ -21,7 +21,7 @@ from collections import Counter
 
 import pytest
 
-from .helpers import ROOT, cli, trace_json
+from .helpers import ROOT, cli_here, trace_json
 
 JOBS = ROOT / "tests" / "jobs"
 
@@ -90,7 +90,7 @@ def test_fsdp2_tp_sp_without_data_issues_the_hand_counted_ledger(tmp_path):
                                   ("dp", "all_gather"): 5, ("dp", "reduce_scatter"): 3}
     proc, _ = trace_json(tmp_path / "values", "--fake-world", 4, "--ranks", "0,3", job)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    same = cli("diff", tmp_path / "values", tmp_path / "shapes", "--json")
+    same = cli_here("diff", tmp_path / "values", tmp_path / "shapes", "--json")
     assert same.returncode == 0 and json.loads(same.stdout)["same"], same.stdout[-3000:]
 
 
@@ -148,7 +148,7 @@ def test_value_reads_of_a_training_script_are_answered_and_its_ledger_is_the_one
     assert proc.returncode == 0 and shapes["passed"], proc.stderr[-3000:]
     proc, values = trace_json(tmp_path / "values", "--fake-world", 2, "--ranks", "0,1", [str(job)])
     assert proc.returncode == 0 and values["passed"], proc.stderr[-3000:]
-    same = cli("diff", tmp_path / "values", tmp_path / "shapes", "--json")
+    same = cli_here("diff", tmp_path / "values", tmp_path / "shapes", "--json")
     assert same.returncode == 0 and json.loads(same.stdout)["same"], same.stdout[-3000:]
     steps = 3
     where = {text: f"value_reads.py:{_line(job, text)}" for text in (

@@ -9,7 +9,7 @@ import pytest
 
 from meshscope.core.trace_result import TraceResult
 
-from .helpers import ROOT, cli, trace_json
+from .helpers import ROOT, cli, cli_here, trace_json
 
 JOBS = ROOT / "tests" / "jobs"
 
@@ -22,7 +22,7 @@ def test_a_fake_world_issues_what_the_real_one_does(tmp_path):
     fake, doc = trace_json(tmp_path / "fake", "--fake-world", 4, "--ranks", "0,1,2,3", job)
     assert real.returncode == 0 and fake.returncode == 0, fake.stderr[-3000:]
     assert doc["fake_world"]["traced"] == [0, 1, 2, 3] and doc["passed"]
-    proc = cli("diff", tmp_path / "real", tmp_path / "fake", "--json")
+    proc = cli_here("diff", tmp_path / "real", tmp_path / "fake", "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["same"], proc.stdout[-3000:]
 
 
@@ -36,7 +36,7 @@ def test_ddp_on_the_fake_backend_issues_what_gloo_does(tmp_path):
     steps = {s["step"]: [e["op"] for e in s["events"] if e["phase"] != "other"] for s in doc["per_rank"][0]["steps"]}
     assert steps[0] == ["all_reduce"] and steps[1] == ["broadcast"] * 2 + ["all_reduce"] * 4
     assert steps[2] == ["all_reduce"] * 4
-    proc = cli("diff", tmp_path / "real", tmp_path / "fake", "--json")
+    proc = cli_here("diff", tmp_path / "real", tmp_path / "fake", "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["same"], proc.stdout[-3000:]
 
 
@@ -100,7 +100,7 @@ def test_pipelining_with_static_shapes_issues_what_gloo_does(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc, doc = trace_json(tmp_path / "fake", "--fake-world", 2, "--ranks", "0,1", job)
     assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
-    same = cli("diff", tmp_path / "real", tmp_path / "fake", "--json")
+    same = cli_here("diff", tmp_path / "real", tmp_path / "fake", "--json")
     assert json.loads(same.stdout)["same"], same.stdout[-3000:]
     proc, doc = trace_json(tmp_path / "inferred", "--fake-world", 4, "--ranks", "0", [*job, "--infer-shapes"])
     assert proc.returncode == 1 and not doc["passed"]
@@ -116,5 +116,5 @@ def test_pipelining_with_static_shapes_issues_what_gloo_does(tmp_path):
     (("--fake-world", 10, "--nproc-per-node", 4), "--nproc-per-node 4 does not divide --fake-world 10"),
 ])
 def test_fake_world_bad_input(args, needle, tmp_path):
-    proc = cli("trace", *args, "--out", tmp_path / "x", "--", str(JOBS / "ddp.py"))
+    proc = cli_here("trace", *args, "--out", tmp_path / "x", "--", str(JOBS / "ddp.py"))
     assert proc.returncode == 2 and needle in proc.stderr and not (tmp_path / "x").exists(), proc.stderr

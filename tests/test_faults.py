@@ -1,5 +1,5 @@
 """Planted faults in unmodified scripts (tests/jobs/faults/), each traced once: `meshscope trace
---timeout 10` ends on its own within the timeout plus a grace of the moment the first rank got stuck,
+--timeout 6` ends on its own within the timeout plus a grace of the moment the first rank got stuck,
 leaves no process, fails, and the doctor's first finding names the fault and its axis; gloo's Flight
 Recorder dumps in the run directory show the divergence independently of meshscope's flight log.
 What is checked is `benchmarks/soak_faults.py`'s, which repeats it."""
@@ -15,13 +15,13 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import ROOT, cli
+from .helpers import ROOT, cli_here
 
 _spec = importlib.util.spec_from_file_location("soak_faults", ROOT / "benchmarks" / "soak_faults.py")
 soak = sys.modules.setdefault("soak_faults", importlib.util.module_from_spec(_spec))  # dataclasses need it
 _spec.loader.exec_module(soak)
 
-TIMEOUT_S = 10.0
+TIMEOUT_S = 6.0
 NO_RECORDER = "group_size"
 """Traced with --no-flight-recorder: no dumps, the same diagnosis (meshscope's own flight log)."""
 
@@ -45,7 +45,7 @@ def test_a_planted_fault_ends_on_its_own_and_the_doctor_names_it(faults, name):
     kind, axis, hangs = soak.EXPECTED[name]
     assert run.returncode == 1 and not run.doc["passed"], run.stderr[-2000:]
     assert run.first["root_cause"] and (run.first["kind"], run.first["axis"]) == (kind, axis), run.first["summary"]
-    again = json.loads(cli("doctor", run.run_dir, "--json").stdout)["findings"][0]  # the directory, afterwards
+    again = json.loads(cli_here("doctor", run.run_dir, "--json").stdout)["findings"][0]  # the directory, afterwards
     assert (again["kind"], again["axis"]) == (kind, axis)
     assert run.orphans == []
     assert (soak.stuck_since(run.run_dir) is not None) == hangs

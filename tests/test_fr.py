@@ -12,9 +12,10 @@ import pytest
 
 from meshscope.core.errors import UsageError
 from meshscope.doctor import diagnose
-from meshscope.doctor.fr_records import VERSIONS
+from meshscope.doctor.fr_records import VERSIONS, parse
+from meshscope.trace import fr_dump
 
-from .helpers import ROOT, cli
+from .helpers import ROOT, cli_here
 from .test_doctor import call, write_run
 
 FIXTURES = ROOT / "tests" / "fixtures" / "flight_recorder"
@@ -115,7 +116,7 @@ def test_a_pickle_that_would_run_code_is_refused_without_running(tmp_path):
     (tmp_path / "dumps" / "rank_0").write_bytes(pickle.dumps({"version": "2.10", "entries": [Payload()]}))
     with pytest.raises(UsageError, match=r"refused global (posix|os)\.system"):
         diagnose(tmp_path / "dumps")
-    proc = cli("doctor", tmp_path / "dumps")
+    proc = cli_here("doctor", tmp_path / "dumps")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not marker.exists()
 
@@ -130,7 +131,7 @@ def test_bad_dumps_are_one_line_errors_with_exit_2(tmp_path, content, message):
     (docs / "rank_3").write_bytes(content())
     with pytest.raises(UsageError, match=message.replace("(", r"\(")):
         diagnose(tmp_path)
-    proc = cli("doctor", tmp_path)
+    proc = cli_here("doctor", tmp_path)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "rank_3" in proc.stderr
 
@@ -138,7 +139,7 @@ def test_bad_dumps_are_one_line_errors_with_exit_2(tmp_path, content, message):
 def test_nothing_to_read_is_a_one_line_error(tmp_path):
     (tmp_path / "empty").mkdir()
     for target in (tmp_path / "empty", tmp_path / "empty" / "nccl_trace_rank_"):
-        proc = cli("doctor", target)
+        proc = cli_here("doctor", target)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
         assert "Flight Recorder dump" in proc.stderr and "Traceback" not in proc.stderr
 
@@ -243,3 +244,17 @@ def test_torchs_analyzer_finds_no_more_than_the_doctor_in_the_nccl_dump():
     assert proc.returncode == 0, proc.stderr[-2000:]
     findings = [ln for ln in proc.stdout.splitlines() if ln.strip() and "tabulate" not in ln]
     assert findings == []  # torchfrtrace reports nothing; so does the doctor (above), which names each call's axis too
+
+
+def test_nccl_entries_give_the_traced_calls_their_gpu_times():
+    """Per group, the k-th traced collective is the entry with collective_seq_id k and the k-th send or
+    recv the one with p2p_seq_id k; an entry whose op differs (a coalesced batch) or that has no duration
+    (still running) gives none, and a gloo dump none at all."""
+    timed = [dict(_entry(0, "nccl:all_reduce", 1), duration_ms=0.5), dict(_entry(1, "nccl:send 0->1", 0, p2p=1),
+             duration_ms=0.25), dict(_entry(2, "nccl:all_reduce", 2), duration_ms=0.75),
+             dict(_entry(3, "nccl:all_gather", 3), duration_ms=9.0), _entry(4, "nccl:all_reduce", 4, state="started")]
+    dump = parse(0, _nccl(0, timed), "rank 0", {})
+    calls = [("0", "all_reduce"), ("0", "send"), ("0", "all_reduce"), ("0", "all_reduce"), ("0", "all_reduce")]
+    assert fr_dump.matched(calls, dump) == {0: 0.5, 1: 0.25, 2: 0.75}
+    gloo = parse(0, _nccl(0, [dict(_entry(0, "gloo:all_reduce", 1), duration_ms=0.5)]), "rank 0", {})
+    assert fr_dump.matched(calls[:1], gloo) == {}

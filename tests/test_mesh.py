@@ -9,7 +9,7 @@ import pytest
 from meshscope.core.errors import UsageError
 from meshscope.core.mesh import GROUP_NAMES, Layout, parse_order
 
-from .helpers import cli
+from .helpers import cli, cli_here
 
 
 def test_chapter_world4_tp2():
@@ -156,7 +156,7 @@ def test_layout_json_contract():
     (("run", "nope"), "unknown experiment 'nope'"),
 ])
 def test_cli_bad_input_is_one_line_exit_2(args, needle):
-    proc = cli(*args)
+    proc = cli_here(*args)
     assert proc.returncode == 2
     assert needle in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr

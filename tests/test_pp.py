@@ -19,7 +19,7 @@ from meshscope.models.pipeline import timeline
 from meshscope.models.pipeline.schedules import Exchange, actions, check_matched, peak_stash, program, stash_bound
 from meshscope.models.pipeline.stage import stage_forward
 
-from .helpers import cli, failed_checks, run_many
+from .helpers import cli, cli_here, failed_checks, run_many
 
 KIB, MIB = 1024, 1024 * 1024
 
@@ -212,7 +212,7 @@ def test_faults_are_planted_in_fault_rank_replica_only(pp):
 
 
 def test_cli_bad_microbatches_is_one_line():
-    out = cli("predict", "pp_mb8", "--batch", "10", "--microbatches", "4")
+    out = cli_here("predict", "pp_mb8", "--batch", "10", "--microbatches", "4")
     assert out.returncode == 2 and out.stderr.strip().count("\n") == 0 and "--microbatches 4" in out.stderr
 
 
@@ -298,7 +298,7 @@ def test_a_run_keeps_its_timeline_once_under_figures_and_report_redraws_it(tmp_p
     assert "figures/pp_mb1-schedule-1f1b.timeline.png" in " ".join(proc.stdout.split())
     for name in want:
         (out / name).unlink()
-    proc = cli("report", out)
+    proc = cli_here("report", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*.timeline.*")) == want
     assert all((out / name).stat().st_size > 0 for name in want)

@@ -14,7 +14,7 @@ from meshscope.report.suite import tables
 from meshscope.suite.plan import SUITE, SuiteOptions, world_of
 from meshscope.suite.verdicts import summary
 
-from .helpers import cli
+from .helpers import cli, cli_here
 
 SUBSET = ("tp_ar_b32", "tp_sp_b128", "pp_mb8", "ep_balanced", "ep_skewed", "ep_nograd")
 
@@ -91,7 +91,7 @@ def test_report_rerenders_a_saved_run(suite_run):
     for name in ("report.md", "figures/performance.png", "figures/expert_load.png", "figures/pp_mb8.timeline.png",
                  "records/communication.jsonl", "records/invariants.jsonl", "records/training.jsonl"):
         (out / name).unlink()
-    proc = cli("report", out)
+    proc = cli_here("report", out)
     assert proc.returncode == 0, proc.stderr
     assert doc["summary"]["line"] in " ".join(proc.stdout.split())  # the terminal may wrap it
     for name in ("report.md", "figures/performance.png", "figures/expert_load.png", "figures/pp_mb8.timeline.png"):
@@ -108,11 +108,11 @@ def test_doctor_reads_a_finished_suite_directory(suite_run):
     """A suite's result.json holds its results by label: the doctor reads each one (it once failed
     with KeyError: 0), and a healthy suite is reported healthy."""
     out, _ = suite_run
-    proc = cli("doctor", out, "--json")
+    proc = cli_here("doctor", out, "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads(proc.stdout)
     assert report["healthy"] and report["findings"] == [] and report["ranks"] == [0, 1, 2, 3]
-    assert "no problem found" in cli("doctor", out).stdout
+    assert "no problem found" in cli_here("doctor", out).stdout
 
 
 def test_failed_suite_launch_still_prints_one_json_document(tmp_path):
@@ -145,7 +145,7 @@ def test_suite_keeps_each_timeline_once_under_figures_named_after_its_config(tmp
     for files in want.values():
         for name in files:
             (out / name).unlink()
-    proc = cli("report", out)
+    proc = cli_here("report", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert timelines() == sorted(f for files in want.values() for f in files)
     assert all((out / f).stat().st_size > 0 for files in want.values() for f in files)
@@ -158,7 +158,7 @@ def test_suite_keeps_each_timeline_once_under_figures_named_after_its_config(tmp
     (("sweep", "--cuda-graph"), "--cuda-graph replays CUDA graphs and needs --backend nccl"),
 ])
 def test_suite_bad_input(args, needle, tmp_path):
-    proc = cli(*args, "--out", tmp_path / "x")
+    proc = cli_here(*args, "--out", tmp_path / "x")
     assert proc.returncode == 2 and needle in proc.stderr and not (tmp_path / "x").exists()
 
 
@@ -195,7 +195,7 @@ def test_a_gpu_run_is_judged_on_the_gpu_clock_and_rerenders(tmp_path):
     doc["timing"]["ep_skewed"]["method"] = "eager, not a CUDA graph: test"
     assert "timing method per configuration" in {t for t, _, _ in tables(SuiteResult.from_json(doc))}
     shutil.copytree(GPU_RUN, tmp_path / "run")
-    proc = cli("report", tmp_path / "run")
+    proc = cli_here("report", tmp_path / "run")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "measured (graph replay)" in (tmp_path / "run" / "report.md").read_text()
 

@@ -9,7 +9,7 @@ from meshscope.core.events import CommEvent
 from meshscope.predict.alpha_beta import OPS, busbw, fit_alpha_beta, predict_time
 from meshscope.timing.sweep import SweepConfig, parse_sizes, render
 
-from .helpers import cli
+from .helpers import cli_here
 
 
 def test_busbw_uses_nccl_tests_factors():
@@ -73,7 +73,7 @@ def test_predict_time_sums_alpha_beta_per_rank_and_takes_the_critical_rank():
 
 def test_sweep_on_two_gloo_ranks_through_the_cli(tmp_path):
     out = tmp_path / "sw"
-    proc = cli("sweep", "--world", 2, "--sizes", "1K,8K,64K", "--iters", 3, "--warmup", 1, "--out", out, "--json")
+    proc = cli_here("sweep", "--world", 2, "--sizes", "1K,8K,64K", "--iters", 3, "--warmup", 1, "--out", out, "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
     assert json.loads((out / "sweep.json").read_text()) == doc
@@ -87,7 +87,7 @@ def test_sweep_on_two_gloo_ranks_through_the_cli(tmp_path):
     text = render(doc).splitlines()
     assert len(text) == 2 + 15 + 5 and text[-1].startswith("fit of wall time, sendrecv n=2: alpha")
     assert "kernel_fits" not in doc  # kernel time needs CUDA graphs on GPUs
-    bad = cli("sweep", "--world", 2, "--axis", "tp", "--json")
+    bad = cli_here("sweep", "--world", 2, "--axis", "tp", "--json")
     assert bad.returncode == 2 and bad.stdout == "" and "groups of 1" in bad.stderr
 
 

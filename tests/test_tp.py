@@ -10,7 +10,7 @@ from meshscope import experiments
 from meshscope.core.errors import UsageError
 from meshscope.core.events import counts
 from meshscope.experiments.numerics import Worst
-from tests.helpers import cli, failed_checks, run_many
+from tests.helpers import cli, cli_here, failed_checks, run_many
 
 KiB, MiB = 1 << 10, 1 << 20
 SEMANTICS = ("summed-loss", "replicated-loss")
@@ -112,7 +112,7 @@ def test_gradient_check_sees_the_t_times_bug_and_nan():
 
 
 def test_cli_bad_tp_is_one_line_exit_2():
-    proc = cli("run", "tp_ar_b32", "--tp", "3", "--json")
+    proc = cli_here("run", "tp_ar_b32", "--tp", "3", "--json")
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.strip().count("\n") == 0 and "Traceback" not in proc.stderr
@@ -120,7 +120,7 @@ def test_cli_bad_tp_is_one_line_exit_2():
 
 
 def test_fault_knob_is_not_a_cli_flag():
-    proc = cli("predict", "tp_ar_b32", "--dp-group-fault")
+    proc = cli_here("predict", "tp_ar_b32", "--dp-group-fault")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
 
 

@@ -17,7 +17,7 @@ import pytest
 
 from meshscope.core.trace_result import TraceResult
 
-from .helpers import ROOT, cli
+from .helpers import ROOT, cli, cli_here
 
 JOBS = ROOT / "tests" / "jobs"
 
@@ -271,7 +271,7 @@ def test_a_script_that_steps_no_optimizer_gets_one_step_and_a_note(tmp_path):
     (("trace", "--"), "needs the job after '--'"),
 ])
 def test_trace_bad_input_is_one_line_exit_2(args, needle, tmp_path):
-    proc = cli(*args[:1], "--out", tmp_path / "x", *args[1:])
+    proc = cli_here(*args[:1], "--out", tmp_path / "x", *args[1:])
     assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
     assert not (tmp_path / "x").exists()
 
@@ -284,17 +284,17 @@ def test_inside_the_users_own_torchrun(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads((tmp_path / "run" / "result.json").read_text())
     assert doc["passed"] and doc["world"] == 2 and len(doc["per_rank"]) == 2
-    assert cli("report", tmp_path / "run").returncode == 0
+    assert cli_here("report", tmp_path / "run").returncode == 0
     assert (tmp_path / "run" / "report.md").exists() and (tmp_path / "run" / "trace.json").exists()
 
 
 def test_report_and_doctor_read_a_trace_directory(traced, tmp_path):
     run_dir = Path(traced["ddp"][1]["run_dir"])
     (run_dir / "report.md").unlink()
-    proc = cli("report", run_dir)
+    proc = cli_here("report", run_dir)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (run_dir / "report.md").read_text().count("| world | all_reduce | backward |") >= 3
-    proc = cli("doctor", run_dir, "--json")
+    proc = cli_here("doctor", run_dir, "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["healthy"], proc.stdout[-2000:]
     chrome = json.loads((run_dir / "trace.json").read_text())
     assert {e["pid"] for e in chrome["traceEvents"]} == {0, 1}
@@ -302,16 +302,16 @@ def test_report_and_doctor_read_a_trace_directory(traced, tmp_path):
 
 def test_diff_shows_what_sequence_parallel_changed(traced, tmp_path):
     tp, sp = (traced[n][1]["run_dir"] for n in ("tp", "sp"))
-    proc = cli("diff", tp, tp, "--json")
+    proc = cli_here("diff", tp, tp, "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["same"]
-    proc = cli("diff", tp, sp, "--json")
+    proc = cli_here("diff", tp, sp, "--json")
     assert proc.returncode == 1
     doc = json.loads(proc.stdout)
     rows = {(r["step"], r["axis"], r["op"]): (r["count_a"], r["count_b"]) for r in doc["rows"]}
     # summed over the 2 ranks: SP adds 2 all-gathers and 2 reduce-scatters per rank and step
     assert rows[(1, "tp", "all_gather")] == (0, 4) and rows[(1, "tp", "reduce_scatter")] == (0, 4)
     assert set(doc["first_divergence"]) == {"0", "1"}  # JSON keys: the ranks
-    missing = cli("diff", tp, tmp_path / "missing")
+    missing = cli_here("diff", tp, tmp_path / "missing")
     assert missing.returncode == 2 and "is not a directory" in missing.stderr
 
 

@@ -32,7 +32,7 @@ from meshscope.trace.checks import a2a_mirror, axes_partition, group_agreement, 
 from meshscope.trace.diff import diff, match_axes
 from meshscope.trace.fake.world import failed_alike, fake_notes
 
-from .helpers import ROOT, cli, trace_json
+from .helpers import ROOT, cli_here, trace_json
 
 JOBS = ROOT / "tests" / "jobs"
 
@@ -412,7 +412,7 @@ def test_every_out_failure_is_one_line(tmp_path):
                         (regular / "below", "is a file, not a directory")):
         with pytest.raises(UsageError, match=needle):
             RunDir(out).check()
-        proc = cli("trace", "--out", out, "--", str(JOBS / "ddp.py"), timeout=60)
+        proc = cli_here("trace", "--out", out, "--", str(JOBS / "ddp.py"))
         assert proc.returncode == 2 and needle in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
         assert len(proc.stderr.strip().splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"] and regular.read_text() == "x"

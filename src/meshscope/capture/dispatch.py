@@ -266,7 +266,8 @@ def watch(out, call_id: int, done) -> None:
                 future = Work.unbox(value).get_future()
             except RuntimeError:  # a backend whose Work has no future: its completion stays unknown
                 return
-            future.add_done_callback(lambda _: done(call_id, time.perf_counter()))
+            if future is not None:  # NCCL sets none inside a coalescing block
+                future.add_done_callback(lambda _: done(call_id, time.perf_counter()))
             return
 
 

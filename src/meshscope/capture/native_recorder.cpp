@@ -108,11 +108,16 @@ void watch(const torch::jit::Stack& stack, size_t outputs, int64_t id) {
     const c10::IValue& v = stack[i];
     if (!v.isCustomClass() || v.type() != work_type()) continue;
     try {
-      v.toCustomClass<c10d::Work>()->getFuture()->addCallback([id](c10::ivalue::Future&) {
-        const int64_t t = now_ns();
-        std::lock_guard<std::mutex> lock(mutex);
-        completed.emplace_back(id, t);
-      });
+      auto work = v.toCustomClass<c10d::Work>();
+      // NCCL leaves a work's future unset inside a coalescing block (ProcessGroupNCCL.cpp, torch 2.11)
+      auto future = work ? work->getFuture() : c10::intrusive_ptr<c10::ivalue::Future>();
+      if (future) {
+        future->addCallback([id](c10::ivalue::Future&) {
+          const int64_t t = now_ns();
+          std::lock_guard<std::mutex> lock(mutex);
+          completed.emplace_back(id, t);
+        });
+      }
     } catch (const std::exception&) {  // a backend whose Work has no future: its completion stays unknown
     }
     return;

@@ -10,6 +10,7 @@ moved by its start on their common clock.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 
@@ -25,13 +26,16 @@ class Clock:
     """This rank's trace start on its own monotonic clock (``time.perf_counter``)."""
     host: str
     """The machine's boot id: ranks of one boot share one monotonic clock."""
+    cpus: int = 0
+    """The CPUs this rank's process may run on (``os.sched_getaffinity``; 0: unknown): ranks of one host
+    that outnumber them take turns on a CPU, and their arrivals say who the scheduler ran too."""
 
     def to_json(self) -> dict:
-        return {"offset": self.offset, "error": self.error, "start": self.start, "host": self.host}
+        return {"offset": self.offset, "error": self.error, "start": self.start, "host": self.host, "cpus": self.cpus}
 
     @classmethod
     def from_json(cls, d: dict) -> Clock:
-        return cls(d.get("offset"), d.get("error"), d["start"], d.get("host", ""))
+        return cls(d.get("offset"), d.get("error"), d["start"], d.get("host", ""), d.get("cpus", 0))
 
 
 def boot_id() -> str:
@@ -40,6 +44,23 @@ def boot_id() -> str:
             return f.read().strip()
     except OSError:
         return ""
+
+
+def cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 0
+
+
+def crowded(clocks: dict[int, Clock | None]) -> dict[str, tuple[int, int]]:
+    """Host -> (its traced ranks, its CPUs) for the hosts whose ranks outnumber their CPUs."""
+    hosts: dict[str, list[Clock]] = {}
+    for c in clocks.values():
+        if c is not None and c.host:
+            hosts.setdefault(c.host, []).append(c)
+    return {h: (len(cs), max(c.cpus for c in cs)) for h, cs in hosts.items()
+            if 0 < max(c.cpus for c in cs) < len(cs)}
 
 
 def truth(clocks: dict[int, Clock]) -> dict[int, float] | None:

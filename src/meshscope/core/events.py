@@ -77,8 +77,12 @@ class CommEvent:
     sized from a stand-in for objects of ranks it had not traced (`trace.fake.objects`). Empty for a real run.
     Comparisons leave these fields out (`compared`)."""
     t_complete: float | None = None
-    """Traced jobs: when this rank saw its work complete (its Work's future finished, or the call
-    returned), on the clock of `t_issue`; None where the recorder could not see it (a fake world)."""
+    """Traced jobs: when this rank saw its work complete (its Work's future finished), on the clock of
+    `t_issue`; None where the recorder could not see it (a fake world, gloo's send and recv). On NCCL the
+    future completes once the work is enqueued, its CUDA events standing for the GPU."""
+    gpu_ms: float | None = None
+    """Traced jobs on NCCL: the call's time on the GPU, from torch's Flight Recorder entry of it with
+    ``TORCH_NCCL_ENABLE_TIMING=1`` (its start and end CUDA events; `trace.fr_dump.gpu_durations`)."""
 
     def to_json(self) -> dict:
         # by hand, not dataclasses.asdict: the flight log serialises every call, and asdict's deep

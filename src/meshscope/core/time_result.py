@@ -21,6 +21,8 @@ class AxisTime:
     """Of which waiting for a later member (a collective's last arrival, a send not yet issued)."""
     max_waiting_ms: float
     """The largest one rank's waiting averaged over the steps (the rank that waits most)."""
+    gpu_ms: float | None = None
+    """NCCL: the calls' time on the GPU (`CommEvent.gpu_ms`), where torch's Flight Recorder timed them."""
 
 
 @dataclass(frozen=True)

@@ -82,6 +82,9 @@ class FrEntry:
     timeout_ms: int | None
     frame: str
     """Innermost user frame ('fn at file:line'), empty where the dump has none (JSON, no stacks)."""
+    duration_ms: float | None = None
+    """NCCL with ``TORCH_NCCL_ENABLE_TIMING=1``: the time between the work's start and end CUDA events
+    on its stream (the kernel, its wait for the peers inside it included); None otherwise."""
 
     @property
     def done(self) -> bool:
@@ -165,7 +168,8 @@ def parse(rank: int, doc: dict, where: str, members: dict[str, tuple[int, ...]],
                       peer=_peer(raw["profiling_name"], group.ranks), t_issue=int(raw["time_created_ns"]) / 1e9),
             group, raw["profiling_name"], int(raw["record_id"]), int(raw.get("collective_seq_id", 0)),
             int(raw.get("p2p_seq_id", 0)), ins, outs, str(raw.get("state", "")), bool(raw.get("retired", False)),
-            int(raw["time_created_ns"]), raw.get("timeout_ms"), _frame(raw)))
+            int(raw["time_created_ns"]), raw.get("timeout_ms"), _frame(raw),
+            float(raw["duration_ms"]) if raw.get("duration_ms") is not None else None))
     status = {str(g): {k: int(v) for k, v in s.items()} for g, s in (doc.get("pg_status") or {}).items()}
     return FrDump(rank, version, backend, str(doc.get("comm_lib_version", doc.get("nccl_version", ""))),
                   groups, tuple(out), status)

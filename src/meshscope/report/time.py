@@ -12,12 +12,16 @@ from ..core.trace_result import TraceResult
 from ..timing.waits import instances
 
 
-def time_rows(result: TraceResult) -> list[list[str]]:
-    """axis, ms in collectives, ms waiting, the most one rank waited: per rank and steady step."""
+def time_rows(result: TraceResult) -> tuple[list[str], list[list[str]]]:
+    """The time table's head and rows (none where the time was not analysed); the GPU column only where
+    a call has a GPU time (NCCL)."""
     t = result.time
     if t is None or not t.analysed:
-        return []
-    return [[a.axis, f"{a.inside_ms:.2f}", f"{a.waiting_ms:.2f}", f"{a.max_waiting_ms:.2f}"] for a in t.axes]
+        return TIME_HEAD, []
+    gpu = any(a.gpu_ms is not None for a in t.axes)
+    rows = [[a.axis, f"{a.inside_ms:.2f}", f"{a.waiting_ms:.2f}", f"{a.max_waiting_ms:.2f}"]
+            + (["-" if a.gpu_ms is None else f"{a.gpu_ms:.3f}"] if gpu else []) for a in t.axes]
+    return TIME_HEAD + ["on the GPU ms/step"] * gpu, rows
 
 
 TIME_HEAD = ["axis", "in collectives ms/step", "waiting ms/step", "most waiting (one rank)"]

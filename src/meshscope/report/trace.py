@@ -15,7 +15,7 @@ from rich.console import Console
 from ..core.events import human_bytes
 from ..core.trace_result import TraceResult
 from .table import make_console, print_table
-from .time import TIME_HEAD, caused_figure, shifts, time_lines, time_rows, wait_slices
+from .time import caused_figure, shifts, time_lines, time_rows, wait_slices
 
 TOP_MODULES = 10
 
@@ -141,8 +141,9 @@ def print_trace(result: TraceResult, console: Console | None = None) -> None:
         console.print(LEGEND)
     if result.events:
         print_table(console, "top modules by bytes (all ranks)", ["module", "calls", "bytes"], module_rows(result))
-    if rows := time_rows(result):
-        print_table(console, "time per rank and steady step", TIME_HEAD, rows)
+    head, rows = time_rows(result)
+    if rows:
+        print_table(console, "time per rank and steady step", head, rows)
     for line in time_lines(result):
         console.print(line, highlight=False, markup=False)
     print_table(console, "checks", ["check", "ok", "detail"], check_rows(result))
@@ -205,8 +206,9 @@ def _time_md(result: TraceResult) -> list[str]:
     if result.time is None:
         return []
     lines = ["## time", ""]
-    if rows := time_rows(result):
-        lines += ["| " + " | ".join(TIME_HEAD) + " |", "|" + "---|" * len(TIME_HEAD)]
+    head, rows = time_rows(result)
+    if rows:
+        lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(map(_md_cell, row)) + " |" for row in rows] + [""]
     return lines + time_lines(result) + [""]
 

@@ -30,7 +30,7 @@ import statistics
 from collections import defaultdict
 
 from ..capture.flightlog import read_flight
-from ..core.clock import Clock, offsets, truth
+from ..core.clock import Clock, crowded, offsets, truth
 from ..core.events import CommEvent
 from ..core.rundir import RunDir
 from ..core.steady import steady_steps
@@ -41,8 +41,11 @@ from .where import Completions, Moves, before
 
 SHARE = 0.15
 """Of the median steady step: the waits a rank must cause (and cause more than it waits) on a step."""
-ON_STEPS = 0.5
-"""Of the steady steps: on how many the rank must hold the others."""
+ON_STEPS = 0.75
+"""Of the steady steps: on how many the rank must hold the others. A cause that recurs each step holds
+them on every one, while at 50 % the scheduler's turns on a host whose ranks outnumber its CPUs named a
+rank in 4 of 10 healthy DDP runs of `benchmarks/bench_stragglers.py` (4 ranks, 2 CPUs, load 5); its
+figures at 75 % are in docs/trace.md."""
 MIN_STEPS = 2
 """Steady steps needed for a verdict."""
 
@@ -61,8 +64,12 @@ def analyse(events: list[CommEvent], clocks: dict[int, Clock | None], moves: dic
     unclocked = sorted(r for r in {e.rank for e in events} if r not in common)
     shifts = {r: offset for r, (offset, _) in common.items()}
     events = [e for e in events if e.rank in shifts and e.t_issue is not None]
-    note = (f"ranks {unclocked} have no clock offset (no default group, or the estimate through the job's store "
-            f"timed out): their calls are left out" if unclocked else "")
+    notes = [f"ranks {unclocked} have no clock offset (no default group, or the estimate through the job's store "
+             f"timed out): their calls are left out"] if unclocked else []
+    notes += [f"{ranks} ranks shared {n} CPUs on one host: who arrived last there is also who the scheduler ran "
+              f"last, so a straggler named there may be the host's, not the job's (give each rank a CPU of its own "
+              f"to tell them apart)" for ranks, n in crowded(clocks).values()]
+    note = "; ".join(notes)
     durations = _step_ms(step_ends, steps)
     if len(durations) < MIN_STEPS or not events:
         why = (f"{len(durations)} steady step{'s' if len(durations) != 1 else ''} with an end on every rank; waits need "
@@ -77,7 +84,7 @@ def analyse(events: list[CommEvent], clocks: dict[int, Clock | None], moves: dic
     stragglers = tuple(sorted((_straggler(rank, axis, held_steps, by_step, steps, step_ms, found, events, moves)
                                for rank, (axis, held_steps) in held.items()), key=lambda s: -s.ms_per_step))
     return TimeSection(True, note, RULE, tuple(steps), step_ms, _error(common), _true_error(clocks),
-                       _axes(by_step, steps), _caused(by_step, steps), stragglers)
+                       _axes(by_step, steps, events), _caused(by_step, steps), stragglers)
 
 
 def of_trace(run_dir: RunDir, events: list[CommEvent], ends: list[RankEnd], fake_world: bool) -> TimeSection:
@@ -157,18 +164,24 @@ def _excess(rank: int, axis: str, held: set[int], found: list[Instance], events:
     return out
 
 
-def _axes(by_step, steps: list[int]) -> tuple[AxisTime, ...]:
+def _axes(by_step, steps: list[int], events: list[CommEvent]) -> tuple[AxisTime, ...]:
     sums: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(lambda: [0.0, 0.0]))
     for s in steps:
         for (axis, rank), t in by_step[s].ranks.items() if s in by_step else ():
             sums[axis][rank][0] += t.inside
             sums[axis][rank][1] += t.waiting
+    gpu: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
+    for e in events:
+        if e.gpu_ms is not None and e.step in steps:
+            gpu[e.axis][e.rank] += e.gpu_ms
     out = []
     for axis, ranks in sorted(sums.items()):
         n = len(steps) * len(ranks)
+        timed = gpu.get(axis)
         out.append(AxisTime(axis, round(sum(v[0] for v in ranks.values()) * 1e3 / n, 3),
                             round(sum(v[1] for v in ranks.values()) * 1e3 / n, 3),
-                            round(max(v[1] for v in ranks.values()) * 1e3 / len(steps), 3)))
+                            round(max(v[1] for v in ranks.values()) * 1e3 / len(steps), 3),
+                            round(sum(timed.values()) / (len(steps) * len(timed)), 3) if timed else None))
     return tuple(out)
 
 

@@ -21,7 +21,7 @@ import os
 import threading
 import time
 
-from ..core.clock import Clock, boot_id
+from ..core.clock import Clock, boot_id, cpus
 
 ROUNDS = 16
 SERVERS = 4
@@ -51,12 +51,14 @@ class Estimator:
         self.offset: float | None = None
         self.error: float | None = None
         self._threads: list[threading.Thread] = []
+        self._begun = False
 
     def now(self) -> float:
         return time.perf_counter() - self.start
 
     def begin(self, rank: int, world: int) -> None:
         """Start answering (rank 0) or asking (the others), in the background."""
+        self._begun = True
         if rank == 0:
             self.offset = self.error = 0.0
             jobs = [(self._serve, range(first, world, SERVERS)) for first in range(1, min(world, SERVERS + 1))]
@@ -99,9 +101,9 @@ class Estimator:
     def result(self, wait: float = 0.0) -> Clock | None:
         """This rank's clock (None where the estimate never began: a job without a default group),
         waiting up to `wait` seconds for the threads."""
-        if not self._threads:
+        if not self._begun:
             return None
         deadline = time.monotonic() + wait
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        return Clock(self.offset, self.error, self.start, boot_id())
+        return Clock(self.offset, self.error, self.start, boot_id(), cpus())

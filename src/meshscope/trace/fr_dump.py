@@ -8,14 +8,27 @@ sets its environment before the script creates a process group (torch reads it t
 ``TORCH_NCCL_DUMP_ON_TIMEOUT=1``). gloo has no dump on timeout, so the rank calls `dump` itself when
 a collective timed out, the script failed, or the launcher stopped it: ``rank_<R>`` holds the pickle
 of ``_dump_fr_trace()``, ``rank_<R>.json`` the JSON of ``_dump_fr_trace_json()``.
+
+On NCCL it also gives each call its time on the GPU (`gpu_durations`): ``TORCH_NCCL_ENABLE_TIMING=1``
+(set unless the user set it) makes ProcessGroupNCCL record a start event beside its end event on the
+work's stream, and the recorder's entry of a completed work carries the time between them
+(``duration_ms``; torch 2.11 and 2.13, ProcessGroupNCCL.cpp and FlightRecorder). At the rank's end the
+entries are matched to the traced calls: per group, the k-th collective the trace saw is the entry
+with ``collective_seq_id`` k (1-based, torch counts them on every member alike), the k-th
+point-to-point call the one with ``p2p_seq_id`` k, each kept only where the ops agree (NCCL records a
+batch of coalesced sends and receives as one entry, which then matches none).
 """
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
+from ..core.errors import UsageError
+from ..core.events import P2P
 from ..core.rundir import RunDir, write_atomic
+from ..doctor.fr_records import FrDump, parse
 
 BUFFER_SIZE = "2000"
 """Entries kept per process (torch's ring buffer): a few steps of a large job."""
@@ -28,6 +41,50 @@ def enable(run_dir: RunDir) -> None:
     run_dir.fr.mkdir(parents=True, exist_ok=True)
     os.environ["TORCH_FR_DUMP_TEMP_FILE"] = str(run_dir.fr_prefix)
     os.environ.setdefault("TORCH_NCCL_DUMP_ON_TIMEOUT", "1")
+    os.environ.setdefault("TORCH_NCCL_ENABLE_TIMING", "1")
+
+
+def _recorder(c10d) -> tuple[str, str]:
+    """The names of the (pickle, JSON) dump functions of the recorder holding this job's entries. A CUDA
+    build of torch keeps NCCL's entries in a recorder of their own (``_dump_nccl_trace``,
+    torch/csrc/distributed/c10d/FlightRecorderCuda.cpp, torch 2.6 to 2.11); every other backend's go to
+    ``_dump_fr_trace``'s. A job with both (Megatron's gloo twins beside its NCCL groups) gets NCCL's."""
+    nccl = getattr(c10d, "_dump_nccl_trace_json", None)
+    if nccl is not None:
+        try:
+            if json.loads(nccl()).get("entries"):
+                return "_dump_nccl_trace", "_dump_nccl_trace_json"
+        except (RuntimeError, ValueError):  # the recorder is off, or wrote nothing readable
+            pass
+    return "_dump_fr_trace", "_dump_fr_trace_json"
+
+
+def gpu_durations(calls: list[tuple[str, str]], rank: int) -> dict[int, float]:
+    """Index in `calls` ((group name, op) of each traced call, in issue order) -> its time on the GPU in
+    ms, from this rank's recorder (`matched`); {} off NCCL or with no recorder."""
+    try:
+        from torch._C import _distributed_c10d as c10d
+
+        doc = json.loads(getattr(c10d, _recorder(c10d)[1])())
+        return matched(calls, parse(rank, doc, "this rank's Flight Recorder", {}))
+    except (ImportError, AttributeError, RuntimeError, ValueError, UsageError):  # no recorder or one it cannot read
+        return {}
+
+
+def matched(calls: list[tuple[str, str]], dump: FrDump) -> dict[int, float]:
+    """Index in `calls` -> the GPU time of the NCCL entry that is that call (module docstring)."""
+    if dump.backend != "nccl":
+        return {}
+    entries = {(e.group.name, e.event.op in P2P, e.p2p_seq_id if e.event.op in P2P else e.collective_seq_id): e
+               for e in dump.entries if e.duration_ms is not None}
+    out, counts = {}, {}
+    for index, (group, op) in enumerate(calls):
+        key = (group, op in P2P)
+        counts[key] = counts.get(key, 0) + 1
+        entry = entries.get((*key, counts[key]))
+        if entry is not None and entry.event.op == op:
+            out[index] = entry.duration_ms
+    return out
 
 
 def dump(run_dir: RunDir, rank: int) -> list[Path]:
@@ -39,7 +96,8 @@ def dump(run_dir: RunDir, rank: int) -> list[Path]:
         return []
     base = run_dir.fr_dump(rank)
     written = []
-    for path, name in ((base, "_dump_fr_trace"), (base.with_name(base.name + ".json"), "_dump_fr_trace_json")):
+    pickled, as_json = _recorder(c10d)
+    for path, name in ((base, pickled), (base.with_name(base.name + ".json"), as_json)):
         fn = getattr(c10d, name, None)
         if fn is None or path.exists():
             continue

@@ -6,7 +6,7 @@ the script's first line), `recording` (around the script), `explain` (a failure,
 words), `failed` and `ended`; it tests no fake-world flag of its own.
 
 A real rank keeps what it prints in ``logs/rank<R>.log`` (`output.tee`), turns torch's Flight
-Recorder on and dumps it when it fails (`fr_dump`), ends at once when the launcher sends SIGTERM
+Recorder on and dumps it when it fails (`fr_dump`; on NCCL its entries give each call its GPU time), ends at once when the launcher sends SIGTERM
 (`stopping.stop_on_sigterm`), estimates its offset to rank 0's clock through the job's store once
 the default group exists (`clock`) and, with ``--steps``, tells the ranks waiting for it that it is
 done when its script ended first.
@@ -54,6 +54,7 @@ class RealMode:
         tee(self.run_dir.log(self.rank))
 
     def install(self, trace: RankTrace, stopped) -> None:
+        self.trace = trace
         if self.options.flight_recorder:
             fr_dump.enable(self.run_dir)
         stop_on_sigterm(stopped)
@@ -83,9 +84,12 @@ class RealMode:
             fr_dump.dump(self.run_dir, self.rank)
 
     def ended(self, stopped: bool) -> None:
-        """The script is over; `stopped`: by ``--steps``."""
+        """The script is over; `stopped`: by ``--steps``. On NCCL its calls get their GPU times."""
         if self.options.steps and not stopped:
             count_done()
+        if self.options.flight_recorder:
+            self.trace.flush()
+            self.trace.gpu_ms = fr_dump.gpu_durations([(call[0], call[2]) for call in self.trace.calls], self.rank)
 
     def record(self) -> dict:
         """What this mode adds to the rank's end (`core.trace_result.RankEnd`)."""

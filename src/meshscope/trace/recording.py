@@ -62,6 +62,8 @@ class RankTrace:
         self._by_id: dict[int, int] = {}  # call id -> index in `calls`, until it completed
         self._early: dict[int, float] = {}  # completions drained before their call's record
         self._states: dict[tuple[str, str], int] = {}  # (phase, module) -> its number in the flight log
+        self.gpu_ms: dict[int, float] = {}
+        """Index in `calls` -> the call's time on the GPU (NCCL: `fr_dump.gpu_durations`, at the rank's end)."""
         self.calls: list[list] = []
         """[group name, seq, op, phase, dtype, bytes in, bytes out, region, splits in, splits out, peer,
         step, issued, next on the group, completed] per call, in issue order (`ledger` makes them CommEvents)."""
@@ -188,7 +190,8 @@ class RankTrace:
             group = self.groups[name]
             out.append(CommEvent(self.rank, seq, op, self.axis(group), group.ranks, phase, dtype, b_in, b_out, region,
                                  None, ins, outs, peer, step, t - self.t0, None if done is None else done - self.t0,
-                                 self.assume(index, name, op, ins, outs, t), None if end is None else end - self.t0))
+                                 self.assume(index, name, op, ins, outs, t), None if end is None else end - self.t0,
+                                 self.gpu_ms.get(index)))
         return out
 
     @staticmethod
