@@ -16,11 +16,12 @@ skip_unless_installed("lightning")
 JOB = ROOT / "tests" / "jobs" / "lightning_ddp.py"
 
 
-def fake_equals_real(tmp_path, world: int, job: list[str]) -> dict:
-    """Trace `job` on `world` gloo ranks and in a fake world of as many, every rank; the fake side's
-    document once `meshscope diff` found the two the same."""
+def fake_equals_real(tmp_path, world: int, job: list[str], fake_job: list[str] | None = None) -> dict:
+    """Trace `job` on `world` gloo ranks and `fake_job` (default `job`) in a fake world of as many, every
+    rank; the fake side's document once `meshscope diff` found the two the same."""
     real, _ = trace_json(tmp_path / "real", "--nproc-per-node", world, job)
-    fake, doc = trace_json(tmp_path / "fake", "--fake-world", world, "--ranks", ",".join(map(str, range(world))), job)
+    fake, doc = trace_json(tmp_path / "fake", "--fake-world", world, "--ranks", ",".join(map(str, range(world))),
+                           fake_job or job)
     assert real.returncode == 0 and fake.returncode == 0 and doc["passed"], real.stderr[-2000:] + fake.stderr[-2000:]
     proc = cli("diff", tmp_path / "real", tmp_path / "fake", "--json")
     assert json.loads(proc.stdout)["verdict"] == "same", proc.stdout[-3000:]
@@ -40,6 +41,14 @@ def test_trainer_with_ddp_fake_world_equals_gloo(tmp_path):
     for rank in (0, 1):
         assert steady(doc, rank) == {("world", "other", "broadcast"): 1, ("world", "forward", "barrier"): 1,
                                      ("world", "forward", "all_reduce"): 1, ("world", "backward", "all_reduce"): 1}
+
+
+@pytest.mark.frameworks
+def test_trainer_on_cuda_in_a_fake_world_equals_gloo_on_the_cpu(tmp_path):
+    """accelerator="cuda" (nccl, DDP with device_ids, its stream, the precision check's
+    get_device_capability) in a fake world of 2 issues what accelerator="cpu" does on gloo."""
+    doc = fake_equals_real(tmp_path, 2, [str(JOB)], [str(JOB), "--accelerator", "cuda"])
+    assert any("mapped every CUDA device to the CPU" in n for n in doc["notes"]), doc["notes"]
 
 
 @pytest.mark.frameworks

@@ -7,7 +7,8 @@ step's forward and backward inside ``optimizer.step(closure)`` (automatic optimi
 is logged with ``sync_dist=True``. It never imports meshscope. ``--strategy model_parallel``
 trains the same MLP with ``ModelParallelStrategy`` instead: its ``configure_model`` shards the two
 layers column- then row-wise over the "tensor_parallel" mesh dim and wraps the model in FSDP2 over
-"data_parallel".
+"data_parallel". ``--accelerator cuda`` asks for GPUs (nccl; in a fake world the same calls as
+on the CPU).
 Needs ``pip install lightning==2.6.6``.
 
 Launch (``devices`` is torchrun's ``LOCAL_WORLD_SIZE``, ``num_nodes`` the rest of the world)::
@@ -75,6 +76,7 @@ def parse_args():
     p.add_argument("--hidden", type=int, default=32)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--strategy", choices=["ddp", "model_parallel"], default="ddp")
+    p.add_argument("--accelerator", default="cpu", help="Lightning's: cpu (gloo), cuda (nccl), auto")
     return p.parse_args()
 
 
@@ -91,7 +93,7 @@ def main():
         from lightning.pytorch.strategies import ModelParallelStrategy
 
         strategy = ModelParallelStrategy(tensor_parallel_size=2, data_parallel_size=world // 2)
-    trainer = L.Trainer(accelerator="cpu", devices=devices, num_nodes=world // devices, strategy=strategy,
+    trainer = L.Trainer(accelerator=args.accelerator, devices=devices, num_nodes=world // devices, strategy=strategy,
                         max_steps=args.steps, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(MLP(args.hidden, lr=0.01), torch.utils.data.DataLoader(data, batch_size=args.batch))
