@@ -12,6 +12,7 @@ import pytest
 from meshscope.core.rundir import RunDir
 from meshscope.core.trace_result import TraceResult
 from meshscope.trace.fake import fork_server
+from meshscope.trace.options import RankOptions
 
 from .helpers import ROOT, cli, trace_json
 
@@ -89,8 +90,9 @@ def test_rank_classes_hold_on_a_world_traced_whole(tmp_path):
 def test_the_server_imports_what_ranks_imported_up_to_one_that_starts_a_thread(tmp_path, monkeypatch):
     """torchtitan 0.2.2 imports pandas, whose pyarrow starts a native thread, after 958 of its 1,668
     modules: the server imports the ones before it (the probe child, in order, stops there), the ranks
-    the rest; before, one such module made every rank import all of them itself."""
-    for name, body in [("ms_quiet", "X = 1"), ("ms_threaded", "import threading, time\n"
+    the rest; before, one such module made every rank import all of them itself. What a module binds
+    of sys.argv at import is the job's (torchtitan's parse_args default), not the server's."""
+    for name, body in [("ms_quiet", "import sys\nARGV = list(sys.argv)"), ("ms_threaded", "import threading, time\n"
                        "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()"), ("ms_after", "Y = 2")]:
         (tmp_path / f"{name}.py").write_text(body + "\n")
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -99,10 +101,11 @@ def test_the_server_imports_what_ranks_imported_up_to_one_that_starts_a_thread(t
     run_dir.imports(0).write_text(json.dumps(["ms_quiet", "ms_threaded", "ms_after"]))
     server = object.__new__(fork_server._Server)
     server.run_dir, server.learning, server.learned, server.replies_fd = run_dir, True, set(), os.dup(1)
+    server.options = RankOptions(run_dir=run_dir.path, target=("-m", "trainer", "--steps", "3"))
     try:
         server._learn([0])
         assert "ms_quiet" in sys.modules and "ms_threaded" not in sys.modules and "ms_after" not in sys.modules
-        assert not server.learning
+        assert not server.learning and sys.modules["ms_quiet"].ARGV == ["trainer", "--steps", "3"]
     finally:
         os.close(server.replies_fd)
         sys.modules.pop("ms_quiet", None)

@@ -12,6 +12,8 @@ import json
 import random
 from collections import Counter
 
+import pytest
+
 from .helpers import skip_unless_installed, trace_json
 
 # torchtitan.models.moe imports triton at import time, which torchtitan does not declare.
@@ -20,6 +22,10 @@ skip_unless_installed("torchtitan", "triton")
 LAYERS, DIM, VOCAB, FFN = 6, 256, 2048, 768
 """llama3 "debugmodel": its feed-forward width is 2/3 of 4 x dim rounded up to a multiple of 256."""
 WORDS = [f"w{i}" for i in range(200)]
+JOB = ["-m", "torchtitan.train", "--model.hf_assets_path", "tokenizer", "--training.dataset", "c4_test",
+       "--training.dataset_path", "c4", "--training.steps", "3", "--training.seq_len", "64",
+       "--training.local_batch_size", "2", "--metrics.log_freq", "1"]
+"""The job as its users start it, on `make_assets`' tokenizer and documents in the working directory."""
 
 
 def make_assets(where):
@@ -48,10 +54,7 @@ def test_torchtitan_fsdp_in_a_fake_world_of_4(tmp_path):
     units resharded after forward (all but norm + output: LAYERS + 1), a reduce_scatter per unit, the
     gradient norm's all_reduce (one value per parameter) and the three logged metrics' all_reduces."""
     make_assets(tmp_path)
-    job = ["-m", "torchtitan.train", "--model.hf_assets_path", "tokenizer", "--training.dataset", "c4_test",
-           "--training.dataset_path", "c4", "--training.steps", "3", "--training.seq_len", "64",
-           "--training.local_batch_size", "2", "--metrics.log_freq", "1"]
-    proc, doc = trace_json(tmp_path / "t", "--fake-world", 4, job, cwd=tmp_path)
+    proc, doc = trace_json(tmp_path / "t", "--fake-world", 4, JOB, cwd=tmp_path)
     assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
     assert doc["fake_world"]["traced"] == [0, 1, 3]
     dp = "batch/fsdp/loss_mesh"
@@ -70,3 +73,28 @@ def test_torchtitan_fsdp_in_a_fake_world_of_4(tmp_path):
         assert scattered == [4 * (DIM + VOCAB * DIM)] + [4 * block] * LAYERS + [4 * VOCAB * DIM]
         (norm,) = [e for e in events if e["op"] == "all_reduce" and e["dtype"] == "float32" and e["bytes_in"] > 8]
         assert norm["bytes_in"] == 4 * (9 * LAYERS + 3)  # one per parameter: 9 per block, embedding, norm, output
+
+
+@pytest.mark.frameworks
+def test_torchtitan_hsdp_tp_at_1024_ranks_with_fake_tensors(tmp_path):
+    """HSDP 4 x 32 x TP 8 at 1,024 ranks, --ranks auto, --fake-tensors: 27 classes, all passed, every one
+    the same steady step; the layout names HSDP as both its dims. By hand: on fsdp the FSDP units as
+    above, on dp_replicate HSDP's all_reduce of each unit's gradient (LAYERS + 2); on tp, forward, its
+    plan's gathers of each block's attention and feed-forward inputs and of the output layer's (2 LAYERS
+    + 1 all_gather) and the reduce-scatters of wo, w2 and the embedding (2 LAYERS + 1); the token count
+    on batch, the metrics on loss_mesh."""
+    make_assets(tmp_path)
+    job = [*JOB, "--parallelism.data_parallel_replicate_degree", "4", "--parallelism.data_parallel_shard_degree",
+           "32", "--parallelism.tensor_parallel_degree", "8"]
+    proc, doc = trace_json(tmp_path / "t", "--fake-world", 1024, "--nproc-per-node", 8, "--fake-tensors", job,
+                           cwd=tmp_path, timeout=900)
+    assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
+    assert doc["layout"]["text"] == "tp 8 x fsdp 32 x dp_replicate 4 (order tp-fsdp-dp_replicate)"
+    assert len(doc["fake_world"]["classes"]) == 27
+    steps = [Counter((e["axis"], e["phase"], e["op"]) for e in r["steps"][2]["events"]) for r in doc["per_rank"]]
+    assert all(s == steps[0] for s in steps)
+    want = {("fsdp", "forward", "all_gather"): LAYERS + 2, ("fsdp", "backward", "all_gather"): LAYERS + 1,
+            ("fsdp", "backward", "reduce_scatter"): LAYERS + 2, ("dp_replicate", "backward", "all_reduce"): LAYERS + 2,
+            ("tp", "forward", "all_gather"): 2 * LAYERS + 1, ("tp", "forward", "reduce_scatter"): 2 * LAYERS + 1,
+            ("batch", "other", "all_reduce"): 1, ("loss_mesh", "other", "all_reduce"): 3}
+    assert {k: steps[0][k] for k in want} == want

@@ -167,12 +167,19 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
 
 
-def _import_all(names: list[str]) -> None:
-    for name in names:
-        try:
-            __import__(name)
-        except BaseException:  # noqa: BLE001 - a module its rank imported its own way (even one that
-            continue  # exits when imported elsewhere): the rank will import it again
+def _import_all(names: list[str], argv: list[str] | None = None) -> None:
+    """Import `names`, with ``sys.argv`` the job's `argv` meanwhile where given: a module may bind it
+    at import (torchtitan 0.2.2's ``ConfigManager.parse_args(self, args=sys.argv[1:])``, a default
+    evaluated once, config/manager.py:46), and its ranks must read their own arguments there."""
+    own, sys.argv = sys.argv, argv or sys.argv
+    try:
+        for name in names:
+            try:
+                __import__(name)
+            except BaseException:  # noqa: BLE001 - a module its rank imported its own way (even one that
+                continue  # exits when imported elsewhere): the rank will import it again
+    finally:
+        sys.argv = own
 
 
 class _Server:
@@ -217,7 +224,7 @@ class _Server:
             why = f"importing {names[safe]}" if safe >= 0 else "the probe"
             print(f"fork server: {why} starts a thread or failed, so the ranks import it and the "
                   f"{len(names) - max(safe, 0)} modules after it themselves", flush=True)
-        _import_all(names[:max(safe, 0)])
+        _import_all(names[:max(safe, 0)], self.options.script_argv)
 
     def _probe(self, names: list[str]) -> int:
         """How many of `names`, imported in order in a child, import before one starts a thread (all of
@@ -231,7 +238,7 @@ class _Server:
                 os.close(read_end)
                 before, safe = _threads(), 0
                 for name in names:
-                    _import_all([name])
+                    _import_all([name], self.options.script_argv)
                     if _threads() != before:
                         break
                     safe += 1
