@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import json
 import os
@@ -10,9 +11,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from meshscope.run.launch import launch
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def skip_unless_installed(*modules: str) -> None:
+    """Skip the calling test module unless every one of `modules` is installed. Found, not imported:
+    importing megatron.core, lightning or torchtitan costs 4-6 s in each pytest worker that collects
+    the module, and the jobs that use them import them in their own processes anyway."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)}", allow_module_level=True)
 
 
 def run_many(tmp_path: Path, items, world: int, timeout: float = 60.0, backend: str = "gloo") -> list[dict]:

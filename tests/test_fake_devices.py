@@ -19,7 +19,7 @@ import meshscope
 from meshscope.trace.fake import devices
 from meshscope.trace.options import RankOptions
 
-from .helpers import ROOT, cli_here, trace_json
+from .helpers import ROOT, cli_here, skip_unless_installed, trace_json
 
 JOBS = ROOT / "tests" / "jobs"
 
@@ -167,3 +167,31 @@ def test_a_cuda_type_check_is_explained(tmp_path):
     line = devices.explain(raised.value)
     assert line.startswith("the script checks for a CUDA tensor type at clip_grads.py:2 (assert grad.type() == "
                            "'torch.cuda.FloatTensor'), which a fake world cannot answer"), line
+
+
+def test_inductor_asks_triton_for_no_gpu_where_cuda_is_mapped(tmp_path):
+    """With triton installed (torchtitan imports it; the test extra has it), the mapped CUDA made
+    ``has_triton()`` true, and inductor's first compile asked triton's NVIDIA driver for its target
+    ("libcuda.so cannot found!"): with CUDA mapped, torch.cuda is available and triton is not."""
+    skip_unless_installed("triton")
+    script = tmp_path / "triton_gate.py"
+    script.write_text("import os\nos.environ.update(LOCAL_RANK='0', LOCAL_WORLD_SIZE='2')\nimport torch\n"
+                      "from meshscope.trace.fake import patches\npatches.apply({patches.CUDA_MAP})\n"
+                      "from torch.utils._triton import has_triton\nprint(torch.cuda.is_available(), has_triton())\n")
+    proc = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(Path(meshscope.__file__).parents[1])})
+    assert proc.stdout.split() == ["True", "False"], proc.stderr[-3000:]
+
+
+@pytest.mark.frameworks
+def test_inductor_compiles_the_mapped_tensors_where_triton_is_installed(tmp_path):
+    """The same, whole: compiled.py under inductor (its first compile, 20-25 s here with a cold cache)
+    issues the 2 all-reduces a step of its docstring."""
+    skip_unless_installed("triton")
+    proc, doc = trace_json(tmp_path / "fake", "--fake-world", 2, "--ranks", "0",
+                           [JOBS / "compiled.py", "--backend", "inductor", "--steps", "2"])
+    assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
+    assert any("torch.compile's regions ran on the CPU" in n for n in doc["notes"]), doc["notes"]
+    for step in doc["per_rank"][0]["steps"]:
+        assert [(e["op"], e["phase"], e["bytes_in"]) for e in step["events"]] == [
+            ("all_reduce", "forward", 256), ("all_reduce", "backward", 256)]

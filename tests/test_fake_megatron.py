@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import json
 
-import pytest
 
-from .helpers import ROOT, cli
+from .helpers import ROOT, cli, skip_unless_installed
 
-pytest.importorskip("megatron.core")
+skip_unless_installed("megatron.core")
 
 SIZES = {"tp": 8, "pp": 4, "cp": 2, "ep": 8, "etp": 1}
 FLAGS = [x for a, n in SIZES.items() for x in (f"--{a}", str(n))]

@@ -4,10 +4,15 @@ its ledger against a real trace of the same script, and the rank classes against
 from __future__ import annotations
 
 import json
+import os
+import sys
 
 import pytest
 
+from meshscope.core.rundir import RunDir
 from meshscope.core.trace_result import TraceResult
+from meshscope.trace.fake import fork_server
+from meshscope.trace.options import RankOptions
 
 from .helpers import ROOT, cli, cli_here, trace_json
 
@@ -80,6 +85,30 @@ def test_rank_classes_hold_on_a_world_traced_whole(tmp_path):
     later = [r for r in auto["fake_world"]["traced"] if r not in (0, 7)]
     assert imported[0] and later and all(not imported[r] & imported[0] for r in later), imported
 
+
+
+def test_the_server_imports_what_ranks_imported_up_to_one_that_starts_a_thread(tmp_path, monkeypatch):
+    """torchtitan 0.2.2 imports pandas, whose pyarrow starts a native thread, after 958 of its 1,668
+    modules: the server imports the ones before it (the probe child, in order, stops there), the ranks
+    the rest; before, one such module made every rank import all of them itself. What a module binds
+    of sys.argv at import is the job's (torchtitan's parse_args default), not the server's."""
+    for name, body in [("ms_quiet", "import sys\nARGV = list(sys.argv)"), ("ms_threaded", "import threading, time\n"
+                       "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()"), ("ms_after", "Y = 2")]:
+        (tmp_path / f"{name}.py").write_text(body + "\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.imports(0).parent.mkdir(parents=True)
+    run_dir.imports(0).write_text(json.dumps(["ms_quiet", "ms_threaded", "ms_after"]))
+    server = object.__new__(fork_server._Server)
+    server.run_dir, server.learning, server.learned, server.replies_fd = run_dir, True, set(), os.dup(1)
+    server.options = RankOptions(run_dir=run_dir.path, target=("-m", "trainer", "--steps", "3"))
+    try:
+        server._learn([0])
+        assert "ms_quiet" in sys.modules and "ms_threaded" not in sys.modules and "ms_after" not in sys.modules
+        assert not server.learning and sys.modules["ms_quiet"].ARGV == ["trainer", "--steps", "3"]
+    finally:
+        os.close(server.replies_fd)
+        sys.modules.pop("ms_quiet", None)
 
 def test_torchtitans_meshes_read_as_the_dims_the_job_has(tmp_path):
     """HSDP x TP at world 8 on meshes built as torchtitan 0.2.2 builds them (tests/jobs/hsdp_tp.py: a 1-D

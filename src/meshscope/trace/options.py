@@ -51,6 +51,12 @@ class RankOptions:
         """The job is ``-m MODULE``, not a script path."""
         return self.target[0] == "-m"
 
+    @property
+    def script_argv(self) -> list[str]:
+        """``sys.argv`` as the job sees it: the script (or module) and its arguments, as ``python SCRIPT``
+        or ``python -m MODULE`` would set it."""
+        return [self.target[1] if self.module else self.target[0], *self.target[2 if self.module else 1:]]
+
     def to_argv(self) -> list[str]:
         flags = [str(self.run_dir), *(["--steps", str(self.steps)] if self.steps else []),
                  *(["--timeout", repr(self.timeout)] if self.timeout else []),

@@ -82,8 +82,8 @@ def main(argv: list[str], on_end=None) -> int:
                        if options.steps else trace.step_done)
     if options.timeout:
         limit_timeouts(options.timeout)
-    target = options.target[1] if options.module else options.target[0]
-    sys.argv = [target, *options.target[2 if options.module else 1:]]
+    sys.argv = options.script_argv
+    target = sys.argv[0]
     if not options.module:
         sys.path.insert(0, str(Path(target).resolve().parent))  # as `python SCRIPT` puts the script's folder first
     context.install()

@@ -272,6 +272,20 @@ def cuda_checkpoints_on_cpu() -> None:
     serialization.register_package(19, tag, deserialize)
 
 
+def inductor_without_triton_devices() -> None:
+    """Inductor never asks triton for a GPU: with triton installed (torchtitan needs it), the mapped
+    ``torch.cuda.is_available()`` and the stand-in GPU's capability make ``torch.utils._triton.has_triton()``
+    true, and inductor's first compile asks triton's NVIDIA driver for its target, which needs libcuda
+    ("libcuda.so cannot found!", torch 2.13 _inductor/runtime/autotune_cache.py:69). The mapped tensors
+    are CPU tensors, so inductor's code is its CPU code either way. torch reads the switch from the
+    environment when ``torch._inductor.config`` is first imported (importing it here would cost every
+    rank inductor's 1.5 s of imports), or from the config where it already is."""
+    os.environ["TORCHINDUCTOR_TRITON_DISABLE_DEVICE_DETECTION"] = "1"
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None:
+        config.triton_disable_device_detection = True
+
+
 def compiled() -> bool:
     """Whether torch.compile compiled a graph in this rank: its regions ran on the CPU (inductor's CPU
     code, or the ops themselves under aot_eager), the mapped tensors being CPU tensors."""

@@ -9,8 +9,9 @@ that state (`trace.rank.main` runs in the child, as it would in a fresh process)
 
 Each forked rank also lists the library modules its script imported (`_write_imports`); before it
 forks the next ranks the server imports them too, so later ranks skip the script's imports. First a
-probe child imports them: if that starts a thread (which a forked rank would lack) the server
-imports none of them and says so in ``logs/fork_server.log``, and the ranks import them themselves.
+probe child imports them one by one: the server imports those before the first whose import starts a
+thread (which a forked rank would lack), says which one in ``logs/fork_server.log``, and the ranks
+import it and the rest themselves.
 The server has installed the rank-independent part of a rank's set-up first (the fake backend and
 the CUDA mapping, which a rank then finds in place), so such a module computes at import what it
 computed in the first ranks; the trace's later patches of torch (`entry_points.rebind`) reach names
@@ -166,12 +167,19 @@ def _threads() -> int:
     return len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else 1
 
 
-def _import_all(names: list[str]) -> None:
-    for name in names:
-        try:
-            __import__(name)
-        except BaseException:  # noqa: BLE001 - a module its rank imported its own way (even one that
-            continue  # exits when imported elsewhere): the rank will import it again
+def _import_all(names: list[str], argv: list[str] | None = None) -> None:
+    """Import `names`, with ``sys.argv`` the job's `argv` meanwhile where given: a module may bind it
+    at import (torchtitan 0.2.2's ``ConfigManager.parse_args(self, args=sys.argv[1:])``, a default
+    evaluated once, config/manager.py:46), and its ranks must read their own arguments there."""
+    own, sys.argv = sys.argv, argv or sys.argv
+    try:
+        for name in names:
+            try:
+                __import__(name)
+            except BaseException:  # noqa: BLE001 - a module its rank imported its own way (even one that
+                continue  # exits when imported elsewhere): the rank will import it again
+    finally:
+        sys.argv = own
 
 
 class _Server:
@@ -195,7 +203,7 @@ class _Server:
         patches.apply(patches.modes(fake_tensors=False))
 
     def _learn(self, finished: list[int]) -> None:
-        """Import what finished ranks' scripts imported, if a probe child shows that starts no thread."""
+        """Import what finished ranks' scripts imported, as far as a probe child shows that starts no thread."""
         names: list[str] = []
         for rank in finished:
             try:
@@ -207,24 +215,41 @@ class _Server:
         if not self.learning or not names:
             return
         self.learned.update(names)
+        safe = self._probe(names)
+        if safe < len(names):
+            # A rank's list is in the order it imported them, so the ones before the first that starts a
+            # thread import without it (torchtitan 0.2.2: 958 of 1,668 modules, up to pandas, whose
+            # pyarrow starts a native thread); what comes after is left to the ranks.
+            self.learning = False
+            why = f"importing {names[safe]}" if safe >= 0 else "the probe"
+            print(f"fork server: {why} starts a thread or failed, so the ranks import it and the "
+                  f"{len(names) - max(safe, 0)} modules after it themselves", flush=True)
+        _import_all(names[:max(safe, 0)], self.options.script_argv)
+
+    def _probe(self, names: list[str]) -> int:
+        """How many of `names`, imported in order in a child, import before one starts a thread (all of
+        them if none does; -1 if the child died)."""
+        read_end, write_end = os.pipe()
         probe = os.fork()
         if probe == 0:
-            code = 4
             try:
                 _die_with_parent()
                 os.close(self.replies_fd)
-                before = _threads()
-                _import_all(names)
-                code = 0 if _threads() == before else 3
+                os.close(read_end)
+                before, safe = _threads(), 0
+                for name in names:
+                    _import_all([name], self.options.script_argv)
+                    if _threads() != before:
+                        break
+                    safe += 1
+                os.write(write_end, str(safe).encode())
             finally:
-                os._exit(code)
-        _, status = os.waitpid(probe, 0)
-        if os.waitstatus_to_exitcode(status) != 0:
-            self.learning = False
-            print(f"fork server: importing what the script imports starts a thread (exit "
-                  f"{os.waitstatus_to_exitcode(status)} of the probe): later ranks import it themselves", flush=True)
-            return
-        _import_all(names)
+                os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end) as answer:
+            told = answer.read()
+        os.waitpid(probe, 0)
+        return int(told) if told.isdigit() else -1
 
     def run(self, ranks: list[int], parallel: int, replies) -> None:
         pending, alive = list(ranks), {}

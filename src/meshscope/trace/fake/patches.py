@@ -106,6 +106,10 @@ PATCHES = (
           "torch.load's storages tagged or mapped to cuda (map_location='cuda:N', a cuda device, a GPU's checkpoint) "
           "stay on the CPU: a deserializer before CUDA's, through torch's hook for devices", "2.13", CUDA_MAP,
           devices.cuda_checkpoints_on_cpu),
+    Patch("inductor without triton's GPU", ("torch.utils._triton.has_triton",),
+          "with triton installed, the mapped CUDA makes has_triton() true and inductor's first compile asks "
+          "triton's NVIDIA driver for libcuda; with device detection off it compiles the mapped (CPU) tensors "
+          "as CPU code", "2.13", CUDA_MAP, devices.inductor_without_triton_devices),
     Patch("DTensor's rule for the CPU flash attention", (
               f"{MATRIX_OPS}._scaled_dot_product_flash_attention_base_strategies",
               f"{MATRIX_OPS}._scaled_dot_product_flash_attention_backward_base_strategies",

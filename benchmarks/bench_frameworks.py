@@ -1,0 +1,108 @@
+"""The frameworks' marked subset (``pytest -m frameworks``): each case's wall time and the machine's load.
+
+Runs ``python -m pytest -m frameworks`` (Megatron-core's GPTModel at 1,024 ranks with real and with
+fake tensors, torchtitan's HSDP x TP at 1,024 ranks, Lightning's ModelParallelStrategy and
+``accelerator="cuda"`` against gloo, inductor on mapped CUDA, pytorch/examples' distributed scripts)
+in one process (``-n 0``: the cases run one after another, as the figures assume) and prints, per
+case, the seconds of its setup (the module's shared traces are made there) and of its call, with
+the 1-minute load average at the start, the end and its highest sample (every 5 s) in between. The
+pytorch/examples cases need a checkout (``--examples DIR``, the folder that holds ``distributed/``;
+default ``$MESHSCOPE_PYTORCH_EXAMPLES``): its commit and the sha256 of each script traced are printed
+first, the proof that they ran as their authors wrote them. Without one those cases are skipped.
+
+Run: python benchmarks/bench_frameworks.py [--examples /path/to/pytorch/examples] [-- PYTEST_ARGS]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ["ddp-tutorial-series/multigpu_torchrun.py", "tensor_parallelism/tensor_parallel_example.py",
+           "tensor_parallelism/sequence_parallel_example.py", "tensor_parallelism/fsdp_tp_example.py",
+           "FSDP2/example.py"]
+"""The scripts tests/test_pytorch_examples.py traces, under the checkout's ``distributed/``."""
+DURATION = re.compile(r"^\s*([\d.]+)s (setup|call|teardown)\s+(\S+)")
+
+
+def describe_checkout(examples: Path) -> None:
+    commit = subprocess.run(["git", "-C", str(examples), "rev-parse", "HEAD"], capture_output=True, text=True)
+    print(f"pytorch/examples at {examples}: commit {commit.stdout.strip() or '(not a git checkout)'}")
+    for script in SCRIPTS:
+        path = examples / "distributed" / script
+        digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "(missing)"
+        print(f"  {digest}  distributed/{script}")
+
+
+class LoadSampler(threading.Thread):
+    """The highest 1-minute load average seen while the cases run."""
+
+    def __init__(self, every_s: float = 5.0):
+        super().__init__(daemon=True)
+        self.every_s, self.peak, self.done = every_s, os.getloadavg()[0], threading.Event()
+
+    def run(self) -> None:
+        while not self.done.wait(self.every_s):
+            self.peak = max(self.peak, os.getloadavg()[0])
+
+
+def cpu_model() -> str:
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []:
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--examples", type=Path, default=os.environ.get("MESHSCOPE_PYTORCH_EXAMPLES"),
+                   help="a pytorch/examples checkout (the folder holding distributed/)")
+    p.add_argument("pytest_args", nargs="*", help="more pytest arguments, after --")
+    args = p.parse_args()
+    env = dict(os.environ)
+    if args.examples:
+        if not (args.examples / "distributed").is_dir():
+            sys.exit(f"--examples {args.examples}: no distributed/ folder there (a pytorch/examples checkout?)")
+        describe_checkout(args.examples)
+        env["MESHSCOPE_PYTORCH_EXAMPLES"] = str(args.examples.resolve())
+    else:
+        print("no pytorch/examples checkout (--examples or MESHSCOPE_PYTORCH_EXAMPLES): its cases are skipped")
+    print(f"machine: {os.cpu_count()} CPUs ({cpu_model()}), Python {platform.python_version()}")
+
+    start = os.getloadavg()[0]
+    sampler = LoadSampler()
+    sampler.start()
+    with tempfile.TemporaryDirectory(prefix="bench_frameworks_") as tmp:
+        cmd = [sys.executable, "-m", "pytest", "-m", "frameworks", "-n", "0", "-p", "no:cacheprovider",
+               f"--basetemp={tmp}/pt", "--durations=0", "-vv", *args.pytest_args]
+        print("$ " + " ".join(cmd), flush=True)
+        proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    sampler.done.set()
+    times: dict[str, dict[str, float]] = {}
+    for line in proc.stdout.splitlines():
+        if m := DURATION.match(line):
+            times.setdefault(m[3], {})[m[2]] = float(m[1])
+    print(f"\n{'case':<78} {'setup s':>8} {'call s':>8} {'total s':>8}")
+    for case, t in sorted(times.items(), key=lambda kv: -sum(kv[1].values())):
+        print(f"{case.removeprefix('tests/'):<78} {t.get('setup', 0):8.1f} {t.get('call', 0):8.1f} "
+              f"{sum(t.values()):8.1f}")
+    print(f"load (1 min): {start:.2f} at the start, {os.getloadavg()[0]:.2f} at the end, "
+          f"{sampler.peak:.2f} at most")
+    summary = [line for line in proc.stdout.splitlines() if re.search(r"\d+ (passed|failed|skipped|error)", line)]
+    print(summary[-1] if summary else proc.stdout[-3000:])
+    if proc.returncode:
+        print(proc.stdout[-6000:], proc.stderr[-3000:], sep="\n")
+    sys.exit(proc.returncode)
+
+
+if __name__ == "__main__":
+    main()

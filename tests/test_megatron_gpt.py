@@ -1,0 +1,119 @@
+"""Megatron-core 0.16.1's GPTModel, unmodified, with its DDP, optimizer and RNG tracker, in a fake
+world (tests/jobs/megatron_gpt.py: it needs CUDA, so no gloo run exists to compare with). Oracle:
+the per-step counts its docstring reads from megatron-core's tensor_parallel layers and mappings,
+as functions of the number of layers, and the gradient buffer's bytes counted by hand."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from .helpers import ROOT, cli, skip_unless_installed, trace_json
+
+skip_unless_installed("megatron.core")
+
+JOB = ROOT / "tests" / "jobs" / "megatron_gpt.py"
+L, H, HEADS, V, S, B = 2, 64, 4, 128, 16, 2
+"""The job's defaults: layers, hidden, heads, vocab, sequence, micro batch."""
+
+
+def params_per_rank(tp: int) -> int:
+    """What one tp rank holds of GPTModel's parameters (the local spec: learned positions, untied
+    output layer), counted from the layers' shapes: embedding V/tp x H, positions S x H; per layer a
+    norm (2H), qkv (3H/tp x H + 3H/tp), proj (H x H/tp + H), a norm (2H), fc1 (4H/tp x H + 4H/tp),
+    fc2 (H x 4H/tp + H); the final norm 2H; the output layer V/tp x H."""
+    layer = 2 * H + (3 * H // tp) * (H + 1) + H * (H // tp) + H + 2 * H + (4 * H // tp) * (H + 1) + H * (4 * H // tp) + H
+    return V // tp * H + S * H + L * layer + 2 * H + V // tp * H
+
+
+def expected(tp: int, sp: bool) -> Counter:
+    """One steady step of one rank, per (axis, phase, op): the job's docstring."""
+    if sp:
+        tp_calls = {("forward", "all_reduce"): 4, ("forward", "all_gather"): 2 * L + 1,
+                    ("forward", "reduce_scatter"): 2 * L, ("backward", "all_gather"): 4 * L + 2,
+                    ("backward", "reduce_scatter"): 2 * L + 1, ("other", "all_reduce"): 1}
+    else:
+        tp_calls = {("forward", "all_reduce"): 2 * L + 4, ("backward", "all_reduce"): 2 * L + 1}
+    # DDP's one bucket on megatron's dp group with cp ("dp-cp"); ChainedOptimizer.step's grad norm
+    # over the model-parallel group ("tp-pp"), clipping or not.
+    return Counter({**{("tp", *k): n for k, n in tp_calls.items()},
+                    ("dp-cp", "other", "all_reduce"): 1, ("tp-pp", "other", "all_reduce"): 1})
+
+
+def steady_counts(doc: dict) -> dict[int, list[Counter]]:
+    return {r["rank"]: [Counter((e["axis"], e["phase"], e["op"]) for e in s["events"]) for s in r["steps"][1:]]
+            for r in doc["per_rank"]}
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp_sp"])
+def test_gpt_model_in_a_fake_world_of_4(sp, tmp_path):
+    """TP 2 x DP 2 with megatron-core's defaults (the _GLOO twins, its DDP and optimizer): every class
+    (all 4 ranks) passes, and each steady step issues the counts of megatron's TP / SP rules."""
+    flags = ["--sequence-parallel"] if sp else []
+    proc, doc = trace_json(tmp_path / "t", "--fake-world", 4, [str(JOB), *flags])
+    assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
+    assert doc["fake_world"]["traced"] == [0, 1, 2, 3] and doc["layout"]["sizes"]["tp"] == 2
+    for rank, steps in steady_counts(doc).items():
+        assert steps == [expected(2, sp)] * 2, rank
+    step = doc["per_rank"][0]["steps"][1]["events"]
+    grads = [e for e in step if e["axis"] == "dp-cp"]
+    assert [e["bytes_in"] for e in grads] == [4 * params_per_rank(2)]
+    tp_forward = [e["bytes_in"] for e in step if e["axis"] == "tp" and e["phase"] == "forward"]
+    # activations [S, B, H] fp32, a sequence shard of them under SP; the cross entropy's [S, B]
+    full, shard, ce = 4 * S * B * H, 4 * S * B * H // 2, 4 * S * B
+    if sp:
+        assert tp_forward == [full] + [shard, full] * (2 * L) + [shard] + [ce] * 3
+    else:
+        assert tp_forward == [full] * (2 * L + 1) + [ce] * 3
+
+
+JOB_1024 = [str(JOB), "--tp", 8, "--sequence-parallel", "--heads", 8, "--steps", 2]
+"""TP 8 + SP at 1,024 ranks (dp 128): megatron needs as many heads as tp ranks."""
+
+
+@pytest.fixture(scope="module")
+def traced_1024(tmp_path_factory):
+    """``trace(flags)``: the run directory and document of JOB_1024 at 1,024 ranks, --ranks auto, traced
+    once per module; each trace is the setup time of the first test that asks for it (--durations)."""
+    done = {}
+
+    def trace(*flags):
+        if flags not in done:
+            out = tmp_path_factory.mktemp("megatron_1024")
+            proc, doc = trace_json(out / "t", "--fake-world", 1024, "--nproc-per-node", 8, *flags, JOB_1024,
+                                   timeout=600)
+            assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
+            done[flags] = out / "t", doc
+        return done[flags]
+
+    return trace
+
+
+@pytest.fixture
+def real_1024(traced_1024):
+    return traced_1024()
+
+
+@pytest.fixture
+def fake_tensors_1024(traced_1024):
+    return traced_1024("--fake-tensors")
+
+
+@pytest.mark.frameworks
+def test_gpt_model_at_1024_ranks(real_1024):
+    """Real tensors: every class passes with the counts above at tp 8 (the target: at most 30 s)."""
+    _, doc = real_1024
+    assert doc["layout"]["sizes"]["tp"] == 8 and doc["layout"]["sizes"]["dp"] == 128
+    assert len(doc["fake_world"]["classes"]) == 9
+    for rank, steps in steady_counts(doc).items():
+        assert steps == [expected(8, True)], rank
+
+
+@pytest.mark.frameworks
+def test_gpt_model_at_1024_ranks_with_fake_tensors(real_1024, fake_tensors_1024):
+    """--fake-tensors gives the real-tensor fake world's ledgers (meshscope diff: same; the bytes of the
+    optimizer's all_gather_object left out on both sides, as stand-ins)."""
+    same = cli("diff", real_1024[0], fake_tensors_1024[0], "--json")
+    assert json.loads(same.stdout)["verdict"] == "same", same.stdout[-3000:]

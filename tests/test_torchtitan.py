@@ -1,0 +1,101 @@
+"""torchtitan 0.2.2 (the newest release that runs on torch 2.13; 0.3.0 needs torch 2.15), unmodified:
+``-m torchtitan.train`` with its llama3 debug model and FSDP over a fake world of 4. Its wheel ships
+no tokenizer and no data, so the test makes a word-level tokenizer and a few thousand documents
+and points the flags at them. torchtitan needs CUDA (it picks "cuda" when no accelerator is found),
+so there is no gloo run to compare with. Oracle: per step, the FSDP units of its apply_fsdp
+(models/llama3/infra/parallelize.py, read at 0.2.2) and the calls of its train_step (train.py),
+counted by hand, and the layers' sizes from the debug model's shapes."""
+
+from __future__ import annotations
+
+import json
+import random
+from collections import Counter
+
+import pytest
+
+from .helpers import skip_unless_installed, trace_json
+
+# torchtitan.models.moe imports triton at import time, which torchtitan does not declare.
+skip_unless_installed("torchtitan", "triton")
+
+LAYERS, DIM, VOCAB, FFN = 6, 256, 2048, 768
+"""llama3 "debugmodel": its feed-forward width is 2/3 of 4 x dim rounded up to a multiple of 256."""
+WORDS = [f"w{i}" for i in range(200)]
+JOB = ["-m", "torchtitan.train", "--model.hf_assets_path", "tokenizer", "--training.dataset", "c4_test",
+       "--training.dataset_path", "c4", "--training.steps", "3", "--training.seq_len", "64",
+       "--training.local_batch_size", "2", "--metrics.log_freq", "1"]
+"""The job as its users start it, on `make_assets`' tokenizer and documents in the working directory."""
+
+
+def make_assets(where):
+    """A tokenizer (``tokenizer.json`` and ``tokenizer_config.json``: what torchtitan's
+    HuggingFaceTokenizer reads from ``--model.hf_assets_path``) over 200 words, and 2,000 documents
+    of them as JSON lines, which the ``c4_test`` dataset loads from ``--training.dataset_path``."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    special = ["<unk>", "<|begin_of_text|>", "<|end_of_text|>"]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(special + WORDS)}, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    (where / "tokenizer").mkdir()
+    tokenizer.save(str(where / "tokenizer" / "tokenizer.json"))
+    (where / "tokenizer" / "tokenizer_config.json").write_text(json.dumps(
+        {"bos_token": special[1], "eos_token": special[2], "add_bos_token": True, "add_eos_token": True}))
+    rng = random.Random(0)
+    (where / "c4").mkdir()
+    (where / "c4" / "train.json").write_text("".join(
+        json.dumps({"text": " ".join(rng.choices(WORDS, k=rng.randint(20, 80)))}) + "\n" for _ in range(2000)))
+
+
+def test_torchtitan_fsdp_in_a_fake_world_of_4(tmp_path):
+    """Every class (first, middle, last rank of the FSDP group) passes; a steady step issues, on the one
+    group that is torchtitan's batch, fsdp and loss mesh: the token count's all_reduce, an all_gather
+    per FSDP unit forward (embedding, each block, norm + output: LAYERS + 2), again in backward for the
+    units resharded after forward (all but norm + output: LAYERS + 1), a reduce_scatter per unit, the
+    gradient norm's all_reduce (one value per parameter) and the three logged metrics' all_reduces."""
+    make_assets(tmp_path)
+    proc, doc = trace_json(tmp_path / "t", "--fake-world", 4, JOB, cwd=tmp_path)
+    assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
+    assert doc["fake_world"]["traced"] == [0, 1, 3]
+    dp = "batch/fsdp/loss_mesh"
+    for rank in doc["per_rank"]:
+        events = rank["steps"][2]["events"]
+        assert Counter((e["axis"], e["phase"], e["op"]) for e in events) == {
+            (dp, "other", "all_reduce"): 5, (dp, "forward", "all_gather"): LAYERS + 2,
+            (dp, "backward", "all_gather"): LAYERS + 1, (dp, "backward", "reduce_scatter"): LAYERS + 2}, rank["rank"]
+        block = 4 * DIM * DIM + 3 * DIM * FFN + 2 * DIM
+        forward = [(e["region"], e["bytes_out"]) for e in events if e["phase"] == "forward"]
+        # parameters gathered in bf16 (its mixed precision default), each unit whole
+        assert forward == [("tok_embeddings", 2 * VOCAB * DIM)] + [(f"layers.{i}", 2 * block) for i in range(LAYERS)] \
+            + [("norm", 2 * (DIM + VOCAB * DIM))]
+        scattered = [e["bytes_in"] for e in events if e["op"] == "reduce_scatter"]
+        # gradients reduced in fp32, last unit first
+        assert scattered == [4 * (DIM + VOCAB * DIM)] + [4 * block] * LAYERS + [4 * VOCAB * DIM]
+        (norm,) = [e for e in events if e["op"] == "all_reduce" and e["dtype"] == "float32" and e["bytes_in"] > 8]
+        assert norm["bytes_in"] == 4 * (9 * LAYERS + 3)  # one per parameter: 9 per block, embedding, norm, output
+
+
+@pytest.mark.frameworks
+@pytest.mark.timeout(1200)  # 4.6 min at load 3.4-4.9 on 2 cores: 27 classes, each importing 710 modules
+def test_torchtitan_hsdp_tp_at_1024_ranks_with_fake_tensors(tmp_path):
+    """HSDP 4 x 32 x TP 8 at 1,024 ranks, --ranks auto, --fake-tensors: 27 classes, all passed, every one
+    the same steady step; the layout names HSDP as both its dims. By hand: on fsdp the FSDP units as
+    above, on dp_replicate HSDP's all_reduce of each unit's gradient (LAYERS + 2); on tp, forward, its
+    plan's gathers of each block's attention and feed-forward inputs and of the output layer's (2 LAYERS
+    + 1 all_gather) and the reduce-scatters of wo, w2 and the embedding (2 LAYERS + 1); the token count
+    on batch, the metrics on loss_mesh."""
+    make_assets(tmp_path)
+    job = [*JOB, "--parallelism.data_parallel_replicate_degree", "4", "--parallelism.data_parallel_shard_degree",
+           "32", "--parallelism.tensor_parallel_degree", "8"]
+    proc, doc = trace_json(tmp_path / "t", "--fake-world", 1024, "--nproc-per-node", 8, "--fake-tensors", job,
+                           cwd=tmp_path, timeout=1100)
+    assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
+    assert doc["layout"]["text"] == "tp 8 x fsdp 32 x dp_replicate 4 (order tp-fsdp-dp_replicate)"
+    assert len(doc["fake_world"]["classes"]) == 27
+    steps = [Counter((e["axis"], e["phase"], e["op"]) for e in r["steps"][2]["events"]) for r in doc["per_rank"]]
+    assert all(s == steps[0] for s in steps)
+    want = {("fsdp", "forward", "all_gather"): LAYERS + 2, ("fsdp", "backward", "all_gather"): LAYERS + 1,
+            ("fsdp", "backward", "reduce_scatter"): LAYERS + 2, ("dp_replicate", "backward", "all_reduce"): LAYERS + 2,
+            ("tp", "forward", "all_gather"): 2 * LAYERS + 1, ("tp", "forward", "reduce_scatter"): 2 * LAYERS + 1,
+            ("batch", "other", "all_reduce"): 1, ("loss_mesh", "other", "all_reduce"): 3}
+    assert {k: steps[0][k] for k in want} == want
