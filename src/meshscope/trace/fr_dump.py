@@ -7,12 +7,13 @@ sets its environment before the script creates a process group (torch reads it t
 ``RUN_DIR/fr/rank_`` (NCCL writes ``rank_<R>`` there itself on a timeout with
 ``TORCH_NCCL_DUMP_ON_TIMEOUT=1``). gloo has no dump on timeout, so the rank calls `dump` itself when
 a collective timed out, the script failed, or the launcher stopped it: ``rank_<R>`` holds the pickle
-of ``_dump_fr_trace()``, ``rank_<R>.json`` the JSON of ``_dump_fr_trace_json()``.
+of ``_dump_fr_trace()``, ``rank_<R>.json`` the JSON of ``_dump_fr_trace_json()`` (NCCL's own recorder's
+``_dump_nccl_trace*`` instead where it holds entries, `_recorder`).
 
 On NCCL it also gives each call its time on the GPU (`gpu_durations`): ``TORCH_NCCL_ENABLE_TIMING=1``
 (set unless the user set it) makes ProcessGroupNCCL record a start event beside its end event on the
 work's stream, and the recorder's entry of a completed work carries the time between them
-(``duration_ms``; torch 2.11 and 2.13, ProcessGroupNCCL.cpp and FlightRecorder). At the rank's end the
+(``duration_ms``; read in torch 2.11's ProcessGroupNCCL.cpp, seen on one H200 with torch 2.11). At the rank's end the
 entries are matched to the traced calls: per group, the k-th collective the trace saw is the entry
 with ``collective_seq_id`` k (1-based, torch counts them on every member alike), the k-th
 point-to-point call the one with ``p2p_seq_id`` k, each kept only where the ops agree (NCCL records a
@@ -61,13 +62,13 @@ def _recorder(c10d) -> tuple[str, str]:
 
 def gpu_durations(calls: list[tuple[str, str]], rank: int) -> dict[int, float]:
     """Index in `calls` ((group name, op) of each traced call, in issue order) -> its time on the GPU in
-    ms, from this rank's recorder (`matched`); {} off NCCL or with no recorder."""
+    ms, from this rank's NCCL recorder (`matched`); {} on a CPU build of torch or with no recorder."""
     try:
         from torch._C import _distributed_c10d as c10d
 
-        doc = json.loads(getattr(c10d, _recorder(c10d)[1])())
+        doc = json.loads(c10d._dump_nccl_trace_json())
         return matched(calls, parse(rank, doc, "this rank's Flight Recorder", {}))
-    except (ImportError, AttributeError, RuntimeError, ValueError, UsageError):  # no recorder or one it cannot read
+    except (ImportError, AttributeError, RuntimeError, ValueError, UsageError):  # no NCCL or recorder, or unreadable
         return {}
 
 
