@@ -59,8 +59,12 @@ def crowded(clocks: dict[int, Clock | None]) -> dict[str, tuple[int, int]]:
     for c in clocks.values():
         if c is not None and c.host:
             hosts.setdefault(c.host, []).append(c)
-    return {h: (len(cs), max(c.cpus for c in cs)) for h, cs in hosts.items()
-            if 0 < max(c.cpus for c in cs) < len(cs)}
+    out = {}
+    for host, cs in hosts.items():
+        n = max(c.cpus for c in cs)
+        if 0 < n < len(cs):
+            out[host] = (len(cs), n)
+    return out
 
 
 def truth(clocks: dict[int, Clock]) -> dict[int, float] | None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import shutil
 from pathlib import Path
@@ -49,8 +50,10 @@ _RANK_FILE = re.compile(r"^rank(\d+)$")
 
 def write_atomic(path: Path, data: str | bytes) -> None:
     """Write `path` whole or not at all: a reader (the doctor, a fork server, a node's rank 0) never
-    sees half a file."""
-    tmp = path.with_name(path.name + ".tmp")
+    sees half a file. The temporary file is this process's own: two nodes of one job that write the
+    same file of a shared directory (result.json, as each assembles the trace) would otherwise move
+    each other's temporary file away."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
     if isinstance(data, bytes):
         tmp.write_bytes(data)
     else:

@@ -21,7 +21,7 @@ def time_rows(result: TraceResult) -> tuple[list[str], list[list[str]]]:
     gpu = any(a.gpu_ms is not None for a in t.axes)
     rows = [[a.axis, f"{a.inside_ms:.2f}", f"{a.waiting_ms:.2f}", f"{a.max_waiting_ms:.2f}"]
             + (["-" if a.gpu_ms is None else f"{a.gpu_ms:.3f}"] if gpu else []) for a in t.axes]
-    return TIME_HEAD + ["on the GPU ms/step"] * gpu, rows
+    return (TIME_HEAD + ["on the GPU ms/step"] if gpu else TIME_HEAD), rows
 
 
 TIME_HEAD = ["axis", "in collectives ms/step", "waiting ms/step", "most waiting (one rank)"]

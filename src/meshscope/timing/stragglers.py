@@ -54,7 +54,8 @@ named its last stage (15 % of the step, at least 0.84 ms, in `other`) in 2 of 10
 `benchmarks/bench_stragglers.py` without it (load 1.2)."""
 
 RULE = (f"a rank whose lateness cost the others, on one axis, at least {SHARE:.0%} of the median step and "
-        f"{FLOOR_MS:g} ms (and more than it waited itself by as much) on at least {ON_STEPS:.0%} of the steady steps ({MIN_STEPS} at least)")
+        f"{FLOOR_MS:g} ms (and more than it waited itself by as much) on at least {ON_STEPS:.0%} of the steady "
+        f"steps ({MIN_STEPS} at least)")
 
 
 def analyse(events: list[CommEvent], clocks: dict[int, Clock | None], moves: dict[int, list[tuple[float, str, str]]],

@@ -6,8 +6,8 @@ the script's first line), `recording` (around the script), `explain` (a failure,
 words), `failed` and `ended`; it tests no fake-world flag of its own.
 
 A real rank keeps what it prints in ``logs/rank<R>.log`` (`output.tee`), turns torch's Flight
-Recorder on and dumps it when it fails (`fr_dump`; on NCCL its entries give each call its GPU time), ends at once when the launcher sends SIGTERM
-(`stopping.stop_on_sigterm`), estimates its offset to rank 0's clock through the job's store once
+Recorder on and dumps it when it fails (`fr_dump`; on NCCL its entries give each call its GPU time),
+ends at once when the launcher sends SIGTERM (`stopping.stop_on_sigterm`), estimates its offset to rank 0's clock through the job's store once
 the default group exists (`clock`) and, with ``--steps``, tells the ranks waiting for it that it is
 done when its script ended first.
 """
