@@ -289,11 +289,17 @@ def test_inside_the_users_own_torchrun(tmp_path):
 
 
 def test_report_and_doctor_read_a_trace_directory(traced, tmp_path):
+    """The trace wrote its tables and Chrome trace but left the figures to `meshscope report`, which
+    draws them (PNG files, each named on its output)."""
     run_dir = Path(traced["ddp"][1]["run_dir"])
+    assert (run_dir / "trace.json").is_file() and not (run_dir / "figures").exists()
     (run_dir / "report.md").unlink()
     proc = cli_here("report", run_dir)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (run_dir / "report.md").read_text().count("| world | all_reduce | backward |") >= 3
+    for name in ("bytes_per_axis.png", "bytes_per_module.png"):
+        assert (run_dir / "figures" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert str(run_dir / "figures" / name) in proc.stdout
     proc = cli_here("doctor", run_dir, "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["healthy"], proc.stdout[-2000:]
     chrome = json.loads((run_dir / "trace.json").read_text())

@@ -74,6 +74,16 @@ def test_fit_finds_the_golden_layouts_and_refuses_what_fits_none():
     # pp fastest (the pipeline experiment's order) is found too
     pp_first = Layout(4, pp=2, order="pp-tp-cp-ep-dp")
     assert fit_layout(4, {"pp": pp_first.groups("pp"), "dp": pp_first.groups("dp")}).layout.groups("pp") == [[0, 1], [2, 3]]
+    # a dense Megatron job: its parallel_state creates the expert groups too, etp = tp and edp = dp at
+    # ep 1; the layout counts each dim once and says the other name has its groups
+    dense = Layout(1024, tp=8)
+    found = fit_layout(1024, {a: dense.groups(b) for a, b in (("tp", "tp"), ("etp", "tp"), ("dp", "dp"), ("edp", "dp"))})
+    assert found.sizes == {"tp": 8, "dp": 128} and found.same == (("etp", "tp"), ("edp", "dp"))
+    assert found.describe().startswith("tp 8, dp 128 (order tp-cp-ep-dp-pp; etp has the groups of tp; edp has the "
+                                       "groups of dp; meshscope layout --world 1024 --tp 8 --etp 8")
+    moe = Layout(64, tp=2, ep=4)  # with experts the expert axes are dims of their own
+    found = fit_layout(64, {a: moe.groups(a) for a in ("tp", "dp", "ep", "edp")})
+    assert found.sizes == {"tp": 2, "ep": 4, "dp": 32, "edp": 16} and not found.same
     bad = fit_layout(4, {"tp": [[0, 3], [1, 2]]})
     assert not bad.ok and "fit no tp-cp-ep-dp-pp order" in bad.reason
     assert dims(4, {"dp_shard": [[0, 2], [1, 3]], "tp": [[0, 1], [2, 3]]}).order == ("tp", "dp_shard")

@@ -14,7 +14,7 @@ def cmd_trace(args) -> int:
     """`meshscope trace`: exit 0 passed, 1 failed or incomplete, 3 empty (`core.trace_result.EXIT_CODES`)."""
     options = options_of(args, args.job, args.out)
     result = trace(options)
-    write_files(result, Path(result.run_dir))
+    write_files(result, Path(result.run_dir), figures=False)
     if args.json:
         print(json.dumps(result.to_json()))
         for line in verdict_lines(result):  # stdout holds the one document; the verdict goes to stderr
@@ -25,7 +25,8 @@ def cmd_trace(args) -> int:
             from ..doctor import render
 
             print("\n".join(render(result.doctor)))
-        print(f"run directory: {result.run_dir} (result.json, ledgers/, flight/, logs/, report.md, trace.json)")
+        print(f"run directory: {result.run_dir} (result.json, ledgers/, flight/, logs/, report.md, trace.json); "
+              f"figures: meshscope report {result.run_dir}")
     return result.exit_code
 
 
@@ -35,8 +36,9 @@ def report_trace(run_dir) -> int:
     from ..trace.assemble import load
 
     result = load(run_dir)
-    write_files(result, run_dir)
+    written = write_files(result, run_dir, figures=True)
     print_trace(result)
+    print("written: " + ", ".join(written))
     return result.exit_code
 
 

@@ -34,6 +34,9 @@ class Fit:
     sizes: dict[str, int] = field(default_factory=dict)
     layout: Layout | None = None
     reason: str = ""
+    same: tuple[tuple[str, str], ...] = ()
+    """(axis, the axis whose groups it repeats) for axes not counted in `sizes`: a dense Megatron job's
+    expert groups, which its parallel_state creates whatever the model (etp = tp, edp = dp at ep 1)."""
 
     @property
     def ok(self) -> bool:
@@ -44,7 +47,8 @@ class Fit:
             return self.reason
         if self.layout is not None:  # as `meshscope layout` would be asked for it
             sizes = ", ".join(f"{a} {n}" for a, n in self.sizes.items())
-            return f"{sizes} (order {self.layout.order}; meshscope layout --world {self.layout.world}" + "".join(
+            same = "".join(f"; {a} has the groups of {b}" for a, b in self.same)
+            return f"{sizes} (order {self.layout.order}{same}; meshscope layout --world {self.layout.world}" + "".join(
                 f" --{a} {self.layout.size(a)}" for a in ("tp", "cp", "ep", "etp", "pp") if self.layout.size(a) > 1) + (
                 f" --order {self.layout.order})")
         return " x ".join(f"{a} {self.sizes[a]}" for a in self.order) + f" (order {'-'.join(self.order)})"
@@ -128,7 +132,9 @@ def fit_layout(world: int, axes: dict[str, list[list[int]]]) -> Fit:
             shown = {a for a in known if layout.size(a) > 1}
             shown |= {"dp"} if layout.dp > 1 else set()
             shown |= {"edp"} if ("edp" in known or layout.ep > 1) and layout.edp > 1 else set()
-            sizes = {a: layout.size(a) for a in LAYOUT_AXES if a in shown}
-            return Fit(tuple(a for a in order if a in sizes), sizes, layout)
+            same = tuple((a, b) for a, b in (("etp", "tp"), ("edp", "dp"))
+                         if layout.ep == 1 and a in shown and b in shown and layout.groups(a) == layout.groups(b))
+            sizes = {a: layout.size(a) for a in LAYOUT_AXES if a in shown - {a for a, _ in same}}
+            return Fit(tuple(a for a in order if a in sizes), sizes, layout, same=same)
     return Fit(reason=f"the groups of {', '.join(sorted(known))} fit no tp-cp-ep-dp-pp order of a {world}-rank "
                       f"layout with sizes {sizes}")

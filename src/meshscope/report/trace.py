@@ -174,8 +174,12 @@ def chrome_trace(result: TraceResult) -> dict:
     return {"traceEvents": events + wait_slices(result, shift), "displayTimeUnit": "ms"}
 
 
-def write_files(result: TraceResult, run_dir: Path) -> list[str]:
-    """report.md, trace.json and figures/bytes_per_axis.png."""
+def write_files(result: TraceResult, run_dir: Path, figures: bool) -> list[str]:
+    """report.md and trace.json; with `figures`, figures/ too (bytes per axis and per module, waits caused).
+
+    `meshscope trace` leaves the figures to `meshscope report DIR`: drawing them cost 0.9 s of a trace
+    (matplotlib's import and the bytes chart; `report/trace.py` at 41b9273, on the project's 2-core box),
+    as much as a small job's whole run."""
     run_dir = Path(run_dir)
     (run_dir / "trace.json").write_text(json.dumps(chrome_trace(result)))
     lines = ["# meshscope trace", "", f"command: `{' '.join(result.command)}`", "",
@@ -193,6 +197,8 @@ def write_files(result: TraceResult, run_dir: Path) -> list[str]:
     lines += [f"note: {n}" for n in result.notes] + ["", *verdict_lines(result)]
     (run_dir / "report.md").write_text("\n".join(lines) + "\n")
     written = [str(run_dir / "report.md"), str(run_dir / "trace.json")]
+    if not figures:
+        return written
     if result.events:
         written.append(_bytes_figure(result, run_dir / "figures" / "bytes_per_axis.png"))
         written.append(_modules_figure(result, run_dir / "figures" / "bytes_per_module.png"))

@@ -64,7 +64,11 @@ class ForkServer:
         self.log_path = run_dir.fork_server_log
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         read, self._replies_fd = os.pipe()
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}  # no thread pool before a fork
+        # No thread before a fork: no OpenMP pool, and no background purge thread of pyarrow's jemalloc,
+        # which pandas' import starts (``jemalloc_bg_thd``, pyarrow 26.0.1 beside torchtitan 0.2.2); without
+        # it the server learns the modules after pandas too.
+        env = {"JE_ARROW_MALLOC_CONF": "background_thread:false", **os.environ, "OMP_NUM_THREADS": "1",
+               "PYTHONUNBUFFERED": "1"}
         args = [sys.executable, "-m", "meshscope.trace.fake.fork_server", str(run_dir.path), str(world), str(per_node),
                 str(self._replies_fd), *options.to_argv()]
         try:
