@@ -10,8 +10,9 @@ import sys
 import pytest
 
 from meshscope.core.rundir import RunDir
-from meshscope.core.trace_result import TraceResult
+from meshscope.core.trace_result import RankEnd, TraceResult
 from meshscope.trace.fake import fork_server
+from meshscope.trace.fake.world import retrace
 from meshscope.trace.options import RankOptions
 
 from .helpers import ROOT, cli, cli_here, trace_json
@@ -122,8 +123,8 @@ def test_torchtitans_meshes_read_as_the_dims_the_job_has(tmp_path):
 
 
 def test_pipelining_with_static_shapes_issues_what_gloo_does(tmp_path):
-    """The warm-up vote travels as real data (a fake recv returns ones, as every real stage sends), so
-    a pipeline with static shapes runs; one relying on shape inference over P2P gets a note."""
+    """Static stage shapes: every stage votes 'static' in the warm-up, which each fake rank takes alone
+    (`trace.fake.pipeline.vote_alone`), and no metadata crosses the pipeline: fake == gloo."""
     job = [str(JOBS / "pipelining.py"), "--schedule", "1f1b", "--steps", "2"]
     proc = cli("trace", "--nproc-per-node", 2, "--out", tmp_path / "real", "--", *job, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -131,9 +132,47 @@ def test_pipelining_with_static_shapes_issues_what_gloo_does(tmp_path):
     assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
     same = cli_here("diff", tmp_path / "real", tmp_path / "fake", "--json")
     assert json.loads(same.stdout)["same"], same.stdout[-3000:]
-    proc, doc = trace_json(tmp_path / "inferred", "--fake-world", 4, "--ranks", "0", [*job, "--infer-shapes"])
+
+
+def test_pipelining_that_infers_its_shapes_issues_what_gloo_does(tmp_path):
+    """Only stage 0 is given its input_args, so torch's stages vote 'dynamic' and send each other their
+    metadata with send_object_list / recv_object_list (torch 2.13 stage.py ``_send_meta``): rank 1
+    receives rank 0's real record (it runs beside rank 0 and waits for it); rank 0 receives its
+    outputs' gradients' metadata from a stage that runs after it, derived from its own outputs, so
+    that one message's bytes are assumed. Fake == gloo on every other field. With ranks 0 and 3 of
+    4, no rank of stage 2 is traced: rank 3 cannot learn its inputs' shapes and fails with a note
+    naming what to trace (no second run: nothing it looked for was written since)."""
+    job = [str(JOBS / "pipelining.py"), "--schedule", "1f1b", "--steps", "2", "--infer-shapes"]
+    proc = cli("trace", "--nproc-per-node", 2, "--out", tmp_path / "real", "--", *job, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc, doc = trace_json(tmp_path / "fake", "--fake-world", 2, job)
+    assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
+    assumed = [e for r in doc["per_rank"] for s in r["steps"] for e in s["events"] if e.get("assumed")]
+    assert [(e["rank"], e["op"], e["assumed"]) for e in assumed] == [(0, "recv", ["bytes_in", "bytes_out"])]
+    same = json.loads(cli_here("diff", tmp_path / "real", tmp_path / "fake", "--json").stdout)
+    assert same["same"] and same["assumed"]["calls"] == {"a": 0, "b": 1}, same
+    proc, doc = trace_json(tmp_path / "alone", "--fake-world", 4, "--ranks", "0,3", job)
     assert proc.returncode == 1 and not doc["passed"]
-    assert any("recv_object_list" in n and "input_args" in n for n in doc["notes"])
+    assert "again" not in proc.stderr
+    assert any("trace one (--ranks)" in n for n in doc["notes"]), doc["notes"]
+
+
+def test_a_rank_that_failed_on_a_stand_in_is_traced_again_once_what_it_looked_for_exists(tmp_path):
+    """`retrace`: a failed rank whose missing P2P record (its sender's, or a pipeline stage's from any
+    rank) has been written since is traced again; one whose records are still missing, or that passed,
+    is not."""
+    run_dir = RunDir(tmp_path)
+    ends = [RankEnd(0, "ok", unheard=("objects/rank1/1-p2p-1-0-0.pkl",)),
+            RankEnd(3, "error", unheard=("objects/rank*/pp-forward-2-0.pkl",)),
+            RankEnd(5, "error", unheard=("objects/rank4/1-p2p-4-5-0.pkl",)),
+            RankEnd(7, "error", unheard=("objects/rank*/pp-forward-0-0.pkl",)), RankEnd(8, "error")]
+    for end in ends:
+        run_dir.rank_end(end.rank).parent.mkdir(exist_ok=True)
+        run_dir.rank_end(end.rank).write_text(json.dumps(end.to_json()))
+    for record in ("rank1/1-p2p-1-0-0.pkl", "rank4/1-p2p-4-5-0.pkl", "rank6/pp-forward-0-0.pkl"):
+        (tmp_path / "objects" / record).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "objects" / record).write_bytes(b"")
+    assert retrace(run_dir, [0, 3, 5, 7, 8]) == [5, 7]
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -22,10 +22,16 @@ skip_unless_installed("torchtitan", "triton")
 LAYERS, DIM, VOCAB, FFN = 6, 256, 2048, 768
 """llama3 "debugmodel": its feed-forward width is 2/3 of 4 x dim rounded up to a multiple of 256."""
 WORDS = [f"w{i}" for i in range(200)]
-JOB = ["-m", "torchtitan.train", "--model.hf_assets_path", "tokenizer", "--training.dataset", "c4_test",
-       "--training.dataset_path", "c4", "--training.steps", "3", "--training.seq_len", "64",
-       "--training.local_batch_size", "2", "--metrics.log_freq", "1"]
-"""The job as its users start it, on `make_assets`' tokenizer and documents in the working directory."""
+
+
+def titan(steps: int = 3) -> list[str]:
+    """The job as its users start it, on `make_assets`' tokenizer and documents in the working directory."""
+    return ["-m", "torchtitan.train", "--model.hf_assets_path", "tokenizer", "--training.dataset", "c4_test",
+            "--training.dataset_path", "c4", "--training.steps", str(steps), "--training.seq_len", "64",
+            "--training.local_batch_size", "2", "--metrics.log_freq", "1"]
+
+
+JOB = titan()
 
 
 def make_assets(where):
@@ -99,3 +105,30 @@ def test_torchtitan_hsdp_tp_at_1024_ranks_with_fake_tensors(tmp_path):
             ("tp", "forward", "all_gather"): 2 * LAYERS + 1, ("tp", "forward", "reduce_scatter"): 2 * LAYERS + 1,
             ("batch", "other", "all_reduce"): 1, ("loss_mesh", "other", "all_reduce"): 3}
     assert {k: steps[0][k] for k in want} == want
+
+
+@pytest.mark.frameworks
+@pytest.mark.timeout(600)
+def test_torchtitan_pp_fsdp_infers_its_stage_shapes_in_a_fake_world_of_8(tmp_path):
+    """PP 2 x FSDP 4, torchtitan's default 1F1B with its stages' shapes inferred over P2P (it gives torch's
+    PipelineStage none: the warm-up votes 'dynamic', then send_object_list / recv_object_list of each
+    stage's metadata, delivered by the fake world as a real run would). By hand per steady step on
+    every stage (local batch 2 in microbatches of 1, its default: M = 2): on pp, M activation sends and M
+    gradient receives on stage 0, the mirror on stage 1, and the gradient norm's all_reduce
+    (distributed/utils.py clip_grad_norm_ with a pp mesh, 0.2.2); on fsdp one forward all_gather per
+    FSDP unit of the stage (stage 0: the embedding and 3 blocks; stage 1: 3 blocks and norm + output)
+    and none in backward (its "default" reshard policy keeps parameters gathered under PP,
+    models/llama3/infra/parallelize.py), one reduce_scatter per unit after the last microbatch, the
+    norm's all_reduce; the token count on batch, the three metrics on loss_mesh."""
+    make_assets(tmp_path)
+    job = [*titan(steps=4), "--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "4"]
+    proc, doc = trace_json(tmp_path / "t", "--fake-world", 8, job, cwd=tmp_path, timeout=500)
+    assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
+    units = 1 + LAYERS // 2
+    want = {("pp", "other", "send"): 2, ("pp", "other", "recv"): 2, ("pp", "other", "all_reduce"): 1,
+            ("fsdp", "forward", "all_gather"): units, ("fsdp", "other", "reduce_scatter"): units,
+            ("fsdp", "other", "all_reduce"): 1, ("batch", "other", "all_reduce"): 1,
+            ("loss_mesh", "other", "all_reduce"): 3}
+    for rank in doc["per_rank"]:
+        events = rank["steps"][2]["events"]
+        assert Counter((e["axis"], e["phase"], e["op"]) for e in events) == want, rank["rank"]

@@ -168,6 +168,10 @@ class RankEnd:
     stood_in: int = 0
     """A fake world's object collectives that got a stand-in for a rank not traced before (``trace.fake.objects``):
     the sizes of the calls they issued are assumed."""
+    unheard: tuple[str, ...] = ()
+    """The records (paths under the run directory, ``*`` for any rank) a fake world's rank looked for in a P2P
+    object message and did not find (``trace.fake.objects``): a rank that then failed is traced again once
+    one of them has been written (``trace.fake.world``)."""
     events: int = 0
     optimizer_steps: int = 0
     groups: tuple[GroupUse, ...] = ()
@@ -210,6 +214,7 @@ class RankEnd:
         doc["answered"] = [a.to_json() for a in self.answered]
         doc["groups"] = [g.to_json() for g in self.groups]
         doc["decode_errors"] = [list(e) for e in self.decode_errors]
+        doc["unheard"] = list(self.unheard)
         doc["undecoded"] = dict(self.undecoded)
         doc["clock"] = self.clock.to_json() if self.clock is not None else None
         return doc
@@ -222,6 +227,7 @@ class RankEnd:
         values["answered"] = tuple(Answered(**a) for a in d.get("answered", ()))
         values["groups"] = tuple(GroupUse(g["name"], g["desc"], g["axis"], tuple(g["ranks"])) for g in d.get("groups", ()))
         values["decode_errors"] = tuple(tuple(e) for e in d.get("decode_errors", ()))
+        values["unheard"] = tuple(d.get("unheard", ()))
         values["undecoded"] = dict(d.get("undecoded", {}))
         values["clock"] = Clock.from_json(d["clock"]) if d.get("clock") else None
         if values["status"] not in RANK_STATUSES:

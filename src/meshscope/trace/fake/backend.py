@@ -7,11 +7,8 @@ every subgroup, whatever backend it names (`fake_new_group`, `fake_split_group`)
 collectives return at once with their input as output, so the script runs alone while issuing
 every call it would issue at N ranks, each seen by the dispatcher recorder as usual. Values received
 from other ranks are not there: all-to-all split sizes exchanged at run time come back as this
-rank's own (`assumed` marks what a call's fields cannot know), and a P2P receive gets no data, so
-``torch.distributed.pipelining`` needs static stage shapes (``input_args``). A blocking ``recv``
-fills its buffer with ones (`recv_ones`): the pipeline's warm-up vote multiplies every stage's 1
-("static shapes") along the stages, and the untouched zero the fake backend would leave reads as a
-vote for shape inference over P2P, which a fake world cannot answer. DDP's built-in gradient hook
+rank's own (`assumed` marks what a call's fields cannot know), and a P2P receive gets no data (what
+``torch.distributed.pipelining``'s warm-up learns from its peers is `pipeline`'s). DDP's built-in gradient hook
 takes the reduced bucket from the work's future, which the fake backend leaves empty, so DDP gets a
 hook that issues the same all-reduce of the same bucket and hands the bucket back
 (`fake_allreduce_hook`); a script that registers a comm hook of its own fails there ("can only be
@@ -27,7 +24,7 @@ import functools
 import inspect
 import os
 
-from ..entry_points import rebind, wrap
+from ..entry_points import wrap
 
 
 @functools.cache
@@ -108,21 +105,6 @@ def fake_split_group() -> None:
         return split_group
 
     wrap("split_group", fake)
-
-
-@functools.cache
-def recv_ones() -> None:
-    """``dist.recv`` returns a buffer of ones: what every real peer sends in pipelining's vote."""
-    import torch.distributed.distributed_c10d as c10d
-
-    original = c10d.recv
-
-    def recv(tensor, *args, **kwargs):
-        out = original(tensor, *args, **kwargs)
-        tensor.fill_(1)
-        return out
-
-    rebind(original, recv)
 
 
 @functools.cache

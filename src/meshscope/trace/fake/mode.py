@@ -26,9 +26,9 @@ from ..options import RankOptions
 from ..recording import RankTrace
 from . import attention, backend, devices, files, gpu, objects, patches, tensors
 
-PIPELINE_SHAPES = ("the script's pipeline stages exchange their shapes over P2P (recv_object_list), which a fake "
-                   "world cannot deliver (it also takes every stage's warm-up vote as 'static shapes'): give every "
-                   "PipelineStage static shapes (input_args and output_args)")
+PIPELINE_SHAPES = ("the script's pipeline stages exchange their shapes over P2P (recv_object_list): a fake world "
+                   "delivers a stage's inputs' shapes only from a traced rank of the stage before it, so trace one "
+                   "(--ranks), or give every PipelineStage static shapes (input_args and output_args)")
 
 
 class FakeMode:
@@ -95,4 +95,5 @@ class FakeMode:
         return {"mapped": tuple(mapped), "patched": tuple(self.patched),
                 "device": gpu.lookup(self.options.fake_device or gpu.DEFAULT) if devices.needed() else "",
                 "device_calls": tuple(gpu.answered), "answered": answered, "stood_in": len(objects.EXCHANGE.stood_in),
+                "unheard": tuple(sorted(objects.EXCHANGE.unheard)),
                 **files.record()}

@@ -1,4 +1,5 @@
-"""What a fake world's rank receives from an object collective: the source's real object where it was traced.
+"""What a fake world's rank receives from an object collective or a P2P object message: the source's real
+object where it was traced.
 
 torch sends picklable objects (``broadcast_object_list``, ``all_gather_object``, ``scatter_object_list``,
 ``gather_object``) as two calls on the group: the sizes of their pickles (int64), then the bytes (uint8),
@@ -22,10 +23,16 @@ the fake backend returned (`_receiving`):
 - what is not known is stood in for by the rank's own object, and the call whose sizes follow from
   it (the bytes) has ``bytes_in`` and ``bytes_out`` marked assumed (`Exchange.assumed`, stamped by the
   recorder as `CommEvent.assumed`).
+
+``send_object_list`` / ``recv_object_list`` (two sends, or two ``batch_isend_irecv`` of one op each:
+the sizes, then the bytes) are matched as P2P is: the k-th message from one rank to another on a group
+(`Exchange.p2p_key`). A receiver whose sender is unknown gets its own list back, or what the library
+that called it knows the sender sends (`standing_in`: pipelining's gradient metadata, `pipeline`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import io
@@ -34,6 +41,7 @@ import pickle
 import threading
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -61,6 +69,9 @@ class _Delivery:
 class _Inbox(threading.local):
     queues: dict[str, list[_Delivery]] | None = None
     """c10d function name -> what its next calls on this thread receive, in order."""
+    stand_in: Callable[[list], list] | None = None
+    """What an unknown sender of a P2P object message is taken to have sent (`standing_in`), from the
+    receiver's list; None: the receiver's own list."""
 
 
 _inbox = _Inbox()
@@ -77,6 +88,8 @@ class Exchange:
         self.calls: dict[str, int] = {}
         self.stood_in: list[tuple[str, float, float]] = []
         """(group name, from, to) of the calls sized by a stand-in (perf_counter: the recorders' clock)."""
+        self.unheard: set[str] = set()
+        """The records of P2P object messages this rank looked for and did not find (`RankEnd.unheard`)."""
 
     def begin(self, run_dir: RunDir, rank: int) -> None:
         self.run_dir, self.rank = run_dir, rank
@@ -87,6 +100,30 @@ class Exchange:
         n = self.calls[group.group_name] = self.calls.get(group.group_name, -1) + 1
         return f"{group.group_name}-{n}"
 
+    def p2p_key(self, group, src: int, dst: int) -> str:
+        """A P2P object message's name, the same on both sides: the group's, the pair's (global ranks) and
+        how many messages `src` sent `dst` on it before (the k-th send meets the k-th receive)."""
+        pair = f"{group.group_name}-p2p-{src}-{dst}"
+        n = self.calls[pair] = self.calls.get(pair, -1) + 1
+        return f"{pair}-{n}"
+
+    def named(self, name: str) -> str:
+        """`name` and how many times this rank asked for it before: the k-th message of a kind a library
+        names itself (`pipeline`'s stage metadata)."""
+        n = self.calls[name] = self.calls.get(name, -1) + 1
+        return f"{name}-{n}"
+
+    def read_any(self, key: str, kind: str) -> list[bytes] | None:
+        """What any other traced rank recorded as `key`, the lowest first; None if none has."""
+        mine = self.run_dir.objects(self.rank)
+        for path in sorted(mine.parent.glob(f"rank*/{key}.pkl"), key=lambda p: int(p.parent.name.removeprefix("rank"))):
+            if path.parent != mine:
+                sent_kind, pickles = pickle.loads(path.read_bytes())
+                if sent_kind == kind:
+                    return pickles
+        self.unheard.add(str((mine.parent / "rank*" / f"{key}.pkl").relative_to(self.run_dir.path)))
+        return None
+
     def _path(self, rank: int, key: str):
         return self.run_dir.objects(rank) / f"{key}.pkl"
 
@@ -95,14 +132,17 @@ class Exchange:
         folder.mkdir(parents=True, exist_ok=True)
         write_atomic(self._path(self.rank, key), pickle.dumps((kind, pickles)))
 
-    def read(self, rank: int, key: str, kind: str) -> list[bytes] | None:
-        """What `rank` sent in call `key`, waiting for it while it runs beside this rank; None if unknown."""
+    def read(self, rank: int, key: str, kind: str, p2p: bool = False) -> list[bytes] | None:
+        """What `rank` sent in call `key`, waiting for it while it runs beside this rank; None if unknown
+        (and, for a `p2p` message, noted in `unheard`)."""
         if rank == self.rank:
             return None
         path, pid = self._path(rank, key), self.alongside.get(rank)
         while not path.exists() and pid is not None and _alive(pid) and not self.run_dir.rank_end(rank).exists():
             time.sleep(POLL_S)
         if not path.exists():  # a rank writes its records before its end: this look is the last word
+            if p2p:
+                self.unheard.add(str(path.relative_to(self.run_dir.path)))
             return None
         sent_kind, pickles = pickle.loads(path.read_bytes())
         return pickles if sent_kind == kind else None
@@ -129,11 +169,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _pickled(obj) -> bytes:
+def pickled(obj) -> bytes:
     """``obj`` as torch pickles it for an object collective (``_object_to_tensor``'s pickler)."""
     f = io.BytesIO()
     c10d._pickler(f).dump(obj)
     return f.getvalue()
+
+
+def unpickled(data: bytes):
+    """The object a record holds, as torch unpickles what it received (``_tensor_to_object``)."""
+    return c10d._unpickler(io.BytesIO(data)).load()
 
 
 def _longs(*values: int):
@@ -188,11 +233,11 @@ def _broadcast_object_list(original):
         key, objects = EXCHANGE.key(group), given["object_list"]
         root = _group_rank(group, given.get("src"), given.get("group_src"))
         if dist.get_rank(group) == root:  # it sends what it holds: nothing to receive
-            EXCHANGE.record(key, "broadcast_object_list", [_pickled(o) for o in objects])
+            EXCHANGE.record(key, "broadcast_object_list", [pickled(o) for o in objects])
             return original(*args, **kwargs)
         sent = EXCHANGE.read(dist.get_global_rank(group, root), key, "broadcast_object_list")
         known = sent is not None and len(sent) == len(objects)
-        pickles = sent if known else [_pickled(o) for o in objects]
+        pickles = sent if known else [pickled(o) for o in objects]
         return _run(original, args, kwargs, broadcast=[
             _Delivery([_sizes(pickles)]), _Delivery([_bytes(b"".join(pickles))], stand_in=not known)])
     return broadcast_object_list
@@ -207,7 +252,7 @@ def _all_gather_object(original):
         group = _group(given.get("group"))
         if group is None:
             return original(*args, **kwargs)
-        key, own = EXCHANGE.key(group), _pickled(given["obj"])
+        key, own = EXCHANGE.key(group), pickled(given["obj"])
         EXCHANGE.record(key, "all_gather_object", [own])
         pickles, known = _members(group, key, "all_gather_object", own)
         width = max(map(len, pickles))
@@ -226,7 +271,7 @@ def _gather_object(original):
         group = _group(given.get("group"))
         if group is None:
             return original(*args, **kwargs)
-        key, own = EXCHANGE.key(group), _pickled(given["obj"])
+        key, own = EXCHANGE.key(group), pickled(given["obj"])
         EXCHANGE.record(key, "gather_object", [own])
         pickles, known = _members(group, key, "gather_object", own)
         width = max(map(len, pickles))  # every member sends its pickle resized to the largest
@@ -249,18 +294,66 @@ def _scatter_object_list(original):
         key, me = EXCHANGE.key(group), dist.get_rank(group)
         root = _group_rank(group, given.get("src"), given.get("group_src"))
         if me == root:
-            sent = [_pickled(o) for o in given["scatter_object_input_list"]]
+            sent = [pickled(o) for o in given["scatter_object_input_list"]]
             EXCHANGE.record(key, "scatter_object_list", sent)
         else:
             sent = EXCHANGE.read(dist.get_global_rank(group, root), key, "scatter_object_list")
         known = sent is not None and len(sent) == dist.get_world_size(group)
-        mine = sent[me] if known else _pickled(given["scatter_object_output_list"][0])
+        mine = sent[me] if known else pickled(given["scatter_object_output_list"][0])
         width = max(map(len, sent)) if known else len(mine)  # the source pads every pickle to its largest
         # the source's own max size is already in the tensor it broadcasts; its scatter receives nothing
         # from the fake backend, so it too is handed its own element
         return _run(original, args, kwargs, broadcast=[] if me == root else [_Delivery([_longs(width)])],
                     scatter=[_Delivery([_bytes(mine, width)], stand_in=not known), _Delivery([_sizes([mine])])])
     return scatter_object_list
+
+
+def _send_object_list(original):
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def send_object_list(*args, **kwargs):
+        given = signature.bind(*args, **kwargs).arguments
+        group = _group(given.get("group"))
+        if group is not None:
+            dst = dist.get_global_rank(group, _group_rank(group, given.get("dst"), given.get("group_dst")))
+            key = EXCHANGE.p2p_key(group, dist.get_rank(), dst)
+            EXCHANGE.record(key, "send_object_list", [pickled(o) for o in given["object_list"]])
+        return original(*args, **kwargs)
+    return send_object_list
+
+
+def _recv_object_list(original):
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def recv_object_list(*args, **kwargs):
+        given = signature.bind(*args, **kwargs).arguments
+        group = _group(given.get("group"))
+        if group is None:
+            return original(*args, **kwargs)
+        objects = given["object_list"]
+        src = dist.get_global_rank(group, _group_rank(group, given.get("src"), given.get("group_src")))
+        sent = EXCHANGE.read(src, EXCHANGE.p2p_key(group, src, dist.get_rank()), "send_object_list", p2p=True)
+        known = sent is not None and len(sent) == len(objects)
+        if not known:
+            stood = _inbox.stand_in(list(objects)) if _inbox.stand_in else objects
+            sent = [pickled(o) for o in stood]
+        # the sizes, then the bytes, each by recv or (use_batch) by an irecv of batch_isend_irecv
+        queue = [_Delivery([_sizes(sent)]), _Delivery([_bytes(b"".join(sent))], stand_in=not known)]
+        return _run(original, args, kwargs, recv=queue, irecv=queue)
+    return recv_object_list
+
+
+@contextlib.contextmanager
+def standing_in(make: Callable[[list], list]):
+    """While this runs, a P2P object message from a sender not traced is taken to be ``make(receiver's
+    list)`` (its bytes assumed), not the receiver's own list: what a library knows a peer sends."""
+    before, _inbox.stand_in = _inbox.stand_in, make
+    try:
+        yield
+    finally:
+        _inbox.stand_in = before
 
 
 def _receiving(name: str, into):
@@ -294,11 +387,13 @@ def _receiving(name: str, into):
 
 
 RECEIVERS = {"broadcast": lambda a: [a["tensor"]], "all_gather": lambda a: a["tensor_list"],
-             "gather": lambda a: a.get("gather_list") or [], "scatter": lambda a: [a["tensor"]]}
+             "gather": lambda a: a.get("gather_list") or [], "scatter": lambda a: [a["tensor"]],
+             "recv": lambda a: [a["tensor"]], "irecv": lambda a: [a["tensor"]]}
 """The c10d calls torch's object collectives make, and what each receives into (torch 2.13)."""
 
 COLLECTIVES = {"broadcast_object_list": _broadcast_object_list, "all_gather_object": _all_gather_object,
-               "gather_object": _gather_object, "scatter_object_list": _scatter_object_list}
+               "gather_object": _gather_object, "scatter_object_list": _scatter_object_list,
+               "send_object_list": _send_object_list, "recv_object_list": _recv_object_list}
 
 
 @functools.cache

@@ -4,7 +4,8 @@ A fake world runs an unmodified script against torch's fake backend, with CUDA m
 where there is none, and optionally with tensors that hold no data; each of those needs torch to
 answer something differently. `PATCHES` lists every such change: its targets (the torch names it
 replaces or wraps), why, the torch releases whose source it was read against, the modes it applies
-to, and the installer that makes it (in `backend`, `devices`, `cuda_api`, `attention` or `tensors`).
+to, and the installer that makes it (in `backend`, `devices`, `cuda_api`, `attention`, `objects`,
+`pipeline` or `tensors`).
 `apply` installs the rows of a mode whose targets this torch has, and returns their names for the rank's record, so a
 result says which rows were active. ``tests/test_fake_patches.py`` checks, in-process, that every
 row's targets exist on the installed torch: a torch that renames one fails there, not in a user's
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..entry_points import resolve
-from . import attention, backend, cuda_api, devices, objects, tensors
+from . import attention, backend, cuda_api, devices, objects, pipeline, tensors
 
 FAKE_WORLD = "fake-world"
 """Every rank of a fake world."""
@@ -68,10 +69,19 @@ PATCHES = (
           "sizes (distributed_c10d.py:4039); torch's code still issues the calls, and what the sender sent (its "
           "record in objects/, else this rank's own object, its bytes assumed) is put into what it receives into",
           "2.13", FAKE_WORLD, objects.deliver_objects),
-    Patch("recv of ones", (f"{C10D}.recv",),
-          "a blocking recv gets no data from the fake backend; ones make pipelining's warm-up vote read as "
-          "'static shapes' (torch/distributed/pipelining/schedules.py _warmup_p2p)", "2.13", FAKE_WORLD,
-          backend.recv_ones),
+    Patch("pipelining's vote taken alone", ("torch.distributed.pipelining.schedules._PipelineSchedule._warmup_p2p",
+                                            "torch.distributed.pipelining._utils.InferenceMode.needs_dynamic"),
+          "the warm-up vote (static shapes or inference over P2P) multiplies every stage's vote over P2P, which "
+          "the fake backend does not carry: a rank's stages take their own stages' vote", "2.13", FAKE_WORLD,
+          pipeline.vote_alone),
+    Patch("pipelining's stage metadata from any replica",
+          ("torch.distributed.pipelining.stage.PipelineStage._send_meta",
+           "torch.distributed.pipelining.stage.PipelineStage._recv_meta",
+           "torch.distributed.pipelining._utils._derive_grad_metas",
+           "torch.distributed.pipelining._utils._StageBackwardMeta"),
+          "shape inference receives metadata from the neighbouring stages, whose ranks may run after this one in "
+          "a fake world: the same stage's message from any traced rank, else (gradients) torch's own rule from this "
+          "stage's outputs, its bytes assumed", "2.13", FAKE_WORLD, pipeline.stage_metadata),
     Patch("DDP's all-reduce hook", (f"{DDP}.__init__", f"{DDP}.register_comm_hook"),
           "DDP's built-in hook asserts on the fake work's empty future; a hook issuing the same all-reduce "
           "of the same bucket completes with the bucket", "2.11, 2.13", FAKE_WORLD, backend.hook_ddp),

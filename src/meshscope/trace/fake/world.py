@@ -35,7 +35,7 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
                          fake_world=True, ranks=options.ranks)
 
     run_dir.begin(spec(chosen))
-    classes, same = None, None
+    classes, same, again = None, None, []
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     codes: dict[int, int] = {}
     asked: list[int] = []  # the first ranks handed to the server: each must end with a record
@@ -55,6 +55,11 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
         if same is None:
             echo(f"meshscope trace: fake world of {world}: tracing ranks {chosen}\n")
             codes.update(server.run([r for r in chosen if r not in codes], cores))
+            again = retrace(run_dir, chosen)
+            if again:
+                echo(f"meshscope trace: fake world of {world}: tracing ranks {again} again: they failed after "
+                     f"receiving objects from ranks not yet traced\n")
+                codes.update(server.run(again, cores))
     except ServerFailed as exc:
         failure = str(exc)
     except BaseException:  # Ctrl-C or a bug of meshscope's while ranks run: none is left running
@@ -74,10 +79,23 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
         "the first ranks only: they failed the same way, so the classes were not traced", patched, stand_in(ends))
     result = assemble(run_dir, account=failure, fake_world=section)
     result.notes += fake_notes(result)
+    if again:
+        result.notes.append(f"ranks {again} failed after receiving objects from ranks not yet traced, and were "
+                            f"traced again after the others (what is shown is that second run)")
     if same is not None:
         result.notes.append(f"ranks {asked} failed the same way ({same}); the other classes of ranks were not "
                             f"traced: they run the same script")
     return conclude(run_dir, result)
+
+
+def retrace(run_dir: RunDir, traced: list[int]) -> list[int]:
+    """The ranks of `traced` that failed after a P2P object message they got a stand-in for, where a record
+    they looked for has been written since (`RankEnd.unheard`): traced once more after all the others,
+    they receive it (`objects`, `pipeline`). A pipeline's last stage runs beside rank 0, before any rank
+    of the stage that sends it its inputs' shapes."""
+    ends = [run_dir.read_end(r) for r in traced]
+    return [end.rank for end in ends
+            if end.status == "error" and any(any(run_dir.path.glob(record)) for record in end.unheard)]
 
 
 def stand_in(ends: list[RankEnd]) -> FakeDevice | None:
@@ -114,11 +132,13 @@ def fake_notes(result: TraceResult) -> list[str]:
                      f"values")
     if objects:
         notes.append(f"fake backend: an object collective (broadcast_object_list, all_gather_object, scatter_object_list, "
-                     f"gather_object) gets what the ranks traced before it sent; from any other rank it gets its own "
-                     f"object: {objects} such calls got a stand-in, and the bytes of the calls sized from them are "
-                     f"assumed (their `assumed` field)")
+                     f"gather_object) or P2P object message (send_object_list) gets what the ranks traced before it "
+                     f"sent; from any other rank it gets a stand-in (its own object; a pipeline stage's metadata, the "
+                     f"same stage's from another rank or derived from its outputs): {objects} such calls got one, and "
+                     f"the bytes of the calls sized from them are assumed (their `assumed` field)")
     if any(e.op == "recv" for e in result.events):
-        notes.append("fake backend: a receive gets no data from its peer (a blocking recv is filled with ones)")
+        notes.append("fake backend: a receive gets no data from its peer (its buffer keeps what it held); a "
+                     "pipeline's warm-up vote is each rank's own stages' (docs/trace.md, 'A large world on one CPU')")
     device = result.fake_world.device if result.fake_world else None
     if device is not None and device.answered:
         notes.append(gpu.note(list(device.answered), gpu.GPUS[device.key]))
