@@ -80,6 +80,96 @@ def test_what_frameworks_ask_of_cuda_is_answered(tmp_path):
                          1: [("broadcast", "forward", 8, 8), ("broadcast", "forward", 4, 4), *per_step]}, steps
 
 
+IDIOMS = r"""
+import json, os, tempfile
+os.environ.update(LOCAL_RANK="1", LOCAL_WORLD_SIZE="2")
+import torch
+from torch import nn
+from meshscope.trace.fake import patches
+patches.apply({patches.CUDA_MAP})
+gpu = torch.device("cuda", 1)  # torchtitan's and Lightning's device: cuda:LOCAL_RANK
+
+
+class Gathered(torch.autograd.Function):  # Megatron-core 0.16.1's SP linear allocates its buffer in backward
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return torch.empty(grad.shape, device="cuda").copy_(grad)
+
+
+def backward_on_cuda():
+    x = torch.ones(3, device="cuda", requires_grad=True)
+    Gathered.apply(x).sum().backward()
+    return x.grad.device.type
+
+
+def load_to_cuda():
+    path = os.path.join(tempfile.mkdtemp(), "snapshot.pt")
+    torch.save({"w": torch.ones(2)}, path)
+    return [torch.load(path, map_location=where)["w"].device.type for where in ("cuda:1", gpu)]
+
+
+IDIOMS = {
+    "accelerator gate": lambda: torch.accelerator.is_available() and torch.accelerator.device_count() >= 2,
+    "model.to(local_rank)": lambda: nn.Linear(2, 2).to(1)(torch.ones(1, 2).to(1)).device.type,
+    "device=current_device()": lambda: [torch.cuda.current_device(),
+                                        torch.zeros(2, device=torch.cuda.current_device()).device.type],
+    "torch.cuda.random.get_rng_state": lambda: torch.equal(torch.cuda.random.get_rng_state(), torch.get_rng_state()),
+    "backward allocating on cuda": backward_on_cuda,
+    "torch.load to cuda": load_to_cuda,
+    "get_device_capability": lambda: list(torch.cuda.get_device_capability(gpu)),
+    "get_device_name": lambda: torch.cuda.get_device_name(gpu),
+    "get_device_properties": lambda: torch.cuda.get_device_properties(gpu).total_memory,
+    "reset_peak_memory_stats": lambda: torch.cuda.reset_peak_memory_stats(),
+    "memory_stats": lambda: {k: torch.cuda.memory_stats(gpu)[k] for k in (  # what torchtitan reads of it
+        "active_bytes.all.peak", "reserved_bytes.all.peak", "num_alloc_retries", "num_ooms")},
+}
+answers = {}
+for name, idiom in IDIOMS.items():
+    try:
+        answers[name] = ["answered", idiom()]
+    except Exception as exc:  # noqa: BLE001 - each idiom fails alone, naming why
+        answers[name] = ["failed", f"{type(exc).__name__}: {exc}".splitlines()[0]]
+print(json.dumps(answers))
+"""
+
+
+@pytest.fixture(scope="module")
+def idioms():
+    """What each idiom of `IDIOMS` got under the CUDA mapping alone, local rank 1 of 2 (one process)."""
+    proc = subprocess.run([sys.executable, "-c", IDIOMS], check=False, capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "PYTHONPATH": str(Path(meshscope.__file__).parents[1])})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+ANSWERS = [
+    ("accelerator gate", True),  # pytorch/examples' verify_min_gpu_count: both exit at once without it
+    ("model.to(local_rank)", "cpu"),  # ddp-tutorial-series: model.to(self.gpu_id)
+    ("device=current_device()", [1, "cpu"]),  # an int ordinal, 135 places in megatron-core 0.16.1
+    ("torch.cuda.random.get_rng_state", True),  # Megatron's RNG tracker; the alias of torch.cuda.get_rng_state
+    ("backward allocating on cuda", "cpu"),  # autograd's engine runs it, outside the script's frames
+    ("torch.load to cuda", ["cpu", "cpu"]),  # pytorch/examples' snapshot, map_location="cuda:N"
+    ("get_device_capability", [9, 0]),  # Lightning's precision check, accelerator="cuda"
+    ("get_device_name", "NVIDIA H100 80GB HBM3"),  # torchtitan's memory monitor (components/metrics.py:45-76)
+    ("get_device_properties", 85_520_809_984),
+    ("reset_peak_memory_stats", None),
+    ("memory_stats", {"active_bytes.all.peak": 0, "reserved_bytes.all.peak": 0, "num_alloc_retries": 0, "num_ooms": 0}),
+]
+"""Each idiom of `IDIOMS` and its answer, with where a framework relies on it."""
+
+
+@pytest.mark.parametrize("idiom, answer", ANSWERS, ids=[idiom for idiom, _ in ANSWERS])
+def test_each_cuda_idiom_of_the_frameworks_is_answered_on_its_own(idioms, idiom, answer):
+    """Issue 25's idioms one by one, each with the answer a machine of one stand-in GPU (NVIDIA's H100, the
+    default: capability 9.0, 85,520,809,984 B) per local rank gives, its tensors on the CPU: the whole-job test
+    above stops at the first idiom that fails, these name each."""
+    assert idioms[idiom] == ["answered", answer], idioms[idiom]
+
+
 def test_a_cuda_call_that_cannot_be_mapped_is_named(tmp_path):
     """torch.cuda.memory_snapshot reaches ``torch._C._cuda_memorySnapshot`` without torch.cuda's lazy init:
     a CPU build has no such binding (a raw AttributeError before); it is one line naming the call."""
