@@ -21,31 +21,6 @@ JOBS = ROOT / "tests" / "jobs"
 
 
 
-def test_a_fake_world_issues_what_the_real_one_does(tmp_path):
-    """FSDP2 x TP at world 4: every rank on the fake backend issues exactly what a real gloo job does."""
-    job = [str(JOBS / "fsdp_tp.py"), "--steps", "2"]
-    real, _ = trace_json(tmp_path / "real", "--nproc-per-node", 4, job)
-    fake, doc = trace_json(tmp_path / "fake", "--fake-world", 4, "--ranks", "0,1,2,3", job)
-    assert real.returncode == 0 and fake.returncode == 0, fake.stderr[-3000:]
-    assert doc["fake_world"]["traced"] == [0, 1, 2, 3] and doc["passed"]
-    proc = cli_here("diff", tmp_path / "real", tmp_path / "fake", "--json")
-    assert proc.returncode == 0 and json.loads(proc.stdout)["same"], proc.stdout[-3000:]
-
-
-def test_ddp_on_the_fake_backend_issues_what_gloo_does(tmp_path):
-    """DDP's built-in hook asserts on the fake work's empty future; meshscope's hook issues the same bucket
-    all-reduces, and the first step's single bucket and the second step's rebuild broadcasts stay as on gloo."""
-    job = [str(JOBS / "ddp.py"), "--steps", "3"]
-    real, _ = trace_json(tmp_path / "real", "--nproc-per-node", 2, job)
-    fake, doc = trace_json(tmp_path / "fake", "--fake-world", 2, "--ranks", "0,1", job)
-    assert real.returncode == 0 and fake.returncode == 0 and doc["passed"], fake.stderr[-3000:]
-    steps = {s["step"]: [e["op"] for e in s["events"] if e["phase"] != "other"] for s in doc["per_rank"][0]["steps"]}
-    assert steps[0] == ["all_reduce"] and steps[1] == ["broadcast"] * 2 + ["all_reduce"] * 4
-    assert steps[2] == ["all_reduce"] * 4
-    proc = cli_here("diff", tmp_path / "real", tmp_path / "fake", "--json")
-    assert proc.returncode == 0 and json.loads(proc.stdout)["same"], proc.stdout[-3000:]
-
-
 def _relabelled(result: TraceResult, rank: int) -> list[tuple]:
     """A rank's ledger with each group replaced by its positions (so only its size is left), a P2P peer
     by its offset from the rank and a root by its position in the group."""
@@ -120,18 +95,6 @@ def test_torchtitans_meshes_read_as_the_dims_the_job_has(tmp_path):
     assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
     assert doc["layout"]["text"] == "tp 2 x fsdp 2 x dp_replicate 2 (order tp-fsdp-dp_replicate)"
     assert sorted(doc["axes"]) == ["batch", "dp_replicate", "efsdp", "fsdp", "loss_mesh", "tp"]
-
-
-def test_pipelining_with_static_shapes_issues_what_gloo_does(tmp_path):
-    """Static stage shapes: every stage votes 'static' in the warm-up, which each fake rank takes alone
-    (`trace.fake.pipeline.vote_alone`), and no metadata crosses the pipeline: fake == gloo."""
-    job = [str(JOBS / "pipelining.py"), "--schedule", "1f1b", "--steps", "2"]
-    proc = cli("trace", "--nproc-per-node", 2, "--out", tmp_path / "real", "--", *job, timeout=240)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    proc, doc = trace_json(tmp_path / "fake", "--fake-world", 2, "--ranks", "0,1", job)
-    assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
-    same = cli_here("diff", tmp_path / "real", tmp_path / "fake", "--json")
-    assert json.loads(same.stdout)["same"], same.stdout[-3000:]
 
 
 def test_pipelining_that_infers_its_shapes_issues_what_gloo_does(tmp_path):

@@ -17,7 +17,7 @@ import pytest
 
 from meshscope.core.trace_result import TraceResult
 
-from .helpers import ROOT, cli, cli_here
+from .helpers import ROOT, cli, cli_here, trace_json
 
 JOBS = ROOT / "tests" / "jobs"
 
@@ -286,6 +286,27 @@ def test_inside_the_users_own_torchrun(tmp_path):
     assert doc["passed"] and doc["world"] == 2 and len(doc["per_rank"]) == 2
     assert cli_here("report", tmp_path / "run").returncode == 0
     assert (tmp_path / "run" / "report.md").exists() and (tmp_path / "run" / "trace.json").exists()
+
+
+@pytest.mark.parametrize("name", ["ddp", "fsdp_tp", "1f1b"])
+def test_a_fake_world_issues_what_gloo_did(traced, tmp_path, name):
+    """The same job with every rank on the fake backend issues what its gloo trace above issued, call
+    for call (`meshscope diff`: same). DDP: its built-in hook asserts on the fake work's empty future,
+    so meshscope's hook issues the same bucket all-reduces, and the first step's single bucket and the
+    second step's rebuild broadcasts stay as on gloo. FSDP2 x TP at world 4. Pipelining with static
+    shapes: every stage votes 'static' in the warm-up, which each fake rank takes alone
+    (`trace.fake.pipeline.vote_alone`)."""
+    nproc, (script, *args) = RUNS[name]
+    proc, doc = trace_json(tmp_path / "fake", "--fake-world", nproc, "--ranks", ",".join(map(str, range(nproc))),
+                           [str(JOBS / script), *args])
+    assert proc.returncode == 0 and doc["passed"] and doc["fake_world"]["traced"] == list(range(nproc)), \
+        proc.stderr[-3000:]
+    if name == "ddp":
+        steps = {s["step"]: [e["op"] for e in s["events"] if e["phase"] != "other"] for s in doc["per_rank"][0]["steps"]}
+        assert steps[0] == ["all_reduce"] and steps[1] == ["broadcast"] * 2 + ["all_reduce"] * 4
+        assert steps[2] == steps[3] == ["all_reduce"] * 4
+    same = cli_here("diff", traced[name][1]["run_dir"], tmp_path / "fake", "--json")
+    assert same.returncode == 0 and json.loads(same.stdout)["same"], same.stdout[-3000:]
 
 
 def test_report_and_doctor_read_a_trace_directory(traced, tmp_path):
