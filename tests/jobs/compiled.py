@@ -2,7 +2,9 @@
 
 Exercises: ``torch.compile`` (``--backend aot_eager`` by default: the same graph capture and
 functionalisation as inductor without a C++ compiler; ``--backend inductor`` works too) of a
-module that calls ``torch.distributed._functional_collectives.all_reduce`` inside its forward; the
+module (``fullgraph=True``, as torchtitan compiles its blocks: a graph break anywhere in the
+module's call, its global hooks included, fails the job) that calls
+``torch.distributed._functional_collectives.all_reduce`` inside its forward; the
 op has an autograd formula, so backward all-reduces the gradient as well. This is an ordinary
 user script: it never imports meshscope.
 
@@ -47,7 +49,7 @@ def main():
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     dist.init_process_group("nccl" if cuda else "gloo")
     torch.manual_seed(0)
-    model = torch.compile(AllReducedLinear(args.hidden).to(device), backend=args.backend)
+    model = torch.compile(AllReducedLinear(args.hidden).to(device), backend=args.backend, fullgraph=True)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(args.steps):
         x = torch.randn(args.batch, args.hidden, device=device, requires_grad=True)

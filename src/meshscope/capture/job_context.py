@@ -191,7 +191,11 @@ class JobContext:
                 self.on_step(self.step)
 
     def _pre_forward(self, module, args) -> None:
-        if threading.get_ident() != self._main:
+        # Dynamo traces global module hooks into a compiled module's graph (the module torch.compile
+        # wraps runs its _call_impl inside the frame): under fullgraph=True (torchtitan 0.2.2's
+        # per-block compile) a call it cannot trace, threading.get_ident, fails the job. The
+        # wrapper's own call, outside the frame, names the region.
+        if torch.compiler.is_compiling() or threading.get_ident() != self._main:
             return
         if self._stale:
             for handle in self._stale:
@@ -212,6 +216,8 @@ class JobContext:
         self._changed()
 
     def _post_forward(self, module, args, output) -> None:
+        if torch.compiler.is_compiling():  # as in _pre_forward
+            return
         if threading.get_ident() == self._main and self._stack and self._stack[-1][1] is None:
             self._stack.pop()
             self._changed()
