@@ -221,128 +221,99 @@ def _run(original, args, kwargs, **queues: list[_Delivery]):
         _inbox.queues = None
 
 
-def _broadcast_object_list(original):
-    signature = inspect.signature(original)
+def _wrapping(body):
+    """An object function of c10d replaced by ``body(original, args, kwargs, given, group)`` (`given`: its
+    arguments by name) on a member of the group; a rank outside it calls torch's own, which warns and
+    returns."""
+    def make(original):
+        signature = inspect.signature(original)
 
-    @functools.wraps(original)
-    def broadcast_object_list(*args, **kwargs):
-        given = signature.bind(*args, **kwargs).arguments
-        group = _group(given.get("group"))
-        if group is None:
-            return original(*args, **kwargs)
-        key, objects = EXCHANGE.key(group), given["object_list"]
-        root = _group_rank(group, given.get("src"), given.get("group_src"))
-        if dist.get_rank(group) == root:  # it sends what it holds: nothing to receive
-            EXCHANGE.record(key, "broadcast_object_list", [pickled(o) for o in objects])
-            return original(*args, **kwargs)
-        sent = EXCHANGE.read(dist.get_global_rank(group, root), key, "broadcast_object_list")
-        known = sent is not None and len(sent) == len(objects)
-        pickles = sent if known else [pickled(o) for o in objects]
-        return _run(original, args, kwargs, broadcast=[
-            _Delivery([_sizes(pickles)]), _Delivery([_bytes(b"".join(pickles))], stand_in=not known)])
-    return broadcast_object_list
+        @functools.wraps(original)
+        def wrapper(*args, **kwargs):
+            given = signature.bind(*args, **kwargs).arguments
+            group = _group(given.get("group"))
+            if group is None:
+                return original(*args, **kwargs)
+            return body(original, args, kwargs, given, group)
+        return wrapper
+    return make
 
 
-def _all_gather_object(original):
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def all_gather_object(*args, **kwargs):
-        given = signature.bind(*args, **kwargs).arguments
-        group = _group(given.get("group"))
-        if group is None:
-            return original(*args, **kwargs)
-        key, own = EXCHANGE.key(group), pickled(given["obj"])
-        EXCHANGE.record(key, "all_gather_object", [own])
-        pickles, known = _members(group, key, "all_gather_object", own)
-        width = max(map(len, pickles))
-        return _run(original, args, kwargs, all_gather=[
-            _Delivery([_sizes([p]) for p in pickles]),
-            _Delivery([_bytes(p, width) for p in pickles], stand_in=not known)])
-    return all_gather_object
-
-
-def _gather_object(original):
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def gather_object(*args, **kwargs):
-        given = signature.bind(*args, **kwargs).arguments
-        group = _group(given.get("group"))
-        if group is None:
-            return original(*args, **kwargs)
-        key, own = EXCHANGE.key(group), pickled(given["obj"])
-        EXCHANGE.record(key, "gather_object", [own])
-        pickles, known = _members(group, key, "gather_object", own)
-        width = max(map(len, pickles))  # every member sends its pickle resized to the largest
-        root = _group_rank(group, given.get("dst"), given.get("group_dst"))
-        received = [_bytes(p, width) for p in pickles] if dist.get_rank(group) == root else []
-        return _run(original, args, kwargs, all_gather=[_Delivery([_sizes([p]) for p in pickles])],
-                    gather=[_Delivery(received, stand_in=not known)])
-    return gather_object
-
-
-def _scatter_object_list(original):
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def scatter_object_list(*args, **kwargs):
-        given = signature.bind(*args, **kwargs).arguments
-        group = _group(given.get("group"))
-        if group is None:
-            return original(*args, **kwargs)
-        key, me = EXCHANGE.key(group), dist.get_rank(group)
-        root = _group_rank(group, given.get("src"), given.get("group_src"))
-        if me == root:
-            sent = [pickled(o) for o in given["scatter_object_input_list"]]
-            EXCHANGE.record(key, "scatter_object_list", sent)
-        else:
-            sent = EXCHANGE.read(dist.get_global_rank(group, root), key, "scatter_object_list")
-        known = sent is not None and len(sent) == dist.get_world_size(group)
-        mine = sent[me] if known else pickled(given["scatter_object_output_list"][0])
-        width = max(map(len, sent)) if known else len(mine)  # the source pads every pickle to its largest
-        # the source's own max size is already in the tensor it broadcasts; its scatter receives nothing
-        # from the fake backend, so it too is handed its own element
-        return _run(original, args, kwargs, broadcast=[] if me == root else [_Delivery([_longs(width)])],
-                    scatter=[_Delivery([_bytes(mine, width)], stand_in=not known), _Delivery([_sizes([mine])])])
-    return scatter_object_list
-
-
-def _send_object_list(original):
-    signature = inspect.signature(original)
-
-    @functools.wraps(original)
-    def send_object_list(*args, **kwargs):
-        given = signature.bind(*args, **kwargs).arguments
-        group = _group(given.get("group"))
-        if group is not None:
-            dst = dist.get_global_rank(group, _group_rank(group, given.get("dst"), given.get("group_dst")))
-            key = EXCHANGE.p2p_key(group, dist.get_rank(), dst)
-            EXCHANGE.record(key, "send_object_list", [pickled(o) for o in given["object_list"]])
+@_wrapping
+def _broadcast_object_list(original, args, kwargs, given, group):
+    key, objects = EXCHANGE.key(group), given["object_list"]
+    root = _group_rank(group, given.get("src"), given.get("group_src"))
+    if dist.get_rank(group) == root:  # it sends what it holds: nothing to receive
+        EXCHANGE.record(key, "broadcast_object_list", [pickled(o) for o in objects])
         return original(*args, **kwargs)
-    return send_object_list
+    sent = EXCHANGE.read(dist.get_global_rank(group, root), key, "broadcast_object_list")
+    known = sent is not None and len(sent) == len(objects)
+    pickles = sent if known else [pickled(o) for o in objects]
+    return _run(original, args, kwargs, broadcast=[
+        _Delivery([_sizes(pickles)]), _Delivery([_bytes(b"".join(pickles))], stand_in=not known)])
 
 
-def _recv_object_list(original):
-    signature = inspect.signature(original)
+@_wrapping
+def _all_gather_object(original, args, kwargs, given, group):
+    key, own = EXCHANGE.key(group), pickled(given["obj"])
+    EXCHANGE.record(key, "all_gather_object", [own])
+    pickles, known = _members(group, key, "all_gather_object", own)
+    width = max(map(len, pickles))
+    return _run(original, args, kwargs, all_gather=[
+        _Delivery([_sizes([p]) for p in pickles]),
+        _Delivery([_bytes(p, width) for p in pickles], stand_in=not known)])
 
-    @functools.wraps(original)
-    def recv_object_list(*args, **kwargs):
-        given = signature.bind(*args, **kwargs).arguments
-        group = _group(given.get("group"))
-        if group is None:
-            return original(*args, **kwargs)
-        objects = given["object_list"]
-        src = dist.get_global_rank(group, _group_rank(group, given.get("src"), given.get("group_src")))
-        sent = EXCHANGE.read(src, EXCHANGE.p2p_key(group, src, dist.get_rank()), "send_object_list", p2p=True)
-        known = sent is not None and len(sent) == len(objects)
-        if not known:
-            stood = _inbox.stand_in(list(objects)) if _inbox.stand_in else objects
-            sent = [pickled(o) for o in stood]
-        # the sizes, then the bytes, each by recv or (use_batch) by an irecv of batch_isend_irecv
-        queue = [_Delivery([_sizes(sent)]), _Delivery([_bytes(b"".join(sent))], stand_in=not known)]
-        return _run(original, args, kwargs, recv=queue, irecv=queue)
-    return recv_object_list
+
+@_wrapping
+def _gather_object(original, args, kwargs, given, group):
+    key, own = EXCHANGE.key(group), pickled(given["obj"])
+    EXCHANGE.record(key, "gather_object", [own])
+    pickles, known = _members(group, key, "gather_object", own)
+    width = max(map(len, pickles))  # every member sends its pickle resized to the largest
+    root = _group_rank(group, given.get("dst"), given.get("group_dst"))
+    received = [_bytes(p, width) for p in pickles] if dist.get_rank(group) == root else []
+    return _run(original, args, kwargs, all_gather=[_Delivery([_sizes([p]) for p in pickles])],
+                gather=[_Delivery(received, stand_in=not known)])
+
+
+@_wrapping
+def _scatter_object_list(original, args, kwargs, given, group):
+    key, me = EXCHANGE.key(group), dist.get_rank(group)
+    root = _group_rank(group, given.get("src"), given.get("group_src"))
+    if me == root:
+        sent = [pickled(o) for o in given["scatter_object_input_list"]]
+        EXCHANGE.record(key, "scatter_object_list", sent)
+    else:
+        sent = EXCHANGE.read(dist.get_global_rank(group, root), key, "scatter_object_list")
+    known = sent is not None and len(sent) == dist.get_world_size(group)
+    mine = sent[me] if known else pickled(given["scatter_object_output_list"][0])
+    width = max(map(len, sent)) if known else len(mine)  # the source pads every pickle to its largest
+    # the source's own max size is already in the tensor it broadcasts; its scatter receives nothing
+    # from the fake backend, so it too is handed its own element
+    return _run(original, args, kwargs, broadcast=[] if me == root else [_Delivery([_longs(width)])],
+                scatter=[_Delivery([_bytes(mine, width)], stand_in=not known), _Delivery([_sizes([mine])])])
+
+
+@_wrapping
+def _send_object_list(original, args, kwargs, given, group):
+    dst = dist.get_global_rank(group, _group_rank(group, given.get("dst"), given.get("group_dst")))
+    key = EXCHANGE.p2p_key(group, dist.get_rank(), dst)
+    EXCHANGE.record(key, "send_object_list", [pickled(o) for o in given["object_list"]])
+    return original(*args, **kwargs)
+
+
+@_wrapping
+def _recv_object_list(original, args, kwargs, given, group):
+    objects = given["object_list"]
+    src = dist.get_global_rank(group, _group_rank(group, given.get("src"), given.get("group_src")))
+    sent = EXCHANGE.read(src, EXCHANGE.p2p_key(group, src, dist.get_rank()), "send_object_list", p2p=True)
+    known = sent is not None and len(sent) == len(objects)
+    if not known:
+        stood = _inbox.stand_in(list(objects)) if _inbox.stand_in else objects
+        sent = [pickled(o) for o in stood]
+    # the sizes, then the bytes, each by recv or (use_batch) by an irecv of batch_isend_irecv
+    queue = [_Delivery([_sizes(sent)]), _Delivery([_bytes(b"".join(sent))], stand_in=not known)]
+    return _run(original, args, kwargs, recv=queue, irecv=queue)
 
 
 @contextlib.contextmanager
