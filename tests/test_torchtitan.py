@@ -63,6 +63,10 @@ def test_torchtitan_fsdp_in_a_fake_world_of_4(tmp_path):
     proc, doc = trace_json(tmp_path / "t", "--fake-world", 4, JOB, cwd=tmp_path)
     assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
     assert doc["fake_world"]["traced"] == [0, 1, 3]
+    # the fork server learned every module rank 0 imported, pandas' pyarrow included (its jemalloc
+    # started no background thread), so later ranks import none of their own
+    assert "starts a thread" not in (tmp_path / "t" / "logs" / "fork_server.log").read_text()
+    assert json.loads((tmp_path / "t" / "imports" / "rank1.json").read_text()) == []
     dp = "batch/fsdp/loss_mesh"
     for rank in doc["per_rank"]:
         events = rank["steps"][2]["events"]
