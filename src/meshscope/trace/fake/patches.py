@@ -81,6 +81,12 @@ PATCHES = (
           "streams and events that do nothing, the stand-in GPU's properties and memory (--fake-device); every other "
           "public function of torch.cuda and torch.accelerator raises one line naming the call when it needs a device",
           "2.11, 2.13", CUDA_MAP, cuda_api.answer_torch_cuda),
+    Patch("Dynamo's current stream answered", ("torch._dynamo.utils.get_current_stream",
+                                                "torch._dynamo.guards.get_current_stream"),
+          "every Dynamo trace takes the current stream, and its compiled code asks for it again through a C++ "
+          "binding at torch 2.15 (a Python function asking torch.accelerator at 2.13), which refuses the CPU "
+          "stand-in on a CUDA build without a GPU; it asks the answered torch.accelerator instead", "2.13, 2.15",
+          CUDA_MAP, cuda_api.dynamo_current_stream),
     Patch("CUDA's gate named", ("torch.cuda._lazy_init", "torch._utils._dummy_type"),
           "torch.cuda's lazy init and a CPU build's placeholders for CUDA's C++ types (CUDAGraph, MemPool) raise one "
           "line naming the call instead of 'not compiled with CUDA' or 'dummy base class'", "2.11, 2.13", CUDA_MAP,
@@ -120,6 +126,11 @@ PATCHES = (
           "F.scaled_dot_product_attention on the CPU standing in for CUDA picks the CPU's flash kernel, which DTensor "
           "cannot shard; it gets DTensor's rule for CUDA's flash kernel, so DTensor redistributes as on the GPU",
           "2.13", CUDA_MAP, attention.cpu_flash_attention_rule),
+    Patch("flex attention's backward on the CPU", ("torch.nn.attention.flex_attention.flex_attention",
+                                                    "torch.nn.attention.flex_attention._validate_device"),
+          "flex_attention refuses a backward on the CPU by its device alone, and inductor has no CPU kernel for "
+          "it: the CPU standing for CUDA passes the check and every call runs eagerly, its dense backward",
+          "2.13, 2.15", CUDA_MAP, attention.cpu_flex_attention),
     Patch("DeviceMesh on real tensors", (MESH, "torch.distributed.device_mesh.init_device_mesh",
                                          "torch._subclasses.fake_tensor.unset_fake_temporarily"),
           "its rank tables are read back as numbers (tolist), which a FakeTensor cannot answer: every "
@@ -144,6 +155,10 @@ PATCHES = (
           "they pickle the rank's own objects into byte tensors and read the sizes back "
           "(distributed_c10d.py:3514 max(object_size_list).item())", "2.13", FAKE_TENSORS,
           tensors.object_collectives_real),
+    Patch("flex attention uncompiled", ("torch.nn.attention.flex_attention._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG",),
+          "flex_attention compiles its higher-order op with fullgraph=True, and Dynamo compiles no frame under the "
+          "recording dispatch mode; torch's own switch calls the op directly, which FakeTensorMode answers",
+          "2.13, 2.15", FAKE_TENSORS, tensors.flex_attention_uncompiled),
     Patch("format of a 0-dim FakeTensor", ("torch.Tensor.__format__",),
           "Tensor.__format__ formats a 0-dim tensor's item() but leaves a subclass to object.__format__ (a "
           "TypeError for f'{loss:.3f}'); the read is answered like .item()", "2.13", FAKE_TENSORS,
