@@ -30,6 +30,10 @@ import os
 from ..entry_points import rebind, wrap
 
 
+asked: list[str] = []
+"""The backend the script's init_process_group named ("default" where it named none), once it has run."""
+
+
 @functools.cache
 def fake_init_process_group() -> None:
     """The script's ``init_process_group`` makes a fake group of the world the environment names (read
@@ -44,6 +48,7 @@ def fake_init_process_group() -> None:
             given = signature.bind_partial(*args, **kwargs).arguments  # by name, positional ones too
             for name in ("device_id", "init_method", "_ranks"):  # the fake backend binds no device, needs no peer
                 given.pop(name, None)
+            asked[:] = [str(given.get("backend") or "default")]
             given.update(backend="fake", store=FakeStore(), rank=int(os.environ["RANK"]),
                          world_size=int(os.environ["WORLD_SIZE"]))
             return original(**given)
@@ -123,6 +128,39 @@ def recv_ones() -> None:
         return out
 
     rebind(original, recv)
+
+
+@functools.cache
+def pipeline_setup_as_asked() -> None:
+    """A pipeline schedule's set-up sees the backend the script asked for. torch 2.15 skips it on the fake
+    backend (pipelining/schedules.py ``_initialize_pipeline_distributed_state``: ``backend != "fake"``): the
+    stages' vote on static shapes (an int32 all_reduce on the pipeline group) and the preconnect of each
+    pair of stages (pipelining/_p2p.py ``_preconnect_shared_p2p_edges``: a send and recv of one int32 and
+    all-reduces around them), which a real run issues before its first step. Per-edge groups (torch's
+    ``pipeline_per_edge_p2p`` config, TorchComms) keep torch's fake path: building them asks the backend
+    for its device map, which the fake one has not."""
+    import torch.distributed as dist
+    from torch.distributed.pipelining import schedules
+
+    base = schedules._PipelineSchedule
+    setup = base._initialize_pipeline_distributed_state
+    get_backend = dist.get_backend
+
+    def as_asked(group=None):
+        name = get_backend(group)
+        return asked[0] if name == "fake" and asked else name
+
+    @functools.wraps(setup)
+    def initialize(self, stages, *args, **kwargs):
+        if any(stage.p2p_per_edge for stage in stages):
+            return setup(self, stages, *args, **kwargs)
+        dist.get_backend = as_asked  # the schedule reads it as an attribute of torch.distributed
+        try:
+            return setup(self, stages, *args, **kwargs)
+        finally:
+            dist.get_backend = get_backend
+
+    base._initialize_pipeline_distributed_state = initialize
 
 
 @functools.cache

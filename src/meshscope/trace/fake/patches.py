@@ -40,6 +40,10 @@ class Patch:
     mode: str
     install: Callable[[], None]
     """Idempotent: the fork server installs a row before it forks the ranks, which install it again."""
+    since: str = ""
+    """The first torch release with the targets, where an earlier one lacks them ("": every release read)."""
+    until: str = ""
+    """The first torch release without them, where the row's job is done otherwise ("": none read)."""
 
 
 C10D = "torch.distributed.distributed_c10d"
@@ -47,6 +51,7 @@ DDP = "torch.nn.parallel.DistributedDataParallel"
 MESH = "torch.distributed.device_mesh.DeviceMesh"
 MATRIX_OPS = "torch.distributed.tensor._ops._matrix_ops"
 LOADER_ITER = "torch.utils.data.dataloader._BaseDataLoaderIter"
+PIPELINE = "torch.distributed.pipelining.schedules._PipelineSchedule"
 
 PATCHES = (
     Patch("fake backend", (f"{C10D}.init_process_group", "torch.testing._internal.distributed.fake_pg.FakeStore"),
@@ -72,6 +77,10 @@ PATCHES = (
           "a blocking recv gets no data from the fake backend; ones make pipelining's warm-up vote read as "
           "'static shapes' (torch/distributed/pipelining/schedules.py _warmup_p2p)", "2.13", FAKE_WORLD,
           backend.recv_ones),
+    Patch("pipelining's set-up as on the backend asked for", (f"{PIPELINE}._initialize_pipeline_distributed_state",),
+          "torch 2.15 skips a schedule's shape vote and its stages' preconnect on the fake backend, which a real run "
+          "issues (4 all_reduces and a send/recv more than the fake world on 2 gloo stages); the set-up sees the "
+          "backend the script named", "2.15", FAKE_WORLD, backend.pipeline_setup_as_asked, since="2.15"),
     Patch("DDP's all-reduce hook", (f"{DDP}.__init__", f"{DDP}.register_comm_hook"),
           "DDP's built-in hook asserts on the fake work's empty future; a hook issuing the same all-reduce "
           "of the same bucket completes with the bucket", "2.11, 2.13", FAKE_WORLD, backend.hook_ddp),
@@ -144,9 +153,12 @@ PATCHES = (
     Patch("DDP's parameter check real", ("torch.distributed.utils._verify_param_shape_across_processes",),
           "DDP's C++ check reads the shapes it gathered back (item)", "2.13", FAKE_TENSORS,
           tensors.ddp_param_check_real),
-    Patch("pipelining's vote real", ("torch.distributed.pipelining.schedules._PipelineSchedule._warmup_p2p",),
+    Patch("pipelining's vote real", (f"{PIPELINE}._warmup_p2p",),
           "the warm-up vote reads the one-element tensors it received as numbers", "2.13", FAKE_TENSORS,
-          tensors.pipeline_vote_real),
+          tensors.pipeline_vote_real, until="2.15"),
+    Patch("pipelining's set-up real", (f"{PIPELINE}._initialize_pipeline_distributed_state",),
+          "the set-up that replaces the warm-up vote at torch 2.15 reads its all-reduced vote as a number", "2.15",
+          FAKE_TENSORS, tensors.pipeline_setup_real, since="2.15"),
     Patch("DataLoader's random draws and indices real", (f"{LOADER_ITER}.__init__", f"{LOADER_ITER}._next_index"),
           "every iterator draws its random base seed with .item() (torch/utils/data/dataloader.py:690-694) and samplers "
           "read their indices back (DistributedSampler: randperm(...).tolist(), distributed.py:112)", "2.13",
@@ -181,6 +193,17 @@ PATCHES = (
           "DDP issues its bucket all-reduces in _coalescing_manager (distributed_c10d.py:2900)", "2.13",
           FAKE_TENSORS, tensors.coalesced_fake_kernels),
 )
+
+
+def release(version: str) -> tuple[int, ...]:
+    """'2.15.0+cu132' -> (2, 15): a torch release, as the rows' bounds name it."""
+    return tuple(int(part) for part in version.split("+")[0].split(".")[:2])
+
+
+def meant_for(patch: Patch, version: str) -> bool:
+    """Whether torch `version` lies within `patch`'s releases (its targets should exist there)."""
+    return (not patch.since or release(version) >= release(patch.since)) and (
+        not patch.until or release(version) < release(patch.until))
 
 
 def present(patch: Patch) -> bool:

@@ -140,6 +140,16 @@ def pipeline_vote_real() -> None:
     base._warmup_p2p = _with_fake_off(base._warmup_p2p)
 
 
+@functools.cache
+def pipeline_setup_real() -> None:
+    """torch 2.15's pipeline set-up reads its all-reduced vote as a number (``vote.item()``); its tensors are its
+    own one-element ones, real with fake mode off."""
+    from torch.distributed.pipelining import schedules
+
+    base = schedules._PipelineSchedule
+    base._initialize_pipeline_distributed_state = _with_fake_off(base._initialize_pipeline_distributed_state)
+
+
 OBJECT_COLLECTIVES = ("all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",
                       "send_object_list", "recv_object_list")
 
