@@ -11,7 +11,7 @@ import pytest
 
 from meshscope.core.rundir import RunDir
 from meshscope.core.trace_result import TraceResult
-from meshscope.trace.fake import fork_server
+from meshscope.trace.fake import backend, fork_server
 from meshscope.trace.options import RankOptions
 
 from .helpers import ROOT, cli, cli_here, trace_json
@@ -134,6 +134,18 @@ def test_pipelining_with_static_shapes_issues_what_gloo_does(tmp_path):
     proc, doc = trace_json(tmp_path / "inferred", "--fake-world", 4, "--ranks", "0", [*job, "--infer-shapes"])
     assert proc.returncode == 1 and not doc["passed"]
     assert any("recv_object_list" in n and "input_args" in n for n in doc["notes"])
+
+
+
+def test_recv_object_list_fails_in_one_line_before_it_allocates(tmp_path):
+    """A fake world's peer sends no objects: recv_object_list fails at once (at torch 2.15 the sizes it read
+    were uninitialised memory, terabytes asked for)."""
+    script = tmp_path / "objects.py"
+    script.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\n"
+                      "if dist.get_rank() == 1:\n    dist.recv_object_list([None], src=0)\n"
+                      "else:\n    dist.send_object_list(['shapes'], dst=1)\n")
+    proc, doc = trace_json(tmp_path / "fake", "--fake-world", 2, "--ranks", "1", [script])
+    assert proc.returncode == 1 and doc["ranks"][0]["error"] == f"RuntimeError: {backend.OBJECTS_NOT_RECEIVED}", doc
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -130,6 +130,23 @@ def recv_ones() -> None:
     rebind(original, recv)
 
 
+OBJECTS_NOT_RECEIVED = "recv_object_list gets no objects in a fake world: its peer's send carries no data"
+
+
+@functools.cache
+def refuse_object_receives() -> None:
+    """``recv_object_list`` fails before it receives: the sizes it would read are whatever its buffer held. At
+    torch 2.15 it receives them with ``batch_isend_irecv`` into ``torch.empty`` (distributed_c10d.py
+    recv_object_list), past `recv_ones`: torchtitan 0.3.0's pipeline stages, inferring their shapes, asked
+    for 94 TB, one rank holding 22 GiB of this 23 GiB machine first."""
+    import torch.distributed.distributed_c10d as c10d
+
+    def recv_object_list(*args, **kwargs):
+        raise RuntimeError(OBJECTS_NOT_RECEIVED)
+
+    rebind(c10d.recv_object_list, recv_object_list)
+
+
 @functools.cache
 def pipeline_setup_as_asked() -> None:
     """A pipeline schedule's set-up sees the backend the script asked for. torch 2.15 skips it on the fake

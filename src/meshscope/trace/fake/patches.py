@@ -77,6 +77,10 @@ PATCHES = (
           "a blocking recv gets no data from the fake backend; ones make pipelining's warm-up vote read as "
           "'static shapes' (torch/distributed/pipelining/schedules.py _warmup_p2p)", "2.13", FAKE_WORLD,
           backend.recv_ones),
+    Patch("recv_object_list refused", (f"{C10D}.recv_object_list",),
+          "a fake world's peer sends no objects, and the sizes recv_object_list would read are its buffer's garbage "
+          "(2.15 receives them with batch_isend_irecv into torch.empty: terabytes asked for); it fails in one line",
+          "2.13, 2.15", FAKE_WORLD, backend.refuse_object_receives),
     Patch("pipelining's set-up as on the backend asked for", (f"{PIPELINE}._initialize_pipeline_distributed_state",),
           "torch 2.15 skips a schedule's shape vote and its stages' preconnect on the fake backend, which a real run "
           "issues (4 all_reduces and a send/recv more than the fake world on 2 gloo stages); the set-up sees the "
