@@ -11,6 +11,17 @@ default ``$MESHSCOPE_PYTORCH_EXAMPLES``): its commit and the sha256 of each scri
 first, the proof that they ran as their authors wrote them. Without one those cases are skipped.
 
 Run: python benchmarks/bench_frameworks.py [--examples /path/to/pytorch/examples] [-- PYTEST_ARGS]
+
+The newer releases (torchtitan 0.3.0 on torch 2.15, megatron-core 0.19.2, both on Python 3.12) run in a venv of
+their own, outside CI; each test runs only where the release it reads is installed (the others are skipped,
+saying which release they read). torch 2.15 is on the index as a CUDA build only, which is what a machine
+without a GPU gets (pip on this project's box caps torch, hence ``PIP_CONSTRAINT=/dev/null``)::
+
+    python3.12 -m venv /work/compat-venv
+    PIP_CONSTRAINT=/dev/null /work/compat-venv/bin/pip install torch==2.15.0 torchtitan==0.3.0 megatron-core==0.19.2 \
+        pytest pytest-timeout pytest-xdist expecttest tokenizers
+    PIP_CONSTRAINT=/dev/null /work/compat-venv/bin/pip install torch==2.15.0 -e .
+    /work/compat-venv/bin/python benchmarks/bench_frameworks.py
 """
 
 from __future__ import annotations

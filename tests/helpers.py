@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import importlib.util
 import io
 import json
@@ -25,6 +26,17 @@ def skip_unless_installed(*modules: str) -> None:
     missing = [m for m in modules if importlib.util.find_spec(m) is None]
     if missing:
         pytest.skip(f"not installed: {', '.join(missing)}", allow_module_level=True)
+
+
+def only_with(distribution: str, version: str):
+    """A mark that skips a test unless `distribution` `version` is what is installed: its counts are read from
+    that release's code (a distribution's metadata is read, its modules are not imported)."""
+    try:
+        found = importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        found = None
+    return pytest.mark.skipif(found != version, reason=f"reads {distribution} {version}'s code; installed: "
+                                                       f"{found or 'none'}")
 
 
 def run_many(tmp_path: Path, items, world: int, timeout: float = 60.0, backend: str = "gloo") -> list[dict]:

@@ -285,3 +285,82 @@ def test_inductor_compiles_the_mapped_tensors_where_triton_is_installed(tmp_path
     for step in doc["per_rank"][0]["steps"]:
         assert [(e["op"], e["phase"], e["bytes_in"]) for e in step["events"]] == [
             ("all_reduce", "forward", 256), ("all_reduce", "backward", 256)]
+
+
+def test_compiled_code_flex_attention_and_cuda_graphs_where_cuda_is_mapped(tmp_path):
+    """What torchtitan 0.3.0's llama3 asks of torch on torch 2.15 (a CUDA build without a GPU), in one process
+    with CUDA mapped: Dynamo's current stream is the answered one (at 2.15 the compiled code fetched it from C++,
+    which refused the CPU's: "cpu doesn't match the current accelerator cuda"); a compiled flex_attention runs
+    forward and backward (torch refuses a CPU backward by the device alone, and inductor has none) with sdpa's
+    causal values and gradients; ``torch.cuda.CUDAGraph()`` is one line naming it."""
+    script = tmp_path / "flex.py"
+    script.write_text(FLEX)
+    proc = subprocess.run([sys.executable, str(script)], check=False, capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "PYTHONPATH": str(Path(meshscope.__file__).parents[1])})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert seen["stream"] == [True, True] and seen["out"] < 1e-5 and seen["grad"] < 1e-5, seen
+    assert seen["graph"].startswith("torch.cuda.CUDAGraph at flex.py:"), seen
+    assert "needs a CUDA device, which meshscope's fake world cannot map" in seen["graph"], seen
+
+
+FLEX = '''
+import json, os
+os.environ.update(LOCAL_RANK="0", LOCAL_WORLD_SIZE="1")
+import torch, torch.nn.functional as F
+from meshscope.trace.fake import patches
+patches.apply({patches.CUDA_MAP})
+from torch._dynamo import guards, utils
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+current = torch.accelerator.current_stream()
+stream = [utils.get_current_stream(torch.device("cuda")) is current,
+          guards.get_current_stream(torch.device("cuda")) is current]
+mask = torch.compile(create_block_mask)(lambda b, h, q, kv: q >= kv, 1, None, 128, 128, device="cuda")
+q = torch.randn(1, 2, 128, 16, device="cuda", requires_grad=True)
+out = torch.compile(flex_attention)(q, q, q, block_mask=mask)
+(grad,) = torch.autograd.grad(out.sum(), q)
+ref = q.detach().requires_grad_()
+expected = F.scaled_dot_product_attention(ref, ref, ref, is_causal=True)
+(expected_grad,) = torch.autograd.grad(expected.sum(), ref)
+try:
+    torch.cuda.CUDAGraph()
+    graph = "no error"
+except RuntimeError as exc:
+    graph = str(exc)
+print(json.dumps({"stream": stream, "out": (out - expected).abs().max().item(),
+                  "grad": (grad - expected_grad).abs().max().item(), "graph": graph}))
+'''
+
+
+def test_a_cuda_build_without_a_driver_is_explained(tmp_path):
+    """torch 2.15+cu132 on a machine with no NVIDIA driver says "CUDA driver version is insufficient" where a
+    call reaches the device: one line naming the script's line."""
+    check = tmp_path / "graphs.py"
+    check.write_text("def capture():\n    raise RuntimeError('CUDA error: CUDA driver version is insufficient for CUDA "
+                     "runtime version')\n")
+    namespace = runpy.run_path(str(check))
+    with pytest.raises(RuntimeError) as raised:
+        namespace["capture"]()
+    line = devices.explain(raised.value)
+    assert line.startswith("Unmapped: a CUDA call at graphs.py:2 needs a CUDA device"), line
+
+
+@pytest.mark.parametrize("fake_tensors", [False, True], ids=["data", "fake_tensors"])
+def test_flex_attention_trains_in_a_fake_world(fake_tensors, tmp_path):
+    """A script's flex_attention on CUDA, forward and backward, then its input gradient all-reduced (hand
+    count: one all_reduce of the 1 x 2 x 128 x 16 fp32 gradient, 16 KiB): with data, and under --fake-tensors,
+    where the attention is a higher-order op that the recording dispatch mode passes through to FakeTensorMode."""
+    script = tmp_path / "flex_job.py"
+    script.write_text("import torch, torch.distributed as dist\n"
+                      "from torch.nn.attention.flex_attention import create_block_mask, flex_attention\n"
+                      "dist.init_process_group('nccl')\n"
+                      "mask = create_block_mask(lambda b, h, q, kv: q >= kv, 1, None, 128, 128, device='cuda')\n"
+                      "q = torch.randn(1, 2, 128, 16, device='cuda', requires_grad=True)\n"
+                      "flex_attention(q, q, q, block_mask=mask).sum().backward()\n"
+                      "dist.all_reduce(q.grad)\n")
+    flags = ["--fake-tensors"] if fake_tensors else []
+    proc, doc = trace_json(tmp_path / "out", "--fake-world", 2, "--ranks", "0", *flags, [script])
+    assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
+    events = [e for s in doc["per_rank"][0]["steps"] for e in s["events"]]
+    assert [(e["op"], e["bytes_in"]) for e in events] == [("all_reduce", 4 * 2 * 128 * 16)], events

@@ -5,6 +5,7 @@ fails here rather than in a user's trace; a fake world's result names the rows t
 from __future__ import annotations
 
 import pytest
+import torch
 
 from meshscope.trace.fake import patches
 
@@ -13,9 +14,20 @@ from .helpers import ROOT, trace_json
 
 @pytest.mark.parametrize("row", patches.PATCHES, ids=[p.name for p in patches.PATCHES])
 def test_every_target_exists_on_this_torch(row):
-    for target in row.targets:
-        assert patches.resolve(target) is not None, target
+    """A row meant for this torch's release finds its targets; one outside its releases (a torch that moved
+    the code it patches: `since`, `until`) finds none, so that a row whose target came back is noticed."""
+    if patches.meant_for(row, torch.__version__):
+        for target in row.targets:
+            assert patches.resolve(target) is not None, target
+    else:
+        assert not patches.present(row), row.name
     assert row.mode in (patches.FAKE_WORLD, patches.CUDA_MAP, patches.FAKE_TENSORS) and row.why and row.read_at
+
+
+def test_a_row_names_the_releases_it_is_meant_for():
+    moved = patches.Patch("moved", (), "test", "2.15", patches.FAKE_WORLD, lambda: None, since="2.15", until="2.17")
+    assert [patches.meant_for(moved, v) for v in ("2.13.0+cpu", "2.15.0+cu132", "2.16.1", "2.17.0")] == [
+        False, True, True, False]
 
 
 def test_a_row_whose_target_is_gone_is_not_applied():
@@ -29,5 +41,6 @@ def test_a_row_whose_target_is_gone_is_not_applied():
 def test_the_result_names_the_rows_a_fake_world_applied(tmp_path):
     job = [str(ROOT / "tests" / "jobs" / "ddp.py"), "--steps", "1"]
     _, doc = trace_json(tmp_path / "run", "--fake-world", 2, "--ranks", "0", job)
-    want = [p.name for p in patches.PATCHES if p.mode in patches.modes(fake_tensors=False)]
+    want = [p.name for p in patches.PATCHES
+            if p.mode in patches.modes(fake_tensors=False) and patches.meant_for(p, torch.__version__)]
     assert doc["fake_world"]["patched"] == want and doc["ranks"][0]["patched"] == want

@@ -138,6 +138,22 @@ def test_a_rank_that_failed_on_a_stand_in_is_traced_again_once_what_it_looked_fo
     assert retrace(run_dir, [0, 3, 5, 7, 8]) == [5, 7]
 
 
+def test_recv_object_list_from_a_rank_not_traced_gets_its_own_list_not_garbage(tmp_path):
+    """A receiver whose sender was not traced gets its own list back, sized from it, with the bytes
+    assumed: the sizes it reads are never its buffer's garbage (torch 2.15 receives them into
+    torch.empty with batch_isend_irecv: torchtitan 0.3.0's stages asked for 94 TB)."""
+    script = tmp_path / "objects.py"
+    script.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\n"
+                      "if dist.get_rank() == 1:\n    got = [None]\n    dist.recv_object_list(got, src=0)\n"
+                      "    print('received', got)\n"
+                      "else:\n    dist.send_object_list(['shapes'], dst=1)\n")
+    proc, doc = trace_json(tmp_path / "fake", "--fake-world", 2, "--ranks", "1", [script])
+    assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
+    assert "received [None]" in (tmp_path / "fake" / "logs" / "rank1.log").read_text()
+    recvs = [e for e in doc["per_rank"][0]["steps"][0]["events"] if e["op"] == "recv"]
+    assert [e["assumed"] for e in recvs] == [[], ["bytes_in", "bytes_out"]]
+
+
 @pytest.mark.parametrize("args, needle", [
     (("--fake-world", 0), "--fake-world 0 must be a positive number of ranks"),
     (("--fake-world", 8, "--ranks", "3,9"), "--ranks '3,9': ranks must lie in [0, 7] (world 8)"),

@@ -1,7 +1,11 @@
-"""Megatron-core 0.16.1's GPTModel, unmodified, with its DDP, optimizer and RNG tracker, in a fake
-world (tests/jobs/megatron_gpt.py: it needs CUDA, so no gloo run exists to compare with). Oracle:
-the per-step counts its docstring reads from megatron-core's tensor_parallel layers and mappings,
-as functions of the number of layers, and the gradient buffer's bytes counted by hand."""
+"""Megatron-core's GPTModel, unmodified, with its DDP, optimizer and RNG tracker, in a fake world
+(tests/jobs/megatron_gpt.py: it needs CUDA, so no gloo run exists to compare with): 0.16.1 (CI, Python
+3.11) and 0.19.2 (Python 3.12: the compat venv, benchmarks/bench_frameworks.py), each test only on the
+release it reads. Oracle: the per-step counts its docstring reads from megatron-core's tensor_parallel
+layers and mappings, as functions of the number of layers (read at 0.16.1; at 0.19.2 the same calls on
+these paths: mappings.py, layers.py and cross_entropy.py differ in the expert and generalized-TP paths
+only), and the gradient buffer's bytes counted by hand; at 0.19.2, every group its parallel_state.py
+creates has its axis."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from collections import Counter
 
 import pytest
 
-from .helpers import ROOT, cli, skip_unless_installed, trace_json
+from .helpers import ROOT, cli, only_with, skip_unless_installed, trace_json
 
 skip_unless_installed("megatron.core")
 
@@ -48,7 +52,10 @@ def steady_counts(doc: dict) -> dict[int, list[Counter]]:
 
 
 @pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp_sp"])
-def test_gpt_model_in_a_fake_world_of_4(sp, tmp_path):
+@pytest.mark.parametrize("release", [
+    pytest.param("0.16.1", marks=only_with("megatron-core", "0.16.1")),
+    pytest.param("0.19.2", marks=[only_with("megatron-core", "0.19.2"), pytest.mark.frameworks])])
+def test_gpt_model_in_a_fake_world_of_4(release, sp, tmp_path):
     """TP 2 x DP 2 with megatron-core's defaults (the _GLOO twins, its DDP and optimizer): every class
     (all 4 ranks) passes, and each steady step issues the counts of megatron's TP / SP rules."""
     flags = ["--sequence-parallel"] if sp else []
@@ -102,7 +109,9 @@ def fake_tensors_1024(traced_1024):
 
 
 @pytest.mark.frameworks
-def test_gpt_model_at_1024_ranks(real_1024):
+@pytest.mark.parametrize("release", [pytest.param("0.16.1", marks=only_with("megatron-core", "0.16.1")),
+                                     pytest.param("0.19.2", marks=only_with("megatron-core", "0.19.2"))])
+def test_gpt_model_at_1024_ranks(release, real_1024):
     """Real tensors: every class passes with the counts above at tp 8 (the target: at most 30 s)."""
     _, doc = real_1024
     assert doc["layout"]["sizes"]["tp"] == 8 and doc["layout"]["sizes"]["dp"] == 128
@@ -112,8 +121,43 @@ def test_gpt_model_at_1024_ranks(real_1024):
 
 
 @pytest.mark.frameworks
-def test_gpt_model_at_1024_ranks_with_fake_tensors(real_1024, fake_tensors_1024):
+@pytest.mark.parametrize("release", [pytest.param("0.16.1", marks=only_with("megatron-core", "0.16.1")),
+                                     pytest.param("0.19.2", marks=only_with("megatron-core", "0.19.2"))])
+def test_gpt_model_at_1024_ranks_with_fake_tensors(release, real_1024, fake_tensors_1024):
     """--fake-tensors gives the real-tensor fake world's ledgers (meshscope diff: same; the bytes of the
     optimizer's all_gather_object left out on both sides, as stand-ins)."""
     same = cli("diff", real_1024[0], fake_tensors_1024[0], "--json")
     assert json.loads(same.stdout)["verdict"] == "same", same.stdout[-3000:]
+
+
+CREATED_0_19_2 = {
+    # what initialize_model_parallel (megatron/core/parallel_state.py, 0.19.2) creates with the job's
+    # arguments (tp 2, the defaults otherwise), read from its create_group calls: every group_desc but those
+    # behind an option left off (INTRA_PARTIAL_* needs num_distributed_optimizer_instances > 1, *_GTP_REMAT
+    # a gtp_remat size > 1, HIERARCHICAL_* hierarchical context parallelism, HYBRID_DP_CP_* hybrid dp-cp)
+    "TENSOR_MODEL_PARALLEL_GROUP": "tp", "PIPELINE_MODEL_PARALLEL_GROUP": "pp", "DATA_PARALLEL_GROUP": "dp",
+    "DATA_PARALLEL_GROUP_GLOO": "dp", "DATA_PARALLEL_GROUP_WITH_CP": "dp-cp", "DATA_PARALLEL_GROUP_WITH_CP_GLOO": "dp-cp",
+    "CONTEXT_PARALLEL_GROUP": "cp", "MODEL_PARALLEL_GROUP": "tp-pp", "TENSOR_AND_DATA_PARALLEL_GROUP": "tp-dp",
+    "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP": "tp-dp-cp", "TENSOR_AND_CONTEXT_PARALLEL_GROUP": "tp-cp",
+    "EMBEDDING_GROUP": "embedding", "POSITION_EMBEDDING_GROUP": "position_embedding",
+    "EXPERT_MODEL_PARALLEL_GROUP": "ep", "EXPERT_TENSOR_PARALLEL_GROUP": "etp", "EXPERT_DATA_PARALLEL_GROUP": "edp",
+    "EXPERT_DATA_PARALLEL_GROUP_GLOO": "edp", "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP": "etp-ep",
+    "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP": "etp-ep-pp", "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP": "dp-cp.instance",
+    "GTP_WEIGHT_REMAT_GROUP": "gtp", "EXPERT_GTP_WEIGHT_REMAT_GROUP": "egtp",
+    "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP": "etp-ep-egtp-pp",
+}
+
+
+@only_with("megatron-core", "0.19.2")
+@pytest.mark.frameworks
+def test_every_group_0_19_2_creates_gets_its_axis(tmp_path):
+    """The groups rank 0 saw created (every rank's, a global protocol) are those read from parallel_state.py,
+    and each is labelled with the axis of the RankGenerator token it is built from."""
+    from meshscope.core.axes import axis_of
+    from meshscope.core.rundir import RunDir
+    from meshscope.trace.assemble import created_groups
+
+    proc, doc = trace_json(tmp_path / "t", "--fake-world", 4, "--ranks", "0", [str(JOB), "--steps", 1])
+    assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
+    descs = {desc for desc, _ in created_groups(RunDir(tmp_path / "t"))} - {"default_pg"}
+    assert {desc: axis_of(desc) for desc in descs} == CREATED_0_19_2

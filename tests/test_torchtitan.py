@@ -1,10 +1,12 @@
-"""torchtitan 0.2.2 (the newest release that runs on torch 2.13; 0.3.0 needs torch 2.15), unmodified:
-``-m torchtitan.train`` with its llama3 debug model and FSDP over a fake world of 4. Its wheel ships
-no tokenizer and no data, so the test makes a word-level tokenizer and a few thousand documents
-and points the flags at them. torchtitan needs CUDA (it picks "cuda" when no accelerator is found),
-so there is no gloo run to compare with. Oracle: per step, the FSDP units of its apply_fsdp
-(models/llama3/infra/parallelize.py, read at 0.2.2) and the calls of its train_step (train.py),
-counted by hand, and the layers' sizes from the debug model's shapes."""
+"""torchtitan, unmodified: ``-m torchtitan.train`` with its llama3 debug model in a fake world. 0.2.2
+(the newest release that runs on torch 2.13: CI) and 0.3.0 (torch 2.15, Python 3.12: the compat venv,
+benchmarks/bench_frameworks.py); each test runs only on the release it reads. The wheels ship no
+tokenizer and no data, so the tests make a word-level tokenizer and a few thousand documents and point
+the flags at them. torchtitan needs CUDA (it picks "cuda" when no accelerator is found), so there is no
+gloo run to compare with. Oracle: per step, the FSDP units of its apply_fsdp
+(models/llama3/infra/parallelize.py at 0.2.2; distributed/fsdp.py apply_fsdp_to_decoder at 0.3.0), its
+TP plan, and the calls of its train_step (train.py at 0.2.2, trainer.py at 0.3.0), counted by hand, and
+the layers' sizes from the debug model's shapes."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from collections import Counter
 
 import pytest
 
-from .helpers import skip_unless_installed, trace_json
+from .helpers import only_with, skip_unless_installed, trace_json
 
 # torchtitan.models.moe imports triton at import time, which torchtitan does not declare.
 skip_unless_installed("torchtitan", "triton")
@@ -53,6 +55,7 @@ def make_assets(where):
         json.dumps({"text": " ".join(rng.choices(WORDS, k=rng.randint(20, 80)))}) + "\n" for _ in range(2000)))
 
 
+@only_with("torchtitan", "0.2.2")
 def test_torchtitan_fsdp_in_a_fake_world_of_4(tmp_path):
     """Every class (first, middle, last rank of the FSDP group) passes; a steady step issues, on the one
     group that is torchtitan's batch, fsdp and loss mesh: the token count's all_reduce, an all_gather
@@ -85,6 +88,7 @@ def test_torchtitan_fsdp_in_a_fake_world_of_4(tmp_path):
         assert norm["bytes_in"] == 4 * (9 * LAYERS + 3)  # one per parameter: 9 per block, embedding, norm, output
 
 
+@only_with("torchtitan", "0.2.2")
 @pytest.mark.frameworks
 @pytest.mark.timeout(1200)  # 4.5 min at load 1.7-3.4 on 2 cores: 27 classes, each running the whole job
 def test_torchtitan_hsdp_tp_at_1024_ranks_with_fake_tensors(tmp_path):
@@ -119,6 +123,7 @@ def test_torchtitan_hsdp_tp_at_1024_ranks_with_fake_tensors(tmp_path):
     assert {k: steps[0][k] for k in want} == want
 
 
+@only_with("torchtitan", "0.2.2")
 @pytest.mark.frameworks
 @pytest.mark.timeout(600)
 def test_torchtitan_pp_fsdp_infers_its_stage_shapes_in_a_fake_world_of_8(tmp_path):
@@ -144,3 +149,127 @@ def test_torchtitan_pp_fsdp_infers_its_stage_shapes_in_a_fake_world_of_8(tmp_pat
     for rank in doc["per_rank"]:
         events = rank["steps"][2]["events"]
         assert Counter((e["axis"], e["phase"], e["op"]) for e in events) == want, rank["rank"]
+
+
+JOB_030 = ["-m", "torchtitan.train", "--module", "llama3", "--config", "llama3_debugmodel", "--hf-assets-path", "tokenizer",
+           "--dataloader.dataset", "c4_test", "--dataloader.dataset-path", "c4", "--training.steps", "4",
+           "--training.seq-len", "64", "--training.local-batch-size", "2", "--metrics.log-freq", "1",
+           "--training.disable-cuda-graphs"]
+"""0.3.0's flags for the same job (a config by registry name, hyphens; 4 steps, so that steady steps are compared).
+Its trainer captures each step in a CUDA graph by default (trainer.py wrap_with_cuda_graph), which no CPU can
+replay (a fake world says so in one line): the job turns it off."""
+CHUNKS = 8
+"""ChunkedLossWrapper's default num_chunks (components/loss.py): the debug config's loss runs lm_head and the
+cross entropy once per sequence chunk, outside the model's forward."""
+
+
+def step_030(tp: int, replicate: int) -> Counter:
+    """One steady step of one rank of torchtitan 0.3.0's llama3 debug model under FSDP x TP (x HSDP's
+    replicas), per (axis, phase, op), read from its code:
+
+    - FSDP (distributed/fsdp.py apply_fsdp_to_decoder): units tok_embeddings, each block, [norm, lm_head]
+      (not resharded after forward), the root (no parameters of its own). Forward: a gather per unit as it
+      runs (LAYERS + 2, the last at norm: the model's forward skips lm_head). The root's post-forward
+      completes the [norm, lm_head] unit, whose lm_head never ran, and that reshards it (torch 2.15
+      fsdp/_fully_shard/_fsdp_state.py _force_complete_incomplete_states), so ChunkedLossWrapper's explicit
+      ``lm_head.unshard()`` gathers it again (other). Backward: the chunks' backward reduce-scatters lm_head's
+      gradient at the last chunk, the wrapper reshards the unit, and the decoder's backward gathers every unit
+      again (LAYERS + 2) and reduce-scatters the rest of [norm, lm_head] (norm), each block and the
+      embedding: LAYERS + 3 reduce-scatters; with HSDP each of those is all-reduced on dp_replicate.
+    - TP with sequence parallelism (models/llama3/sharding.py, on by default): forward, the embedding's
+      reduce-scatter to sequence shards, per block the gathers of the attention's and feed-forward's inputs and
+      the reduce-scatters of wo and w2, and the final norm's gather for lm_head: 2 LAYERS + 1 of each;
+      _LossParallelCrossEntropy's three all-reduces per chunk (max, sum of exponentials, target logit).
+    - trainer.py train_step: the token count's all-reduce on batch; the grad norm's DTensor reduced on each
+      axis its parameters are sharded on (dp_shard and tp); after optimizer.step the three logged metrics'
+      all-reduces on the loss mesh, which fall in the next step's ledger.
+    """
+    step = Counter({("batch", "other", "all_reduce"): 1, ("loss_mesh", "other", "all_reduce"): 3,
+                    ("dp_shard", "forward", "all_gather"): LAYERS + 2, ("dp_shard", "other", "all_gather"): 1,
+                    ("dp_shard", "backward", "all_gather"): LAYERS + 2,
+                    ("dp_shard", "backward", "reduce_scatter"): LAYERS + 3, ("dp_shard", "other", "all_reduce"): 1,
+                    ("tp", "forward", "all_gather"): 2 * LAYERS + 1, ("tp", "forward", "reduce_scatter"): 2 * LAYERS + 1,
+                    ("tp", "other", "all_reduce"): 3 * CHUNKS + 1})
+    if replicate > 1:
+        step[("dp_replicate", "backward", "all_reduce")] = LAYERS + 3
+    return step
+
+
+def unit_sizes_030(tp: int) -> dict[str, int]:
+    """Elements of each FSDP unit on one tp rank: the embedding and lm_head split over the vocabulary, the
+    blocks' projections over heads or the feed-forward width (wqkv fused: 3 DIM x DIM), the norms whole."""
+    return {"tok_embeddings": VOCAB * DIM // tp, "block": (4 * DIM * DIM + 3 * DIM * FFN) // tp + 2 * DIM,
+            "norm": DIM, "lm_head": VOCAB * DIM // tp}
+
+
+def tp_step_events(doc: dict, step: int = 2) -> list[Counter]:
+    return [Counter((e["axis"], e["phase"], e["op"]) for e in r["steps"][step]["events"]) for r in doc["per_rank"]]
+
+
+def only(counts: Counter, want: Counter) -> dict:
+    """`counts` restricted to the keys of `want` (the TP backward, with selective AC's recomputation, is not
+    counted by hand)."""
+    return {k: counts[k] for k in want}
+
+
+@only_with("torchtitan", "0.3.0")
+@pytest.mark.frameworks
+@pytest.mark.timeout(600)
+def test_torchtitan_030_fsdp_tp_in_a_fake_world_of_4(tmp_path):
+    """FSDP 2 x TP 2: every rank its own class, all passed, the steady steps equal; per step the counts of
+    `step_030`, the FSDP units gathered in bf16 and reduced in fp32 at the sizes of `unit_sizes_030`."""
+    make_assets(tmp_path)
+    proc, doc = trace_json(tmp_path / "t", "--fake-world", 4, [*JOB_030, "--parallelism.tensor-parallel-degree", "2"],
+                           cwd=tmp_path, timeout=540)
+    assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
+    assert doc["fake_world"]["traced"] == [0, 1, 2, 3]
+    assert doc["layout"]["text"] == "tp 2 x batch/dp/dp_shard/loss_mesh 2 (order tp-batch/dp/dp_shard/loss_mesh)"
+    assert next(c for c in doc["checks"] if c["name"] == "steady steps repeat")["status"] == "passed"
+    want = step_030(2, 1)
+    assert all(only(s, want) == want for s in tp_step_events(doc)), tp_step_events(doc)[0]
+    units = unit_sizes_030(2)
+    events = doc["per_rank"][0]["steps"][2]["events"]
+    gathered = [e["bytes_out"] for e in events if e["axis"] == "dp_shard" and e["op"] == "all_gather"]
+    forward = [2 * units["tok_embeddings"]] + [2 * units["block"]] * LAYERS + [2 * (units["norm"] + units["lm_head"])]
+    assert gathered == forward + forward[-1:] + forward[::-1]
+    scattered = [e["bytes_in"] for e in events if e["axis"] == "dp_shard" and e["op"] == "reduce_scatter"]
+    assert scattered == [4 * units["lm_head"], 4 * units["norm"]] + [4 * units["block"]] * LAYERS \
+        + [4 * units["tok_embeddings"]]
+
+
+@only_with("torchtitan", "0.3.0")
+@pytest.mark.frameworks
+@pytest.mark.timeout(600)
+def test_torchtitan_030_hsdp_tp_in_a_fake_world_of_8(tmp_path):
+    """HSDP 2 x 2 x TP 2: as above, and HSDP's all-reduce on dp_replicate of each reduce-scattered gradient
+    shard (fp32, a unit's elements over tp and fsdp)."""
+    make_assets(tmp_path)
+    job = [*JOB_030, "--parallelism.data-parallel-replicate-degree", "2", "--parallelism.data-parallel-shard-degree",
+           "2", "--parallelism.tensor-parallel-degree", "2"]
+    proc, doc = trace_json(tmp_path / "t", "--fake-world", 8, job, cwd=tmp_path, timeout=540)
+    assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
+    assert doc["layout"]["text"] == "tp 2 x dp_shard 2 x dp_replicate 2 (order tp-dp_shard-dp_replicate)"
+    want = step_030(2, 2)
+    assert all(only(s, want) == want for s in tp_step_events(doc)), tp_step_events(doc)[0]
+    units = unit_sizes_030(2)
+    replicated = [e["bytes_in"] for e in doc["per_rank"][0]["steps"][2]["events"] if e["axis"] == "dp_replicate"]
+    assert replicated == [4 * units[u] // 2 for u in ("lm_head", "norm", *["block"] * LAYERS, "tok_embeddings")]
+
+
+@only_with("torchtitan", "0.3.0")
+@pytest.mark.frameworks
+@pytest.mark.timeout(1200)
+def test_torchtitan_030_hsdp_tp_at_1024_ranks_with_fake_tensors(tmp_path):
+    """The issue's target: HSDP 4 x 32 x TP 8 at 1,024 ranks, --ranks auto, --fake-tensors: every class
+    passed, every one the same steady step, with the counts of `step_030`."""
+    make_assets(tmp_path)
+    job = [*JOB_030, "--parallelism.data-parallel-replicate-degree", "4", "--parallelism.data-parallel-shard-degree",
+           "32", "--parallelism.tensor-parallel-degree", "8"]
+    proc, doc = trace_json(tmp_path / "t", "--fake-world", 1024, "--nproc-per-node", 8, "--fake-tensors", job,
+                           cwd=tmp_path, timeout=1100)
+    assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
+    assert doc["layout"]["text"] == "tp 8 x dp_shard 32 x dp_replicate 4 (order tp-dp_shard-dp_replicate)"
+    steps = tp_step_events(doc)
+    assert all(s == steps[0] for s in steps)
+    want = step_030(8, 4)
+    assert only(steps[0], want) == want, steps[0]

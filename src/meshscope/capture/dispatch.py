@@ -332,6 +332,10 @@ class ModeRecorder(TorchDispatchMode):
 
     BY_NAMESPACE = {"c10d": DECODERS, "_c10d_functional": FUNCTIONAL_DECODERS,
                     "_c10d_functional_autograd": FUNCTIONAL_DECODERS}
+    supports_higher_order_operators = True
+    """A higher-order op (``flex_attention``: torchtitan 0.3.0's llama3) reaches a dispatch mode only if the mode
+    says so, else it fails (torch 2.13 and 2.15 torch/_ops.py ``HigherOrderOperator.dispatch``); here it passes
+    straight through, with no tensor types, to FakeTensorMode's rule for it."""
 
     def __init__(self, sink, answers=None):
         super().__init__()

@@ -1,4 +1,5 @@
-"""DTensor's attention on the CPU standing in for CUDA: the rule of CUDA's flash kernel for the CPU's.
+"""Attention on the CPU standing in for CUDA: DTensor's rule of CUDA's flash kernel for the CPU's, and
+flex attention's backward.
 
 ``F.scaled_dot_product_attention`` picks its kernel by the device of its inputs. On a GPU, DTensor
 shards the kernel it picks (flash, memory-efficient or cuDNN: torch 2.13
@@ -18,12 +19,21 @@ of CUDA's; its backward's six tensor inputs are in the order of CUDA's backward)
 then picks, and with it every redistribution around the attention, is the one it picks on the GPU. An
 ``attn_mask`` (for which CUDA takes the memory-efficient kernel, with its own rule for the bias) is
 not covered: that call fails with one line (`explain`) naming torch's limit and what to pass.
+
+``flex_attention`` refuses inputs that need a gradient on the CPU ("FlexAttention does not support
+backward on CPU", torch 2.13 and 2.15 nn/attention/flex_attention.py ``_validate_device``), a check of
+the device only: its eager backward, the dense one, runs on the CPU. Under ``torch.compile`` with
+inductor (how torchtitan 0.3.0's llama3 calls it, models/common/attention.py
+``FlexAttention._compiled_flex_attn``) the backward has no CPU kernel (torch 2.15: "IndexError: tuple
+index out of range" in inductor's flex backward lowering), so a fake world runs flex attention eagerly
+wherever it is called (`cpu_flex_attention`): it issues no collective, so the ledger is the GPU's.
 """
 
 from __future__ import annotations
 
 import functools
 
+from ..entry_points import rebind
 from .devices import mark
 
 CPU_FLASH = "aten._scaled_dot_product_flash_attention_for_cpu"
@@ -59,6 +69,32 @@ def cpu_flash_attention_rule() -> None:
         strategies = cuda_rules._scaled_dot_product_flash_attention_backward_base_strategies(op_schema)
         return expand_to_full_mesh_op_strategy(op_schema.get_mesh_from_args(validate=False), op_schema, strategies,
                                                input_index=3)
+
+
+@functools.cache
+def cpu_flex_attention() -> None:
+    """flex_attention's device check takes the CPU for the CUDA it stands for, and every call runs it eagerly:
+    a torch.compile of it, or around it, traces the replacement up to its call of the disabled original (a
+    graph break; a compile of the disabled function itself would trace what it wraps)."""
+    import torch
+    from torch.nn.attention import flex_attention as module
+
+    validate = module._validate_device
+
+    def validate_device(query, key, value) -> None:
+        if query.device.type != "cpu":
+            validate(query, key, value)
+
+    module._validate_device = validate_device
+    original = module.flex_attention
+    eager = torch.compiler.disable(original)
+
+    @functools.wraps(original)
+    def flex_attention(*args, **kwargs):
+        mark("flex_attention (eager, on the CPU)")
+        return eager(*args, **kwargs)
+
+    rebind(original, flex_attention)  # torchtitan and torch's own context parallelism import it by name
 
 
 def explain(exc: BaseException, where: str) -> str | None:

@@ -27,6 +27,10 @@ import os
 from ..entry_points import wrap
 
 
+asked: list[str] = []
+"""The backend the script's init_process_group named ("default" where it named none), once it has run."""
+
+
 @functools.cache
 def fake_init_process_group() -> None:
     """The script's ``init_process_group`` makes a fake group of the world the environment names (read
@@ -41,6 +45,7 @@ def fake_init_process_group() -> None:
             given = signature.bind_partial(*args, **kwargs).arguments  # by name, positional ones too
             for name in ("device_id", "init_method", "_ranks"):  # the fake backend binds no device, needs no peer
                 given.pop(name, None)
+            asked[:] = [str(given.get("backend") or "default")]
             given.update(backend="fake", store=FakeStore(), rank=int(os.environ["RANK"]),
                          world_size=int(os.environ["WORLD_SIZE"]))
             return original(**given)

@@ -15,6 +15,9 @@ has no accelerator) and on a CUDA build with no GPU (where ``torch.accelerator``
 - streams and events are CPU stand-ins that do nothing (`Stream`, `Event`: ``torch.Stream`` and
   ``torch.Event`` of the CPU, so torch.compile's stream tracking takes them), and an event's
   ``elapsed_time`` is the wall time between its records (a CPU's work is done when it returns);
+  Dynamo's current stream is the answered one (`dynamo_current_stream`); ``CUDAGraph`` refuses in
+  one line (a graph replays GPU kernels, which the CPU cannot; torchtitan 0.3.0 captures its step in
+  one unless ``--training.disable-cuda-graphs``);
 - the device's name, properties, capability, free memory and memory statistics are the stand-in
   GPU's (`gpu`, ``--fake-device``); NVTX ranges do nothing.
 
@@ -62,6 +65,7 @@ _CUDA = {
     "is_current_stream_capturing": "no",  # asked of a CUDA build before every optimizer step (torch 2.11)
     "Stream": "Stream", "Event": "Event", "current_stream": "current_stream", "default_stream": "default_stream",
     "set_stream": "set_stream", "stream": "stream", "ExternalStream": "ExternalStream",  # a real CUDA stream's
+    "CUDAGraph": "CUDAGraph",  # a CUDA build's reaches the device in C++, without a torch.cuda frame to name
     "nvtx.range_push": "zero", "nvtx.range_pop": "zero", "nvtx.range_start": "zero", "nvtx.range_end": "nothing",
     "nvtx.mark": "nothing",
     "get_device_name": "gpu.name", "get_device_properties": "gpu.properties",
@@ -186,6 +190,10 @@ def _kinds() -> dict[str, object]:
         def __new__(cls, *args, **kwargs):
             raise unmapped("torch.cuda.ExternalStream")
 
+    class CUDAGraph:  # captures and replays GPU kernels: nothing of it runs on the CPU
+        def __new__(cls, *args, **kwargs):
+            raise unmapped("torch.cuda.CUDAGraph")
+
     def set_stream(selected) -> None:
         current[:] = [selected]
 
@@ -196,7 +204,7 @@ def _kinds() -> dict[str, object]:
         "cuda": lambda check_available=False: torch.device("cuda"),
         "rng_state": lambda *a, **k: cpu_state(), "rng_state_all": lambda: [cpu_state()] * local_world(),
         "Stream": Stream, "Event": Event, "stream": stream, "device_index": device_index,
-        "ExternalStream": ExternalStream, "set_stream": set_stream,
+        "ExternalStream": ExternalStream, "CUDAGraph": CUDAGraph, "set_stream": set_stream,
         "current_stream": lambda device=None: current[-1] if current else default,
         "default_stream": lambda device=None: default,
         **{f"gpu.{f}": getattr(gpu, f) for f in ("name", "properties", "capability", "mem_get_info", "memory_stats",
@@ -284,6 +292,26 @@ def _needs_device(name: str, original):
         except (RuntimeError, AssertionError, ImportError):  # Unmapped too: the outermost call is named
             raise unmapped(name) from None
     return call
+
+
+@functools.cache
+def dynamo_current_stream() -> None:
+    """Dynamo's current stream is the answered one. Every Dynamo trace registers
+    ``torch.accelerator.current_stream()`` (the CPU stand-in here) and the compiled code fetches it
+    again by its device through ``torch._dynamo.utils.get_current_stream``, also bound by name in
+    ``torch._dynamo.guards`` (torch 2.15 _dynamo/variables/streams.py SymbolicStreamState). At torch
+    2.13 that is a Python function asking ``torch.accelerator``, which the answers already reach; at
+    2.15 it is C++ (``torch._C._dynamo.utils``), which on a CUDA build without a GPU refuses the CPU
+    stand-in's device: "cpu doesn't match the current accelerator cuda" at the first compiled call
+    (torchtitan 0.3.0's compiled ``create_block_mask``)."""
+    import torch
+    from torch._dynamo import guards, utils
+
+    def get_current_stream(device):
+        return torch.accelerator.current_stream(device)
+
+    for module in (utils, guards):
+        module.get_current_stream = get_current_stream
 
 
 @functools.cache

@@ -115,9 +115,11 @@ def _needs_device(frames, name: str | None, fallback: str) -> str:
             f".cuda(), set_device, streams, device queries, init_device_mesh, device_ids)")
 
 
-NO_GPU = ("No CUDA GPUs are available", "no CUDA-capable device is detected", "Found no NVIDIA driver")
+NO_GPU = ("No CUDA GPUs are available", "no CUDA-capable device is detected", "Found no NVIDIA driver",
+          "CUDA driver version is insufficient for CUDA runtime version")
 """What a CUDA build without a GPU says where a call needs one (torch 2.11, the device machine with
-CUDA_VISIBLE_DEVICES empty): a class of torch.cuda (``CUDAGraph()``) reaches the device in C++."""
+CUDA_VISIBLE_DEVICES empty; torch 2.15+cu132 on a machine with no NVIDIA driver installed, the last):
+a class of torch.cuda reaches the device in C++."""
 
 
 def explain(exc: BaseException) -> str | None:

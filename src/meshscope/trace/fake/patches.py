@@ -41,6 +41,10 @@ class Patch:
     mode: str
     install: Callable[[], None]
     """Idempotent: the fork server installs a row before it forks the ranks, which install it again."""
+    since: str = ""
+    """The first torch release with the targets, where an earlier one lacks them ("": every release read)."""
+    until: str = ""
+    """The first torch release without them, where the row's job is done otherwise ("": none read)."""
 
 
 C10D = "torch.distributed.distributed_c10d"
@@ -48,6 +52,7 @@ DDP = "torch.nn.parallel.DistributedDataParallel"
 MESH = "torch.distributed.device_mesh.DeviceMesh"
 MATRIX_OPS = "torch.distributed.tensor._ops._matrix_ops"
 LOADER_ITER = "torch.utils.data.dataloader._BaseDataLoaderIter"
+PIPELINE = "torch.distributed.pipelining.schedules._PipelineSchedule"
 
 PATCHES = (
     Patch("fake backend", (f"{C10D}.init_process_group", "torch.testing._internal.distributed.fake_pg.FakeStore"),
@@ -72,8 +77,8 @@ PATCHES = (
     Patch("pipelining's vote taken alone", ("torch.distributed.pipelining.schedules._PipelineSchedule._warmup_p2p",
                                             "torch.distributed.pipelining._utils.InferenceMode.needs_dynamic"),
           "the warm-up vote (static shapes or inference over P2P) multiplies every stage's vote over P2P, which "
-          "the fake backend does not carry: a rank's stages take their own stages' vote", "2.13", FAKE_WORLD,
-          pipeline.vote_alone),
+          "the fake backend does not carry: a rank's stages take their own stages' vote (2.15 votes by an all_reduce, "
+          "which returns this rank's own)", "2.13", FAKE_WORLD, pipeline.vote_alone, until="2.15"),
     Patch("pipelining's stage metadata from any replica",
           ("torch.distributed.pipelining.stage.PipelineStage._send_meta",
            "torch.distributed.pipelining.stage.PipelineStage._recv_meta",
@@ -81,7 +86,11 @@ PATCHES = (
            "torch.distributed.pipelining._utils._StageBackwardMeta"),
           "shape inference receives metadata from the neighbouring stages, whose ranks may run after this one in "
           "a fake world: the same stage's message from any traced rank, else (gradients) torch's own rule from this "
-          "stage's outputs, its bytes assumed", "2.13", FAKE_WORLD, pipeline.stage_metadata),
+          "stage's outputs, its bytes assumed", "2.13, 2.15", FAKE_WORLD, pipeline.stage_metadata),
+    Patch("pipelining's set-up as on the backend asked for", (f"{PIPELINE}._initialize_pipeline_distributed_state",),
+          "torch 2.15 skips a schedule's shape vote and its stages' preconnect on the fake backend, which a real run "
+          "issues (4 all_reduces and a send/recv more than the fake world on 2 gloo stages); the set-up sees the "
+          "backend the script named", "2.15", FAKE_WORLD, pipeline.setup_as_asked, since="2.15"),
     Patch("DDP's all-reduce hook", (f"{DDP}.__init__", f"{DDP}.register_comm_hook"),
           "DDP's built-in hook asserts on the fake work's empty future; a hook issuing the same all-reduce "
           "of the same bucket completes with the bucket", "2.11, 2.13", FAKE_WORLD, backend.hook_ddp),
@@ -91,6 +100,12 @@ PATCHES = (
           "streams and events that do nothing, the stand-in GPU's properties and memory (--fake-device); every other "
           "public function of torch.cuda and torch.accelerator raises one line naming the call when it needs a device",
           "2.11, 2.13", CUDA_MAP, cuda_api.answer_torch_cuda),
+    Patch("Dynamo's current stream answered", ("torch._dynamo.utils.get_current_stream",
+                                                "torch._dynamo.guards.get_current_stream"),
+          "every Dynamo trace takes the current stream, and its compiled code asks for it again through a C++ "
+          "binding at torch 2.15 (a Python function asking torch.accelerator at 2.13), which refuses the CPU "
+          "stand-in on a CUDA build without a GPU; it asks the answered torch.accelerator instead", "2.13, 2.15",
+          CUDA_MAP, cuda_api.dynamo_current_stream),
     Patch("CUDA's gate named", ("torch.cuda._lazy_init", "torch._utils._dummy_type"),
           "torch.cuda's lazy init and a CPU build's placeholders for CUDA's C++ types (CUDAGraph, MemPool) raise one "
           "line naming the call instead of 'not compiled with CUDA' or 'dummy base class'", "2.11, 2.13", CUDA_MAP,
@@ -130,6 +145,11 @@ PATCHES = (
           "F.scaled_dot_product_attention on the CPU standing in for CUDA picks the CPU's flash kernel, which DTensor "
           "cannot shard; it gets DTensor's rule for CUDA's flash kernel, so DTensor redistributes as on the GPU",
           "2.13", CUDA_MAP, attention.cpu_flash_attention_rule),
+    Patch("flex attention's backward on the CPU", ("torch.nn.attention.flex_attention.flex_attention",
+                                                    "torch.nn.attention.flex_attention._validate_device"),
+          "flex_attention refuses a backward on the CPU by its device alone, and inductor has no CPU kernel for "
+          "it: the CPU standing for CUDA passes the check and every call runs eagerly, its dense backward",
+          "2.13, 2.15", CUDA_MAP, attention.cpu_flex_attention),
     Patch("DeviceMesh on real tensors", (MESH, "torch.distributed.device_mesh.init_device_mesh",
                                          "torch._subclasses.fake_tensor.unset_fake_temporarily"),
           "its rank tables are read back as numbers (tolist), which a FakeTensor cannot answer: every "
@@ -143,9 +163,12 @@ PATCHES = (
     Patch("DDP's parameter check real", ("torch.distributed.utils._verify_param_shape_across_processes",),
           "DDP's C++ check reads the shapes it gathered back (item)", "2.13", FAKE_TENSORS,
           tensors.ddp_param_check_real),
-    Patch("pipelining's vote real", ("torch.distributed.pipelining.schedules._PipelineSchedule._warmup_p2p",),
+    Patch("pipelining's vote real", (f"{PIPELINE}._warmup_p2p",),
           "the warm-up vote reads the one-element tensors it received as numbers", "2.13", FAKE_TENSORS,
-          tensors.pipeline_vote_real),
+          tensors.pipeline_vote_real, until="2.15"),
+    Patch("pipelining's set-up real", (f"{PIPELINE}._initialize_pipeline_distributed_state",),
+          "the set-up that replaces the warm-up vote at torch 2.15 reads its all-reduced vote as a number", "2.15",
+          FAKE_TENSORS, tensors.pipeline_setup_real, since="2.15"),
     Patch("DataLoader's random draws and indices real", (f"{LOADER_ITER}.__init__", f"{LOADER_ITER}._next_index"),
           "every iterator draws its random base seed with .item() (torch/utils/data/dataloader.py:690-694) and samplers "
           "read their indices back (DistributedSampler: randperm(...).tolist(), distributed.py:112)", "2.13",
@@ -154,6 +177,10 @@ PATCHES = (
           "they pickle the rank's own objects into byte tensors and read the sizes back "
           "(distributed_c10d.py:3514 max(object_size_list).item())", "2.13", FAKE_TENSORS,
           tensors.object_collectives_real),
+    Patch("flex attention uncompiled", ("torch.nn.attention.flex_attention._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG",),
+          "flex_attention compiles its higher-order op with fullgraph=True, and Dynamo compiles no frame under the "
+          "recording dispatch mode; torch's own switch calls the op directly, which FakeTensorMode answers",
+          "2.13, 2.15", FAKE_TENSORS, tensors.flex_attention_uncompiled),
     Patch("format of a 0-dim FakeTensor", ("torch.Tensor.__format__",),
           "Tensor.__format__ formats a 0-dim tensor's item() but leaves a subclass to object.__format__ (a "
           "TypeError for f'{loss:.3f}'); the read is answered like .item()", "2.13", FAKE_TENSORS,
@@ -176,6 +203,17 @@ PATCHES = (
           "DDP issues its bucket all-reduces in _coalescing_manager (distributed_c10d.py:2900)", "2.13",
           FAKE_TENSORS, tensors.coalesced_fake_kernels),
 )
+
+
+def release(version: str) -> tuple[int, ...]:
+    """'2.15.0+cu132' -> (2, 15): a torch release, as the rows' bounds name it."""
+    return tuple(int(part) for part in version.split("+")[0].split(".")[:2])
+
+
+def meant_for(patch: Patch, version: str) -> bool:
+    """Whether torch `version` lies within `patch`'s releases (its targets should exist there)."""
+    return (not patch.since or release(version) >= release(patch.since)) and (
+        not patch.until or release(version) < release(patch.until))
 
 
 def present(patch: Patch) -> bool:

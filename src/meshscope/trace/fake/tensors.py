@@ -36,6 +36,12 @@ What a script meets here, and how it is handled (each a row of `patches.PATCHES`
   whole and a later ``torch.load`` in the rank gets FakeTensors of the same shapes; c10d's coalesced
   ops (Megatron's DDP in ``_coalescing_manager``, distributed_c10d.py:2900) get the fake kernels torch
   declares for the others (torch/distributed/_meta_registrations.py).
+- **flex_attention** compiles its higher-order op itself (``torch.compile(..., fullgraph=True)``, torch
+  2.13 and 2.15 nn/attention/flex_attention.py), which fails here: Dynamo compiles no frame while a
+  dispatch mode that does not ignore compile internals is on the stack (the recorder above
+  FakeTensorMode; torch 2.15 _dynamo/convert_frame.py), so every ``torch.compile`` runs eagerly; torch's
+  own switch for running the op uncompiled (``_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG``) calls it directly,
+  and FakeTensorMode answers it.
 - **Reading a value** (``loss.item()``, ``float(norm)``, ``f"{loss:.3f}"``, ``if mask.any():``) is
   answered with a placeholder and counted by where it was read; an op whose output shape depends on
   values (``bincount`` of MoE routing for an uneven all-to-all) stops the rank with one line naming
@@ -134,6 +140,16 @@ def pipeline_vote_real() -> None:
     base._warmup_p2p = _with_fake_off(base._warmup_p2p)
 
 
+@functools.cache
+def pipeline_setup_real() -> None:
+    """torch 2.15's pipeline set-up reads its all-reduced vote as a number (``vote.item()``); its tensors are its
+    own one-element ones, real with fake mode off."""
+    from torch.distributed.pipelining import schedules
+
+    base = schedules._PipelineSchedule
+    base._initialize_pipeline_distributed_state = _with_fake_off(base._initialize_pipeline_distributed_state)
+
+
 OBJECT_COLLECTIVES = ("all_gather_object", "gather_object", "broadcast_object_list", "scatter_object_list",
                       "send_object_list", "recv_object_list")
 
@@ -154,6 +170,14 @@ def object_collectives_real() -> None:
     """The ``*_object`` collectives with fake mode off: their tensors are the rank's own pickled objects."""
     for name in OBJECT_COLLECTIVES:
         wrap(name, _with_fake_off)
+
+
+@functools.cache
+def flex_attention_uncompiled() -> None:
+    """flex_attention calls its higher-order op without compiling it (read at each call)."""
+    from torch.nn.attention import flex_attention
+
+    flex_attention._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
 
 
 @functools.cache
