@@ -114,13 +114,19 @@ class Exchange:
         return f"{name}-{n}"
 
     def read_any(self, key: str, kind: str) -> list[bytes] | None:
-        """What any other traced rank recorded as `key`, the lowest first; None if none has."""
+        """What any other traced rank recorded as `key`, the lowest first, waiting while a rank forked
+        before this one still runs; None if none has."""
         mine = self.run_dir.objects(self.rank)
-        for path in sorted(mine.parent.glob(f"rank*/{key}.pkl"), key=lambda p: int(p.parent.name.removeprefix("rank"))):
-            if path.parent != mine:
-                sent_kind, pickles = pickle.loads(path.read_bytes())
-                if sent_kind == kind:
-                    return pickles
+        while True:
+            for path in sorted(mine.parent.glob(f"rank*/{key}.pkl"),
+                               key=lambda p: int(p.parent.name.removeprefix("rank"))):
+                if path.parent != mine:
+                    sent_kind, pickles = pickle.loads(path.read_bytes())
+                    if sent_kind == kind:
+                        return pickles
+            if not any(_alive(pid) and not self.run_dir.rank_end(rank).exists() for rank, pid in self.alongside.items()):
+                break
+            time.sleep(POLL_S)
         self.unheard.add(str((mine.parent / "rank*" / f"{key}.pkl").relative_to(self.run_dir.path)))
         return None
 
@@ -337,7 +343,12 @@ def _receiving(name: str, into):
         def receive(*args, **kwargs):
             queue = (_inbox.queues or {}).get(name)
             if not queue:
-                return original(*args, **kwargs)
+                out = original(*args, **kwargs)
+                if name in ZEROED and _inbox.queues is None:  # a P2P tensor of the job's own, not an object's
+                    with torch.no_grad():  # a stage's receive buffer is a leaf that requires grad
+                        for tensor in into(signature.bind(*args, **kwargs).arguments):
+                            tensor.zero_()
+                return out
             # a call nested in this one (torch's handle_torch_function calls this name again) is not the one
             # delivered to: it finds no queue
             delivery, queues, _inbox.queues = queue.pop(0), _inbox.queues, None
@@ -356,6 +367,11 @@ def _receiving(name: str, into):
         return receive
     return make
 
+
+ZEROED = ("recv", "irecv")
+"""Receives whose buffer a fake world fills with zeros: what the fake backend leaves there is whatever
+``torch.empty`` held, and a pipeline's later stage that computes on it can read NaN (torchtitan 0.3.0
+stops on a non-finite loss, trainer.py)."""
 
 RECEIVERS = {"broadcast": lambda a: [a["tensor"]], "all_gather": lambda a: a["tensor_list"],
              "gather": lambda a: a.get("gather_list") or [], "scatter": lambda a: [a["tensor"]],

@@ -72,7 +72,8 @@ PATCHES = (
               *objects.COLLECTIVES, *objects.RECEIVERS, "_pickler")),
           "the fake backend hands a receiver back its own tensors, so a broadcast_object_list decodes garbage "
           "sizes (distributed_c10d.py:4039); torch's code still issues the calls, and what the sender sent (its "
-          "record in objects/, else this rank's own object, its bytes assumed) is put into what it receives into",
+          "record in objects/, else this rank's own object, its bytes assumed) is put into what it receives into; "
+          "a P2P receive of the job's own tensors gets zeros, not torch.empty's garbage (NaN on a later stage)",
           "2.13", FAKE_WORLD, objects.deliver_objects),
     Patch("pipelining's vote taken alone", ("torch.distributed.pipelining.schedules._PipelineSchedule._warmup_p2p",
                                             "torch.distributed.pipelining._utils.InferenceMode.needs_dynamic"),

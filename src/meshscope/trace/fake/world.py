@@ -55,11 +55,14 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
         if same is None:
             echo(f"meshscope trace: fake world of {world}: tracing ranks {chosen}\n")
             codes.update(server.run([r for r in chosen if r not in codes], cores))
-            again = retrace(run_dir, chosen)
-            if again:
-                echo(f"meshscope trace: fake world of {world}: tracing ranks {again} again: they failed after "
+            for _ in range(RETRACE_ROUNDS):
+                ranks = retrace(run_dir, chosen)
+                if not ranks:
+                    break
+                echo(f"meshscope trace: fake world of {world}: tracing ranks {ranks} again: they failed after "
                      f"receiving objects from ranks not yet traced\n")
-                codes.update(server.run(again, cores))
+                codes.update(server.run(ranks, cores))
+                again = sorted({*again, *ranks})
     except ServerFailed as exc:
         failure = str(exc)
     except BaseException:  # Ctrl-C or a bug of meshscope's while ranks run: none is left running
@@ -88,6 +91,11 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
     return conclude(run_dir, result)
 
 
+RETRACE_ROUNDS = 4
+"""Rounds of `retrace` at most: an interleaved pipeline's ranks each wait on a stage the other ranks hold
+(rank 0's stage 2 needs stage 1's shapes, which need stage 0's), so each round lets one more stage through."""
+
+
 def retrace(run_dir: RunDir, traced: list[int]) -> list[int]:
     """The ranks of `traced` that failed after a P2P object message they got a stand-in for, where a record
     they looked for has been written since (`RankEnd.unheard`): traced once more after all the others,
@@ -110,8 +118,9 @@ def stand_in(ends: list[RankEnd]) -> FakeDevice | None:
 
 def failed_alike(ends: list[RankEnd]) -> str | None:
     """'ValueError at train.py:12' when every one of `ends` failed with the same exception at the same
-    place of the script, else None."""
-    if not ends or any(e.status != "error" for e in ends):
+    place of the script, else None; None too where one failed after a stand-in for a peer's message
+    (`RankEnd.unheard`): the ranks traced after it may send it (`retrace`)."""
+    if not ends or any(e.status != "error" or e.unheard for e in ends):
         return None
     ways = {(e.exception or e.error, e.where) for e in ends}
     if len(ways) != 1:
