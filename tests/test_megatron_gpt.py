@@ -15,6 +15,7 @@ from collections import Counter
 import pytest
 
 from .helpers import ROOT, cli, only_with, skip_unless_installed, trace_json
+from .test_trace_rules import MEGATRON_CORE_0_19_2
 
 skip_unless_installed("megatron.core")
 
@@ -130,22 +131,13 @@ def test_gpt_model_at_1024_ranks_with_fake_tensors(release, real_1024, fake_tens
     assert json.loads(same.stdout)["verdict"] == "same", same.stdout[-3000:]
 
 
-CREATED_0_19_2 = {
-    # what initialize_model_parallel (megatron/core/parallel_state.py, 0.19.2) creates with the job's
-    # arguments (tp 2, the defaults otherwise), read from its create_group calls: every group_desc but those
-    # behind an option left off (INTRA_PARTIAL_* needs num_distributed_optimizer_instances > 1, *_GTP_REMAT
-    # a gtp_remat size > 1, HIERARCHICAL_* hierarchical context parallelism, HYBRID_DP_CP_* hybrid dp-cp)
-    "TENSOR_MODEL_PARALLEL_GROUP": "tp", "PIPELINE_MODEL_PARALLEL_GROUP": "pp", "DATA_PARALLEL_GROUP": "dp",
-    "DATA_PARALLEL_GROUP_GLOO": "dp", "DATA_PARALLEL_GROUP_WITH_CP": "dp-cp", "DATA_PARALLEL_GROUP_WITH_CP_GLOO": "dp-cp",
-    "CONTEXT_PARALLEL_GROUP": "cp", "MODEL_PARALLEL_GROUP": "tp-pp", "TENSOR_AND_DATA_PARALLEL_GROUP": "tp-dp",
-    "TENSOR_AND_DATA_PARALLEL_GROUP_WITH_CP": "tp-dp-cp", "TENSOR_AND_CONTEXT_PARALLEL_GROUP": "tp-cp",
-    "EMBEDDING_GROUP": "embedding", "POSITION_EMBEDDING_GROUP": "position_embedding",
-    "EXPERT_MODEL_PARALLEL_GROUP": "ep", "EXPERT_TENSOR_PARALLEL_GROUP": "etp", "EXPERT_DATA_PARALLEL_GROUP": "edp",
-    "EXPERT_DATA_PARALLEL_GROUP_GLOO": "edp", "EXPERT_TENSOR_AND_MODEL_PARALLEL_GROUP": "etp-ep",
-    "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP": "etp-ep-pp", "INTRA_DISTRIBUTED_OPTIMIZER_INSTANCE_GROUP": "dp-cp.instance",
-    "GTP_WEIGHT_REMAT_GROUP": "gtp", "EXPERT_GTP_WEIGHT_REMAT_GROUP": "egtp",
-    "EXPERT_TENSOR_MODEL_PIPELINE_PARALLEL_GROUP_WITH_EGTP": "etp-ep-egtp-pp",
-}
+OPTIONAL_0_19_2 = ("INTRA_PARTIAL_", "HIERARCHICAL_", "HYBRID_DP_CP_", "_GTP_REMAT", "_AG")
+"""Parts of the group_desc of 0.19.2's groups behind an option the job leaves off, read from its
+parallel_state.py's create_group calls (INTRA_PARTIAL_* needs num_distributed_optimizer_instances > 1,
+*_GTP_REMAT a gtp_remat size > 1, HIERARCHICAL_* hierarchical context parallelism, HYBRID_DP_CP_* hybrid
+dp-cp, *_AG a separate all-gather group)."""
+CREATED_0_19_2 = {desc: axis for desc, axis in MEGATRON_CORE_0_19_2.items() if not any(p in desc for p in OPTIONAL_0_19_2)}
+"""What initialize_model_parallel (megatron/core/parallel_state.py, 0.19.2) creates with the job's arguments."""
 
 
 @only_with("megatron-core", "0.19.2")
