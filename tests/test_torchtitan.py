@@ -273,3 +273,24 @@ def test_torchtitan_030_hsdp_tp_at_1024_ranks_with_fake_tensors(tmp_path):
     assert all(s == steps[0] for s in steps)
     want = step_030(8, 4)
     assert only(steps[0], want) == want, steps[0]
+
+
+@only_with("torchtitan", "0.3.0")
+@pytest.mark.frameworks
+@pytest.mark.timeout(600)
+def test_torchtitan_030_interleaved_pp_infers_its_stage_shapes_in_a_fake_world_of_8(tmp_path):
+    """PP 2 x FSDP 4 with 0.3.0's default Interleaved1F1B: 2 stages per pp rank (4 in all), inferring their
+    shapes over P2P, each rank's second stage waiting on the other rank's first (the fake world traces the
+    ranks that failed for want of a later stage's shapes again). By hand per steady step on pp, M = 2
+    microbatches (local batch 2, microbatches of 1): the first pp rank's stage 0 sends M activations and
+    receives M gradients, its stage 2 receives and sends M of each; the second's stage 1 does the same as
+    stage 2 and its last stage 3 receives M activations and sends M gradients: 3M sends and 3M receives on
+    every rank."""
+    make_assets(tmp_path)
+    job = [*JOB_030, "--parallelism.pipeline-parallel-degree", "2", "--parallelism.data-parallel-shard-degree", "4"]
+    proc, doc = trace_json(tmp_path / "t", "--fake-world", 8, job, cwd=tmp_path, timeout=540)
+    assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
+    for rank in doc["per_rank"]:
+        for step in (2, 3):
+            calls = Counter(e["op"] for e in rank["steps"][step]["events"] if e["axis"] == "pp")
+            assert (calls["send"], calls["recv"]) == (6, 6), (rank["rank"], step, calls)
