@@ -111,7 +111,7 @@ def test_torchtitan_hsdp_tp_at_1024_ranks_with_fake_tensors(tmp_path):
     assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
     assert doc["layout"]["text"] == "tp 8 x fsdp 32 x dp_replicate 4 (order tp-fsdp-dp_replicate)"
     assert len(doc["fake_world"]["classes"]) == 27
-    steps = [Counter((e["axis"], e["phase"], e["op"]) for e in r["steps"][2]["events"]) for r in doc["per_rank"]]
+    steps = tp_step_events(doc)
     assert all(s == steps[0] for s in steps)
     want = {("fsdp", "forward", "all_gather"): LAYERS + 2, ("fsdp", "backward", "all_gather"): LAYERS + 1,
             ("fsdp", "backward", "reduce_scatter"): LAYERS + 2, ("dp_replicate", "backward", "all_reduce"): LAYERS + 2,
