@@ -97,21 +97,22 @@ class Exchange:
     def key(self, group) -> str:
         """The call's name, the same on every member: the group's name and how many object collectives this
         rank issued on it before (every member issues them in the same order)."""
-        n = self.calls[group.group_name] = self.calls.get(group.group_name, -1) + 1
-        return f"{group.group_name}-{n}"
+        return self.named(group.group_name)
 
     def p2p_key(self, group, src: int, dst: int) -> str:
         """A P2P object message's name, the same on both sides: the group's, the pair's (global ranks) and
         how many messages `src` sent `dst` on it before (the k-th send meets the k-th receive)."""
-        pair = f"{group.group_name}-p2p-{src}-{dst}"
-        n = self.calls[pair] = self.calls.get(pair, -1) + 1
-        return f"{pair}-{n}"
+        return self.named(f"{group.group_name}-p2p-{src}-{dst}")
 
     def named(self, name: str) -> str:
         """`name` and how many times this rank asked for it before: the k-th message of a kind a library
-        names itself (`pipeline`'s stage metadata)."""
+        names itself (`pipeline`'s stage metadata), and the counter of `key` and `p2p_key`."""
         n = self.calls[name] = self.calls.get(name, -1) + 1
         return f"{name}-{n}"
+
+    def _running(self, rank: int, pid: int | None) -> bool:
+        """Whether `rank`, forked before this one (`pid`), is still running and may yet write a record."""
+        return pid is not None and _alive(pid) and not self.run_dir.rank_end(rank).exists()
 
     def read_any(self, key: str, kind: str) -> list[bytes] | None:
         """What any other traced rank recorded as `key`, the lowest first, waiting while a rank forked
@@ -124,7 +125,7 @@ class Exchange:
                     sent_kind, pickles = pickle.loads(path.read_bytes())
                     if sent_kind == kind:
                         return pickles
-            if not any(_alive(pid) and not self.run_dir.rank_end(rank).exists() for rank, pid in self.alongside.items()):
+            if not any(self._running(rank, pid) for rank, pid in self.alongside.items()):
                 break
             time.sleep(POLL_S)
         self.unheard.add(str((mine.parent / "rank*" / f"{key}.pkl").relative_to(self.run_dir.path)))
@@ -144,7 +145,7 @@ class Exchange:
         if rank == self.rank:
             return None
         path, pid = self._path(rank, key), self.alongside.get(rank)
-        while not path.exists() and pid is not None and _alive(pid) and not self.run_dir.rank_end(rank).exists():
+        while not path.exists() and self._running(rank, pid):
             time.sleep(POLL_S)
         if not path.exists():  # a rank writes its records before its end: this look is the last word
             if p2p:
