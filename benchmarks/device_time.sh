@@ -3,7 +3,8 @@
 # and moves costs. Usage (device tool, repository root): OUT=$OUT bash benchmarks/device_time.sh nccl|cpu [PARENT]
 #   nccl: `meshscope trace` of tests/jobs/ddp.py on the one GPU (NCCL world 1, 8 steps): how many calls got
 #         a completion and a GPU time from the Flight Recorder (TORCH_NCCL_ENABLE_TIMING=1) matched to them,
-#         and the time section's per-axis figures; then bench_trace.py's DDP step on the GPU (modes none,
+#         and the time section's per-axis figures; each call's arrival on the GPU, healthy and with a kernel
+#         planted before the buckets (benchmarks/check_gpu_arrivals.py, both recorders); then bench_trace.py's DDP step on the GPU (modes none,
 #         trace, cheap), for this tree and for PARENT (a checkout of the tree before, e.g. its src/ and
 #         benchmarks/ from `git archive`);
 #   cpu:  bench_trace.py's three CPU steps on 2 gloo ranks (the host's 16 cores), this tree then PARENT.
@@ -44,6 +45,16 @@ t = d["time"]
 print("time analysed", t["analysed"], t["note"], "step_ms", t["step_ms"])
 print("axes", t["axes"])
 PY
+  # each call's arrival on the GPU (CommEvent.t_gpu): healthy; then a 60 ms kernel planted in net.2's forward
+  # on each step (delays.py --slow-in gpu, timed by the job's own CUDA events), with the C++ recorder and
+  # with the Python kernel
+  python3 benchmarks/check_gpu_arrivals.py /tmp/ddp1.json > "$OUT/gpu_arrivals_healthy.txt" 2>&1
+  for recorder in native python; do
+    timeout 240 python3 -m meshscope trace --nproc-per-node 1 --recorder "$recorder" --out "/tmp/slow_$recorder" --json \
+      -- tests/jobs/ddp.py --steps 8 --slow-rank 0 --slow-in gpu --slow-ms 60 > "/tmp/slow_$recorder.json" 2> "$OUT/slow_$recorder.err"
+    python3 benchmarks/check_gpu_arrivals.py "/tmp/slow_$recorder.json" --planted "/tmp/slow_$recorder/logs/rank0.log" \
+      > "$OUT/gpu_arrivals_planted_$recorder.txt" 2>&1
+  done
   # what the NCCL Flight Recorder holds after three timed all-reduces (the entries gpu_durations reads)
   MASTER_ADDR=127.0.0.1 MASTER_PORT=29517 RANK=0 WORLD_SIZE=1 TORCH_NCCL_ENABLE_TIMING=1 TORCH_FR_BUFFER_SIZE=100 \
   timeout 120 python3 - > "$OUT/fr_probe.txt" 2>&1 <<'PY'

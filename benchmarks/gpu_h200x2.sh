@@ -25,5 +25,12 @@ for args in "--tp 1 --pp 2 --microbatches 4" "--tp 2 --pp 1" "--tp 1 --pp 1 --mo
     name=nd_$(echo "$args" | tr -d ' -')
     step $ms run nd_mlp --world 2 $args --backend nccl --profile --out "$RUNS/$name" --json > "$OUT/$name.json" 2> "$OUT/$name.log"
 done
+# 6. waits between the GPUs: DDP with a 60 ms kernel planted on rank 1's GPU before its buckets (its CPU on time),
+#    then healthy; the trace's time section should name rank 1 with "gpu, ...", and nothing healthy
+for slow in "--slow-rank 1 --slow-in gpu --slow-ms 60" ""; do
+    name=ddp_gpu_$([ -n "$slow" ] && echo slow || echo healthy)
+    step $ms trace --nproc-per-node 2 --out "$RUNS/$name" --json -- tests/jobs/ddp.py --steps 8 $slow > "$OUT/$name.json" 2> "$OUT/$name.log"
+    python3 benchmarks/check_gpu_arrivals.py "$OUT/$name.json" --planted "$RUNS/$name/logs/rank1.log" > "$OUT/$name.txt" 2>&1
+done
 # everything small in one file (the device tool returns a limited number of files)
 tar -czf "$OUT/all.tar.gz" -C "$OUT" --exclude all.tar.gz .

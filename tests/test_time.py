@@ -120,6 +120,52 @@ def test_a_rank_that_only_passes_on_a_wait_is_not_the_cause():
     assert s.rank == 2 and s.where == "forward, mlp"
 
 
+def test_on_a_gpu_arrivals_are_where_the_stream_reached_the_call_not_the_cpu_issue():
+    """NCCL: both ranks issue each all-reduce at the same CPU instant, but rank 1's stream reaches it 50 ms
+    later (a slow kernel before it). Its GPU arrival makes rank 0 wait; the second call, queued on rank 0
+    behind the first, arrives when the first ended on the GPU (its arrival plus its `gpu_ms`)."""
+    from meshscope.timing.waits import instances, per_step
+
+    def call(rank, seq, t_gpu, gpu_ms):
+        return CommEvent(rank=rank, seq=seq, op="all_reduce", axis="dp", group=(0, 1), phase="backward",
+                         dtype="float32", bytes_in=4, bytes_out=4, step=0, t_issue=1.0 + seq * 0.001,
+                         t_complete=1.0005 + seq * 0.001, gpu_ms=gpu_ms, t_gpu=t_gpu)
+    events = [call(0, 0, 1.010, 52.0), call(1, 0, 1.060, 2.0), call(0, 1, 1.011, 1.0), call(1, 1, 1.0625, 1.0)]
+    first, second = instances(events, {0: 0.0, 1: 0.0})
+    assert first.last == 1 and first.waits[0] == pytest.approx(0.050) and first.waits[1] == 0.0
+    assert second.arrivals[0] == pytest.approx(1.062)  # 1.010 + 52 ms on the GPU, not its 1.011 on the stream
+    assert second.last == 1 and second.waits[0] == pytest.approx(0.0005)
+    inside = per_step(events, {0: 0.0, 1: 0.0})[0]
+    assert inside.of("dp", 0).inside == pytest.approx(0.053)  # its GPU times, not the CPU's enqueue
+    cpu = [dataclasses.replace(e, t_gpu=None) for e in events]  # what the CPU times alone say: no wait
+    assert max(instances(cpu, {0: 0.0, 1: 0.0})[0].waits.values()) == pytest.approx(0.0)
+
+
+def test_a_kernel_that_keeps_one_gpu_busy_is_named_as_the_gpus_not_a_module():
+    """The hand-built job on GPUs, no rank slow on its CPU, but rank 1's GPU reaches each collective 60 ms
+    after its CPU issued it: rank 1 is named, and its time went to its GPU's queue."""
+    events, clocks, moves, ends = _job(slow=None)
+    lag = {0: 0.0001, 1: SLOW, 2: 0.0001}
+    events = [dataclasses.replace(e, t_gpu=e.t_issue + lag[e.rank]) for e in events]
+    [s] = stragglers.analyse(events, clocks, moves, ends, [2, 3, 4]).stragglers
+    assert (s.rank, s.phase, s.module) == (1, "gpu", "") and s.where.startswith("gpu, its kernels")
+    assert s.ms_per_step == pytest.approx((SLOW - 0.0001) * 1e3, abs=0.01)
+
+
+def test_a_rank_late_because_it_waited_for_a_cpu_is_its_hosts_not_a_straggler():
+    """Rank 2 is late by 60 ms per step. Where its main thread waited 50 ms of each step on the run queue
+    (the host ran other work), it is not named and the note says why; where it waited 5 ms, it is named
+    with that wait."""
+    events, clocks, moves, ends = _job(slow=2)
+    def queue(ms):
+        return {r: {s: s * (ms if r == 2 else 0.1) * 1e-3 for s in range(7)} for r in range(3)}
+    busy = stragglers.analyse(events, clocks, moves, ends, [2, 3, 4], queued=queue(50))
+    assert busy.stragglers == ()
+    assert "rank 2 made the others wait 60.0 ms per step on dp but waited 50.0 ms per step for a CPU itself" in busy.note
+    [s] = stragglers.analyse(events, clocks, moves, ends, [2, 3, 4], queued=queue(5)).stragglers
+    assert s.rank == 2 and s.queued_ms == pytest.approx(5.0) and s.caused_held_ms == pytest.approx(60.0, abs=0.01)
+
+
 def test_a_fake_world_and_unclocked_ranks_are_said_not_analysed():
     events, clocks, moves, ends = _job(slow=2)
     fake = stragglers.analyse(events, clocks, moves, ends, [2, 3, 4], fake_world=True)

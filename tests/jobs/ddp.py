@@ -38,9 +38,10 @@ Independent facts (defaults: --layers 4 --hidden 256 --bucket-cap-mb 0.2, fp32):
   allgather 1. In general: allreduce = 1 + 4*(steps-1) (with --layers L:
   1 + L*(steps-1)).
 
-``--slow-rank R --slow-in forward|data|backward --slow-ms MS`` plants a delay on
-rank R once per step (`delays.py`; forward and backward in ``net.2``, the
-second Linear): the calls are unchanged, rank R's buckets come late.
+``--slow-rank R --slow-in forward|data|backward|gpu --slow-ms MS`` plants a delay on
+rank R once per step (`delays.py`; forward, backward and gpu in ``net.2``, the
+second Linear): the calls are unchanged, rank R's buckets come late (with
+``gpu``, late on its GPU only: a kernel before them).
 
 Measured on torch 2.13 CPU/gloo at world 2 and 4 with a TorchDispatchMode
 counter keyed on optimizer step hooks (init | step1 | step2 | step3):
@@ -127,6 +128,7 @@ def main():
         loss = nn.functional.mse_loss(ddp(x), y)
         loss.backward()
         opt.step()
+    delay.report()
 
     if args.print_buckets and rank == 0:
         data = ddp._get_ddp_logging_data()

@@ -7,7 +7,11 @@ that step):
 * ``forward``: in the forward of the module ``--slow-module`` names (a forward pre-hook of its own,
   so the sleep runs while that module is the innermost one in forward);
 * ``data``: while the step's batch is made, outside any module;
-* ``backward``: in a backward pre-hook of that module (autograd's engine runs it, no module in forward).
+* ``backward``: in a backward pre-hook of that module (autograd's engine runs it, no module in forward);
+* ``gpu``: in that module's forward, a kernel that keeps the GPU busy for MS (``torch.cuda._sleep``,
+  its cycles per millisecond measured first) while the CPU runs on: the rank issues its calls on time
+  and its stream reaches them MS late. Each planted kernel is timed with CUDA events of its own, and
+  `report` prints those times (``delays: gpu ms [...]``), the oracle of a tracer's arrivals on the GPU.
 
 What a tracer should report for the slowed rank: where = (forward, that module's qualified name),
 (other, no module) and (backward, no module) respectively, and the other ranks waiting about MS per
@@ -16,7 +20,9 @@ step on the axis where they next meet it.
 
 import time
 
-PLACES = ("forward", "data", "backward")
+import torch
+
+PLACES = ("forward", "data", "backward", "gpu")
 
 
 def add_arguments(p, module: str) -> None:
@@ -33,6 +39,16 @@ class Delay:
         self.on = args.slow_rank == rank
         self.where, self.seconds, self.module = args.slow_in, args.slow_ms / 1e3, args.slow_module
         self.slept = False
+        self.cycles, self.timed = 0, []
+        if self.on and self.where == "gpu":  # cycles per ms of this GPU's clock: a guess, then one correction
+            self.cycles = 10_000_000  # the first sleep also wakes the GPU's clocks
+            for _ in range(3):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                torch.cuda._sleep(self.cycles)
+                end.record()
+                end.synchronize()
+                self.cycles = int(self.cycles * args.slow_ms / start.elapsed_time(end))
 
     def next_step(self) -> None:
         self.slept = False
@@ -40,7 +56,20 @@ class Delay:
     def _sleep(self, *_) -> None:
         if self.on and not self.slept:
             self.slept = True
-            time.sleep(self.seconds)
+            if self.where != "gpu":
+                time.sleep(self.seconds)
+                return
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            torch.cuda._sleep(self.cycles)
+            end.record()
+            self.timed.append((start, end))
+
+    def report(self) -> None:
+        """Print the planted GPU kernels' own times (``gpu``), in order, once the GPU passed them."""
+        if self.timed:
+            self.timed[-1][1].synchronize()
+            print(f"delays: gpu ms {[round(a.elapsed_time(b), 3) for a, b in self.timed]}", flush=True)
 
     def data(self) -> None:
         if self.where == "data":
@@ -51,7 +80,7 @@ class Delay:
         if not self.on or self.where == "data":
             return
         module = model.get_submodule(self.module)
-        if self.where == "forward":
+        if self.where in ("forward", "gpu"):
             module.register_forward_pre_hook(self._sleep)
         else:
             module.register_full_backward_pre_hook(self._sleep)

@@ -195,6 +195,7 @@ class _State(threading.local):
 _tls = _State()
 _sink = None
 _done = None
+_gpu = None  # gpu_arrivals.GpuArrivals of the Recorder that is active, where it times calls on a GPU
 _libs: list = []
 errors: list[tuple[str, str]] = []
 """(op, error) of calls that could not be decoded (the call itself still ran)."""
@@ -243,6 +244,8 @@ def _kernel(op, name):
             call = decode(name, args)
             if call is not None:
                 call_id = sink(*call)
+                if _gpu is not None:
+                    _gpu.arrive(call_id, args)
         else:
             count_undecoded(name)
         _tls.busy = True
@@ -301,20 +304,21 @@ def uninstall() -> None:
 
 class Recorder:
     """Calls `sink` for every collective this process issues while active (a context manager); where
-    `sink` returns a call id and `done` is given, ``done(id, t)`` once the call's work completed."""
+    `sink` returns a call id and `done` is given, ``done(id, t)`` once the call's work completed; where
+    `gpu` (a `gpu_arrivals.GpuArrivals`) is given, it times each call's arrival on the GPU."""
 
-    def __init__(self, sink, done=None):
-        self.sink, self.done = sink, done
+    def __init__(self, sink, done=None, gpu=None):
+        self.sink, self.done, self.gpu = sink, done, gpu
 
     def __enter__(self) -> Recorder:
-        global _sink, _done
+        global _sink, _done, _gpu
         install()
-        _sink, _done = self.sink, self.done
+        _sink, _done, _gpu = self.sink, self.done, self.gpu
         return self
 
     def __exit__(self, *exc) -> None:
-        global _sink, _done
-        _sink = _done = None
+        global _sink, _done, _gpu
+        _sink = _done = _gpu = None
 
 
 class ModeRecorder(TorchDispatchMode):

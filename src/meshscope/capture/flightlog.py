@@ -173,6 +173,9 @@ class Flight:
     """(axis, group, seq) -> when the call was issued, in wall-clock seconds (the doctor dates findings so)."""
     marks: list[tuple[float, str, int | None]] = field(default_factory=list)
     """(t, text, step) of every mark; ``step`` for a step's end."""
+    queued: dict[int, float] = field(default_factory=dict)
+    """Step -> how long the rank's main thread had waited for a CPU by that step's end, in seconds
+    (a trace's step marks, where Linux tells it: `trace.recording.run_queue_s`)."""
     moves: list[tuple[float, str, str]] = field(default_factory=list)
     """(t, phase, module) of every move between phases and modules, in order."""
 
@@ -220,6 +223,8 @@ def read_flight(path: Path, rank: int) -> Flight:
             flight.groups.append(ln)
         elif kind == "mark":
             flight.marks.append((ln["t"] - zero, ln["text"], ln.get("step")))
+            if ln.get("queued") is not None:
+                flight.queued[ln["step"]] = ln["queued"]
         elif kind == "move":
             flight.moves.append((ln["t"] - zero, ln["phase"], ln["module"]))
     _read[path] = (stamp, flight)

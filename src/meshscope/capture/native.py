@@ -190,6 +190,11 @@ class NativeRecorder:
             out.append((*call, phase, region, self._step, t, call_id))
         return out
 
+    def gpu_arrivals(self, wait_s: float) -> tuple[list[tuple[int, float]], int]:
+        """(call id, t) of every call timed on the GPU (native_recorder.cpp's CUDA events), and how many
+        were left without one; waits up to `wait_s` for the GPU to pass the last. Once, at the end."""
+        return self.module.gpu_arrivals(wait_s)
+
     def completions(self) -> list[tuple[int, float]]:
         """(call id, t) of every call whose work completed since the last time asked (drain first: a
         call's completion never comes before its record)."""

@@ -20,6 +20,19 @@
 // enqueued, with CUDA events standing for the GPU's completion, so on NCCL it is not the kernel's end
 // (docs/trace.md, "Time").
 //
+// Each call's arrival on the GPU (NCCL): where the call's tensors are on a CUDA device, a timed CUDA
+// event is recorded on the issuing thread's current stream before the op runs, so it completes when
+// that stream reached the call: the point a slow kernel of the job delays, which the CPU's issue time,
+// running ahead of the GPU, does not see. ProcessGroupNCCL's own stream waits for that point before
+// its start event (ProcessGroupNCCL.cpp, torch 2.11, `syncStream` then `ncclStartEvent_`). The events
+// are placed on the steady clock through a reference event: the first, recorded at the first such
+// call and waited for there (its completion read on the CPU clock), and one per step mark after it,
+// each event timed from its step's reference (a float of milliseconds stays fine-grained over one
+// step, not over an hour). They are read once, at the rank's end (`gpu_arrivals`), never while the
+// job runs: a query from another thread during a CUDA graph capture would break the capture. The
+// generic `c10::Event` (c10/core/Event.h) dispatches to CUDA at run time, so this file compiles and
+// loads on a CPU build of torch unchanged.
+//
 // A newcomer's first trace waits for this file's compilation, so it includes only what the kernel
 // uses (native_build.py has the figures). Not <torch/extension.h> (all of ATen's operators and
 // pybind11), nor the headers of the process group and of autograd's graph task, which pull in all
@@ -31,6 +44,7 @@
 // whose ATen/ATen.h is those two headers (4 s of CPU less, measured in native_build.py).
 
 #include <Python.h>  // first, as Python's C API asks
+#include <c10/core/Event.h>
 #include <pybind11/pytypes.h>  // py::object, for toPyObject's declaration only
 #include <torch/csrc/DynamicTypes.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -70,6 +84,7 @@ struct Record {
   int32_t context;    // set_context's value when the call was issued
   bool backward;      // inside the autograd engine
   bool main_thread;   // issued on the thread that installed the recorder
+  int8_t cuda = -1;   // the CUDA device of its first tensor on one, else -1
   int64_t t_ns;       // steady clock (CLOCK_MONOTONIC, as Python's time.perf_counter)
   std::vector<int64_t> args;
   std::vector<c10::IValue> groups;  // the process groups among the args, named when drained
@@ -84,6 +99,20 @@ std::atomic<bool> active{false};
 std::atomic<int32_t> context{0};
 std::atomic<int64_t> calls{0};
 std::thread::id main_id;
+// GPU arrivals (the file's header): every reference event and every call's event, under `gpu_mutex`
+// (not `mutex`: the first reference is waited for, and completion callbacks must not wait with it).
+std::mutex gpu_mutex;
+struct GpuMark {
+  int64_t id;
+  size_t ref;  // the reference it is timed from: index in gpu_refs
+  c10::Event event;
+};
+constexpr size_t GPU_MARKS_MAX = 1 << 20;  // a bound on what a long trace holds (about 100 MB of events)
+std::vector<c10::Event> gpu_refs;
+std::vector<GpuMark> gpu_marks;
+int64_t gpu_ref0_ns = 0;  // the steady clock when the first reference completed
+c10::DeviceIndex gpu_device = -1;
+int64_t gpu_dropped = 0;  // calls past the bound, or on a second device, left without an arrival
 thread_local bool busy = false;  // a call nested in a recorded one (coalesced -> plain) is not recorded again
 const c10::DispatchKeySet after_backend_select(c10::DispatchKeySet::FULL_AFTER, c10::DispatchKey::BackendSelect);
 
@@ -124,7 +153,9 @@ void watch(const torch::jit::Stack& stack, size_t outputs, int64_t id) {
   }
 }
 
-void summarise_tensor(const at::Tensor& t, std::vector<int64_t>& out) {
+void summarise_tensor(const at::Tensor& t, Record& r) {
+  auto& out = r.args;
+  if (r.cuda < 0 && t.is_cuda()) r.cuda = static_cast<int8_t>(t.get_device());
   out.push_back(static_cast<int64_t>(t.nbytes()));
   out.push_back(static_cast<int64_t>(t.scalar_type()));
   out.push_back(t.dim() ? t.size(0) : 1);
@@ -135,12 +166,12 @@ void summarise(const c10::IValue& v, Record& r) {
   auto& out = r.args;
   if (v.isTensor()) {
     out.push_back(TENSOR);
-    summarise_tensor(v.toTensor(), out);
+    summarise_tensor(v.toTensor(), r);
   } else if (v.isTensorList()) {
     auto list = v.toTensorList();
     out.push_back(TENSORS);
     out.push_back(list.size());
-    for (const at::Tensor& t : list) summarise_tensor(t, out);
+    for (const at::Tensor& t : list) summarise_tensor(t, r);
   } else if (v.isIntList()) {  // before isList, which every list is
     auto list = v.toIntVector();
     out.push_back(INTS);
@@ -153,7 +184,7 @@ void summarise(const c10::IValue& v, Record& r) {
     for (const auto& inner : outer) {
       auto list = inner.toTensorList();
       out.push_back(list.size());
-      for (const at::Tensor& t : list) summarise_tensor(t, out);
+      for (const at::Tensor& t : list) summarise_tensor(t, r);
     }
   } else if (v.isInt()) {
     out.push_back(INT);
@@ -165,6 +196,28 @@ void summarise(const c10::IValue& v, Record& r) {
   } else {
     out.push_back(NONE);
   }
+}
+
+c10::Stream current_stream(c10::DeviceIndex index) {
+  return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getStream(c10::Device(c10::DeviceType::CUDA, index));
+}
+
+// The call reached the GPU where its stream passes this event.
+void gpu_arrive(int64_t id, c10::DeviceIndex index) {
+  std::lock_guard<std::mutex> lock(gpu_mutex);
+  if (gpu_refs.empty()) {  // the first reference, waited for here: once per rank
+    gpu_refs.emplace_back(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
+    gpu_refs.back().record(current_stream(index));
+    gpu_refs.back().synchronize();
+    gpu_ref0_ns = now_ns();
+    gpu_device = index;
+  }
+  if (index != gpu_device || gpu_marks.size() >= GPU_MARKS_MAX) {
+    ++gpu_dropped;
+    return;
+  }
+  gpu_marks.push_back({id, gpu_refs.size() - 1, c10::Event(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT)});
+  gpu_marks.back().event.record(current_stream(index));
 }
 
 void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keyset, torch::jit::Stack* stack) {
@@ -192,6 +245,14 @@ void kernel(const c10::OperatorHandle& op, c10::DispatchKeySet keyset, torch::ji
     r.op = UNSUMMARISED;
   }
   const int64_t id = r.id;
+  if (r.cuda >= 0) {
+    try {
+      gpu_arrive(id, r.cuda);
+    } catch (const std::exception&) {  // never break the job because of its tracer: count it
+      std::lock_guard<std::mutex> lock(gpu_mutex);
+      ++gpu_dropped;
+    }
+  }
   {
     std::lock_guard<std::mutex> lock(mutex);
     buffer.push_back(std::move(r));
@@ -240,8 +301,72 @@ void mark(int64_t step) {
   r.backward = false;
   r.main_thread = std::this_thread::get_id() == main_id;
   r.args.push_back(step);
+  {
+    std::lock_guard<std::mutex> lock(gpu_mutex);
+    if (!gpu_refs.empty()) {  // this step's reference for the GPU arrivals after it
+      try {
+        c10::Event ref(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
+        ref.record(current_stream(gpu_device));
+        gpu_refs.push_back(std::move(ref));
+      } catch (const std::exception&) {  // the calls after it are timed from the previous reference
+      }
+    }
+  }
   std::lock_guard<std::mutex> lock(mutex);
   buffer.push_back(std::move(r));
+}
+
+// Every recorded call's arrival on the GPU as (call id, steady-clock seconds), and the number left
+// without one, waiting up to `wait_s` for the GPU to pass the last events. Releases them all.
+PyObject* gpu_arrivals(PyObject*, PyObject* wait) {
+  const double wait_s = PyFloat_AsDouble(wait);
+  if (wait_s == -1.0 && PyErr_Occurred()) return nullptr;
+  std::vector<c10::Event> refs;
+  std::vector<GpuMark> marks;
+  int64_t dropped = 0, ref0_ns = 0;
+  {
+    std::lock_guard<std::mutex> lock(gpu_mutex);
+    refs.swap(gpu_refs);
+    marks.swap(gpu_marks);
+    std::swap(dropped, gpu_dropped);
+    ref0_ns = gpu_ref0_ns;
+  }
+  std::vector<std::pair<int64_t, double>> out;
+  try {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(wait_s);
+    Py_BEGIN_ALLOW_THREADS
+    try {  // no exception may leave with the GIL released
+      while (!marks.empty() && !marks.back().event.query() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } catch (const std::exception&) {  // each event is asked again below
+    }
+    Py_END_ALLOW_THREADS
+    std::vector<double> from0(refs.size(), -1.0);  // each reference's ms after the first, once known
+    for (auto& m : marks) {
+      try {
+        if (!m.event.query() || !refs[m.ref].query()) {
+          ++dropped;
+          continue;
+        }
+        if (from0[m.ref] < 0) from0[m.ref] = m.ref == 0 ? 0.0 : refs[0].elapsedTime(refs[m.ref]);
+        const double ms = from0[m.ref] + refs[m.ref].elapsedTime(m.event);
+        out.emplace_back(m.id, static_cast<double>(ref0_ns) * 1e-9 + ms * 1e-3);
+      } catch (const std::exception&) {  // an event captured into a CUDA graph has no time of its own
+        ++dropped;
+      }
+    }
+  } catch (const std::exception& exc) {
+    PyErr_SetString(PyExc_RuntimeError, exc.what());
+    return nullptr;
+  }
+  PyObject* rows = PyList_New(out.size());
+  for (size_t k = 0; rows != nullptr && k < out.size(); ++k) {
+    PyObject* row = Py_BuildValue("(Ld)", static_cast<long long>(out[k].first), out[k].second);
+    if (row == nullptr) Py_CLEAR(rows);
+    else PyList_SET_ITEM(rows, k, row);
+  }
+  if (rows == nullptr) return nullptr;
+  return Py_BuildValue("(NL)", rows, static_cast<long long>(dropped));
 }
 
 // The name of a process group (an Object whose one slot holds the group: ivalue_inl.h's
@@ -386,6 +511,7 @@ PyMethodDef methods[] = {
     {"mark", py_mark, METH_O, nullptr},
     {"drain", drain, METH_NOARGS, nullptr},
     {"completions", completions, METH_NOARGS, nullptr},
+    {"gpu_arrivals", gpu_arrivals, METH_O, nullptr},
     {"dtype_of", dtype_of, METH_O, nullptr},
     {nullptr, nullptr, 0, nullptr}};
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "meshscope_native_recorder", nullptr, -1, methods,

@@ -83,6 +83,10 @@ class CommEvent:
     gpu_ms: float | None = None
     """Traced jobs on NCCL: the call's time on the GPU, from torch's Flight Recorder entry of it with
     ``TORCH_NCCL_ENABLE_TIMING=1`` (its start and end CUDA events; `trace.fr_dump.gpu_durations`)."""
+    t_gpu: float | None = None
+    """Traced jobs on a GPU: when the issuing stream reached the call on the GPU (a CUDA event recorded
+    before the op ran, placed on the clock of `t_issue` through a reference event; capture/native_recorder.cpp
+    says how). Later than `t_issue` by what the GPU still had queued: a slow kernel shows here, not there."""
 
     def to_json(self) -> dict:
         # by hand, not dataclasses.asdict: the flight log serialises every call, and asdict's deep

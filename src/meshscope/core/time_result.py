@@ -40,13 +40,21 @@ class Straggler:
     """The steady steps on which it held the others by at least the rule's share."""
     phase: str
     """Where its extra time went: the (phase, module) of its segments before its late calls (from its
-    previous completion to the late issue) that exceeds the other members' median by most."""
+    previous completion to the late issue) that exceeds the other members' median by most; ``gpu`` (no
+    module) where it was the time its GPU took to reach the calls after their issue (NCCL)."""
     module: str
     excess_ms: float
     """That excess, per steady step on which it held the others."""
+    caused_held_ms: float = 0.0
+    """The others' mean wait it caused on `axis`, per step among `steps` (those it held them on)."""
+    queued_ms: float | None = None
+    """Its main thread's wait for a CPU (the run queue), per step among `steps`; None where not known.
+    A rank whose run-queue wait is most of what it caused is its host's, not named (`timing.stragglers`)."""
 
     @property
     def where(self) -> str:
+        if self.phase == "gpu":  # `timing.stragglers.QUEUED`: its GPU reached the calls late, its CPU did not
+            return "gpu, its kernels before the calls (the CPU issued them on time)"
         return f"{self.phase}, {self.module or 'no module'}"
 
 

@@ -21,7 +21,9 @@ measured healthy runs of 4 ranks on 2 shared cores below it (its figures are in 
 lateness cost them most; its segment before that call (from its previous completion on the call's
 group to the late issue, `timing.where.before`) and each other member's segment before its own call of that instance
 are split by (phase, module); the (phase, module) whose time on R exceeds the others' median by most,
-summed over those steps, is where R's time went.
+summed over those steps, is where R's time went. On a GPU, each segment also counts the time from
+the call's CPU issue to its arrival on the GPU as (``gpu``, no module): a kernel that keeps one rank's
+GPU busy delays no CPU issue, only that arrival (`CommEvent.t_gpu`).
 """
 
 from __future__ import annotations
@@ -53,15 +55,26 @@ FLOOR_MS = 2.0
 named its last stage (15 % of the step, at least 0.84 ms, in `other`) in 2 of 10 runs of
 `benchmarks/bench_stragglers.py` without it (load 1.2)."""
 
+QUEUED = ("gpu", "")
+"""Where a rank's time went when its GPU reached its late call after its CPU issued it (`CommEvent.t_gpu`)."""
+
+HOST_SHARE = 0.5
+"""A rank that waited for a CPU (its main thread on the run queue) at least this share of the wait it
+caused, on the steps it held the others, was made late by its host, not by the job: the note names it, the
+stragglers do not. Healthy 1F1B on 2 ranks beside another session's 2 busy test workers (load 3.7 on
+2 CPUs) named a rank in 3 of 6 runs without it (12-14 ms per step); a planted sleep is not on the run queue."""
+
 RULE = (f"a rank whose lateness cost the others, on one axis, at least {SHARE:.0%} of the median step and "
         f"{FLOOR_MS:g} ms (and more than it waited itself by as much) on at least {ON_STEPS:.0%} of the steady "
         f"steps ({MIN_STEPS} at least)")
 
 
 def analyse(events: list[CommEvent], clocks: dict[int, Clock | None], moves: dict[int, list[tuple[float, str, str]]],
-            step_ends: dict[int, dict[int, float]], steps: list[int], fake_world: bool = False) -> TimeSection:
+            step_ends: dict[int, dict[int, float]], steps: list[int], fake_world: bool = False,
+            queued: dict[int, dict[int, float]] | None = None) -> TimeSection:
     """The ``time`` section of a trace (module docstring). `step_ends`: rank -> step -> when that step's
-    boundary passed on the rank (its own clock); `steps`: the steady steps to analyse."""
+    boundary passed on the rank (its own clock); `steps`: the steady steps to analyse; `queued`: rank ->
+    step -> its main thread's run-queue wait by that boundary (`capture.flightlog.Flight.queued`)."""
     if fake_world:
         return TimeSection(False, "fake world: its ranks ran one after another, so their times say nothing of "
                                   "waits (trace the job for real to see them)", RULE)
@@ -86,8 +99,14 @@ def analyse(events: list[CommEvent], clocks: dict[int, Clock | None], moves: dic
     found = instances(events, shifts)
     by_step = per_step(events, shifts, found)
     held = _held(by_step, steps, step_ms)
-    stragglers = tuple(sorted((_straggler(rank, axis, held_steps, by_step, steps, step_ms, found, events, moves)
-                               for rank, (axis, held_steps) in held.items()), key=lambda s: -s.ms_per_step))
+    named = [_straggler(rank, axis, held_steps, by_step, steps, step_ms, found, events, moves, (queued or {}).get(rank))
+             for rank, (axis, held_steps) in held.items()]
+    hosts = [s for s in named if s.queued_ms is not None and s.queued_ms >= HOST_SHARE * s.caused_held_ms]
+    note = "; ".join(n for n in [note] + [
+        f"rank {s.rank} made the others wait {s.caused_held_ms:.1f} ms per step on {s.axis} but waited "
+        f"{s.queued_ms:.1f} ms per step for a CPU itself (its host's other work ran instead): not named a straggler"
+        for s in hosts] if n)
+    stragglers = tuple(sorted((s for s in named if s not in hosts), key=lambda s: -s.ms_per_step))
     return TimeSection(True, note, RULE, tuple(steps), step_ms, _error(common), _true_error(clocks),
                        _axes(by_step, steps, events), _caused(by_step, steps), stragglers)
 
@@ -100,7 +119,7 @@ def of_trace(run_dir: RunDir, events: list[CommEvent], ends: list[RankEnd], fake
     complete = min((e.steps for e in traced), default=0)
     return analyse(events, {e.rank: e.clock for e in traced}, {f.rank: f.moves for f in flights},
                    {f.rank: {step: t for t, _, step in f.marks if step is not None} for f in flights},
-                   steady_steps(complete), fake_world)
+                   steady_steps(complete), fake_world, {f.rank: f.queued for f in flights})
 
 
 def _step_ms(step_ends: dict[int, dict[int, float]], steps: list[int]) -> dict[int, float]:
@@ -138,12 +157,15 @@ def _held(by_step, steps: list[int], step_ms: float) -> dict[int, tuple[str, lis
 
 
 def _straggler(rank: int, axis: str, held_steps: list[int], by_step, steps: list[int], step_ms: float,
-               found: list[Instance], events: list[CommEvent], moves) -> Straggler:
+               found: list[Instance], events: list[CommEvent], moves, queued: dict[int, float] | None) -> Straggler:
     ms_per_step = sum(by_step[s].of(axis, rank).caused for s in steps) * 1e3 / len(steps)
     excess = _excess(rank, axis, set(held_steps), found, events, moves)
     (phase, module), extra = max(excess.items(), key=lambda kv: kv[1]) if excess else (("other", ""), 0.0)
+    waits = [queued[s + 1] - queued[s] for s in held_steps if queued and s in queued and s + 1 in queued]
     return Straggler(rank, axis, round(ms_per_step, 3), round(ms_per_step / step_ms, 3), tuple(held_steps), phase,
-                     module, round(extra * 1e3 / len(held_steps), 3))
+                     module, round(extra * 1e3 / len(held_steps), 3),
+                     round(sum(by_step[s].of(axis, rank).caused for s in held_steps) * 1e3 / len(held_steps), 3),
+                     round(sum(waits) * 1e3 / len(waits), 3) if len(waits) == len(held_steps) else None)
 
 
 def _excess(rank: int, axis: str, held: set[int], found: list[Instance], events: list[CommEvent],
@@ -161,12 +183,20 @@ def _excess(rank: int, axis: str, held: set[int], found: list[Instance], events:
     done = {r: Completions([e for e in events if e.rank == r]) for r in ranks}
     out: dict[tuple[str, str], float] = defaultdict(float)
     for inst in late.values():
-        mine = before(inst.calls[rank], lookups[rank], done[rank])
-        theirs = [before(e, lookups[r], done[r]) for r, e in inst.calls.items() if r != rank]
+        mine = _with_queue(before(inst.calls[rank], lookups[rank], done[rank]), inst.calls[rank])
+        theirs = [_with_queue(before(e, lookups[r], done[r]), e) for r, e in inst.calls.items() if r != rank]
         for where in set(mine) | {w for t in theirs for w in t}:
             others = statistics.median(t.get(where, 0.0) for t in theirs) if theirs else 0.0
             out[where] += mine.get(where, 0.0) - others
     return out
+
+
+def _with_queue(segment: dict[tuple[str, str], float], e: CommEvent) -> dict[tuple[str, str], float]:
+    """A segment before a call, with the time its GPU still took to reach the call after its CPU issued
+    it (``gpu``, no module: the kernels queued before it, which the CPU's moves do not see)."""
+    if e.t_gpu is not None and e.t_gpu > e.t_issue:
+        segment = {**segment, QUEUED: e.t_gpu - e.t_issue}
+    return segment
 
 
 def _axes(by_step, steps: list[int], events: list[CommEvent]) -> tuple[AxisTime, ...]:

@@ -15,6 +15,11 @@ nothing, its arrival is its issue. Without a completion time (a fake
 world, or a rank that recorded none) the previous call's issue stands in, which can only make an
 arrival earlier, never a wait longer.
 
+**On a GPU** a call's CPU issue runs ahead of the GPU, so a slow kernel delays no issue: where a call
+has its arrival on the GPU (`CommEvent.t_gpu`, NCCL), that is its issue here, and its group's previous
+call completed on the GPU at its own arrival plus its time there (`CommEvent.gpu_ms`: torch's Flight
+Recorder times a collective from when its stream started it, which is that arrival, to its end).
+
 All times are on the common clock: a rank's ``t_issue`` and ``t_complete`` (seconds since its own
 start) plus its offset (`trace.clock`). A fake world's ranks run one after another: waits mean
 nothing there, and the trace says so instead of calling this.
@@ -66,20 +71,30 @@ def arrivals(events: list[CommEvent], offsets: dict[int, float]) -> dict[CommEve
         if e.t_issue is None:
             continue
         if e.op in P2P:  # point-to-point messages do not queue behind a group's collectives
-            out[e] = e.t_issue + offsets.get(e.rank, 0.0)
+            out[e] = _issued(e, offsets)
         else:
             by[(e.rank, e.axis, e.group)].append(e)
-    for (rank, _, _), calls in by.items():
-        offset = offsets.get(rank, 0.0)
-        previous = None
+    for calls in by.values():
+        before = None  # the group's previous call's completion, on the common clock
         for e in sorted(calls, key=lambda c: c.seq):
-            ready = e.t_issue
-            if previous is not None:
-                before = previous.t_complete if previous.t_complete is not None else previous.t_issue
-                ready = max(ready, before)
-            out[e] = ready + offset
-            previous = e
+            ready = _issued(e, offsets)
+            out[e] = ready if before is None else max(ready, before)
+            before = completed(e, out[e], offsets)
+            if before is None:
+                before = ready
     return out
+
+
+def _issued(e: CommEvent, offsets: dict[int, float]) -> float:
+    return (e.t_gpu if e.t_gpu is not None else e.t_issue) + offsets.get(e.rank, 0.0)
+
+
+def completed(e: CommEvent, arrived: float, offsets: dict[int, float]) -> float | None:
+    """When `e`, arrived at `arrived`, completed on the common clock: on the GPU where it was timed
+    there, else when its rank saw its work complete; None where neither is known."""
+    if e.t_gpu is not None and e.gpu_ms is not None:
+        return arrived + e.gpu_ms * 1e-3
+    return None if e.t_complete is None else e.t_complete + offsets.get(e.rank, 0.0)
 
 
 def instances(events: list[CommEvent], offsets: dict[int, float]) -> list[Instance]:
@@ -148,9 +163,10 @@ def per_step(events: list[CommEvent], offsets: dict[int, float],
     out: dict[int, StepTime] = {}
     when = arrivals(events, offsets)
     for e, arrived in when.items():
-        if e.t_complete is not None:
+        end = completed(e, arrived, offsets)
+        if end is not None:
             step = out.setdefault(e.step or 0, StepTime(e.step or 0))
-            step.of(e.axis, e.rank).inside += max(0.0, e.t_complete + offsets.get(e.rank, 0.0) - arrived)
+            step.of(e.axis, e.rank).inside += max(0.0, end - arrived)
     for inst in found if found is not None else instances(events, offsets):
         step = out.setdefault(inst.step, StepTime(inst.step))
         for rank, wait in inst.waits.items():

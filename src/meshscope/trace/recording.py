@@ -21,6 +21,7 @@ import time
 from ..capture import native
 from ..capture.dispatch import GroupInfo, Recorder, undecoded
 from ..capture.dispatch import errors as decode_errors
+from ..capture.gpu_arrivals import MAX_MARKS, GpuArrivals
 from ..capture.job_context import JobContext
 from ..core.axes import axis_of
 from ..core.events import CommEvent
@@ -31,8 +32,22 @@ from .clock import Estimator
 
 FLUSH_S = 0.5
 """How often the flusher thread writes new calls to the flight log."""
+GPU_WAIT_S = 1.0
+"""How long a rank's end waits for its GPU to pass its calls' events (`CommEvent.t_gpu`)."""
 CLOCK_WAIT_S = 2.0
 """How long a rank's end waits for its clock estimate (rank 0: for the ranks still asking)."""
+
+
+def run_queue_s() -> float | None:
+    """How long the calling thread has waited for a CPU while runnable, in seconds: the second field of
+    Linux's /proc/thread-self/schedstat (nanoseconds on the run queue; Documentation/scheduler/sched-stats.rst).
+    Read at each step's end on the job's main thread (about 16 us), so that a rank made late by the
+    host's other work is told from one late on its own (`timing.stragglers`). None where there is none."""
+    try:
+        with open("/proc/thread-self/schedstat") as f:
+            return int(f.read().split()[1]) * 1e-9
+    except (OSError, IndexError, ValueError):
+        return None
 
 
 class RankTrace:
@@ -64,6 +79,12 @@ class RankTrace:
         self._states: dict[tuple[str, str], int] = {}  # (phase, module) -> its number in the flight log
         self.gpu_ms: dict[int, float] = {}
         """Index in `calls` -> the call's time on the GPU (NCCL: `fr_dump.gpu_durations`, at the rank's end)."""
+        self.gpu_at: dict[int, float] = {}
+        """Index in `calls` -> when its stream reached it on the GPU (`CommEvent.t_gpu`, at the rank's end)."""
+        self.gpu = None if self.native is not None else GpuArrivals()
+        """The Python kernel's CUDA events of the calls (the C++ recorder keeps its own)."""
+        self._call_ids: list[int] = []  # each call's id, in `calls` order
+        self._queued: dict[int, float | None] = {}  # step -> `run_queue_s` at its end, until written
         self.calls: list[list] = []
         """[group name, seq, op, phase, dtype, bytes in, bytes out, region, splits in, splits out, peer,
         step, issued, next on the group, completed] per call, in issue order (`ledger` makes them CommEvents)."""
@@ -89,7 +110,7 @@ class RankTrace:
 
     def recording(self):
         """The context manager that records this rank's calls: the C++ recorder, else the Python kernel."""
-        return self.native if self.native is not None else Recorder(self.sink, self.done)
+        return self.native if self.native is not None else Recorder(self.sink, self.done, self.gpu)
 
     def begin_clock(self, rank: int, world: int) -> None:
         """The job's default group exists: estimate this rank's offset to rank 0 through its store."""
@@ -108,10 +129,12 @@ class RankTrace:
 
     def step_done(self, step: int) -> None:
         """A step boundary: every call before it has completed."""
+        self._queued[step] = run_queue_s()
         if self.native is not None:
             self.native.mark(step)
         else:
             self.raw.append(("#step", step, time.perf_counter()))
+            self.gpu.mark()
 
     # -- turning tuples into calls and flight-log lines --------------------------------------------
     # The flusher's work is paid by the job (it holds the GIL), so a call costs here one list and one
@@ -136,7 +159,7 @@ class RankTrace:
             if rec[0] == "#step":
                 lines += self._complete_all(rec[2])
                 lines.append(json.dumps({"t": wall + rec[2], "kind": "mark", "text": f"step {rec[1]} done",
-                                         "step": rec[1]}))
+                                         "step": rec[1], "queued": self._queued.pop(rec[1], None)}))
                 continue
             op, group, dtype, b_in, b_out, peer, ins, outs, phase, region, step, t, call_id = rec
             name = group.name
@@ -150,6 +173,7 @@ class RankTrace:
             seq = self._seq.get(name, 0)
             self._seq[name] = seq + 1
             self._open[name] = self._by_id[call_id] = len(self.calls)
+            self._call_ids.append(call_id)
             self.calls.append([name, seq, op, phase, dtype, b_in, b_out, region, ins, outs, peer, step, t, None, None])
             what = (name, op, phase, dtype, b_in, b_out, region, ins, outs, peer)
             text = self._text.get(what)
@@ -181,6 +205,14 @@ class RankTrace:
     def _complete_all(self, t: float) -> list[str]:
         return [self._complete(self._open.pop(name), t) for name in list(self._open)]
 
+    def _gpu_arrivals(self, wait_s: float) -> int:
+        """Each call's arrival on the GPU into `gpu_at` (after the last drain: every call is numbered);
+        returns how many calls on a GPU were left without one."""
+        rows, untimed = self.native.gpu_arrivals(wait_s) if self.native is not None else self.gpu.resolve(wait_s)
+        index = {call_id: i for i, call_id in enumerate(self._call_ids)}
+        self.gpu_at = {index[call_id]: t for call_id, t in rows if call_id in index}
+        return untimed
+
     def ledger(self) -> list[CommEvent]:
         """Every call so far as a CommEvent, labelled with what is known now (a DeviceMesh built after a
         group's first calls names its dim late)."""
@@ -191,7 +223,7 @@ class RankTrace:
             out.append(CommEvent(self.rank, seq, op, self.axis(group), group.ranks, phase, dtype, b_in, b_out, region,
                                  None, ins, outs, peer, step, t - self.t0, None if done is None else done - self.t0,
                                  self.assume(index, name, op, ins, outs, t), None if end is None else end - self.t0,
-                                 self.gpu_ms.get(index)))
+                                 self.gpu_ms.get(index), None if index not in self.gpu_at else self.gpu_at[index] - self.t0))
         return out
 
     @staticmethod
@@ -226,10 +258,13 @@ class RankTrace:
             if lines:
                 self._flight.write("\n".join(lines) + "\n")
             self._flight.close()
+        untimed = self._gpu_arrivals(0.0 if status == "terminated" else GPU_WAIT_S)
         events = self.ledger()
         stepless = ("the script stepped no torch.optim optimizer: one step holds everything"
                     if events and not self.context.optimizers_seen and status != "error" else None)
-        note = "; ".join(n for n in (note, stepless, self.recorder_note) if n)
+        untimed = (f"{untimed} calls on the GPU have no arrival there (not reached within {GPU_WAIT_S:g} s of the end, "
+                   f"captured into a CUDA graph, on a second device, or past {MAX_MARKS:,})" if untimed else None)
+        note = "; ".join(n for n in (note, stepless, untimed, self.recorder_note) if n)
         self.run_dir.ledger(self.rank).parent.mkdir(exist_ok=True)
         write_atomic(self.run_dir.ledger(self.rank), "".join(json.dumps(e.to_json()) + "\n" for e in events))
         self.run_dir.write_end(RankEnd(
