@@ -106,6 +106,14 @@ def backward_on_cuda():
     return x.grad.device.type
 
 
+def adam_on_cuda():
+    model = nn.Linear(2, 2).to(gpu)
+    opt = torch.optim.Adam(model.parameters())  # its step asks torch.cuda whether a graph is being captured
+    model(torch.ones(1, 2, device=gpu)).sum().backward()
+    opt.step()
+    return model.weight.device.type
+
+
 def load_to_cuda():
     path = os.path.join(tempfile.mkdtemp(), "snapshot.pt")
     torch.save({"w": torch.ones(2)}, path)
@@ -120,6 +128,7 @@ IDIOMS = {
     "torch.cuda.random.get_rng_state": lambda: torch.equal(torch.cuda.random.get_rng_state(), torch.get_rng_state()),
     "backward allocating on cuda": backward_on_cuda,
     "torch.load to cuda": load_to_cuda,
+    "Adam step on cuda": adam_on_cuda,
     "get_device_capability": lambda: list(torch.cuda.get_device_capability(gpu)),
     "get_device_name": lambda: torch.cuda.get_device_name(gpu),
     "get_device_properties": lambda: torch.cuda.get_device_properties(gpu).total_memory,
@@ -153,6 +162,7 @@ ANSWERS = [
     ("torch.cuda.random.get_rng_state", True),  # Megatron's RNG tracker; the alias of torch.cuda.get_rng_state
     ("backward allocating on cuda", "cpu"),  # autograd's engine runs it, outside the script's frames
     ("torch.load to cuda", ["cpu", "cpu"]),  # pytorch/examples' snapshot, map_location="cuda:N"
+    ("Adam step on cuda", "cpu"),  # torchtitan on a CUDA build of torch without a GPU (torch 2.15)
     ("get_device_capability", [9, 0]),  # Lightning's precision check, accelerator="cuda"
     ("get_device_name", "NVIDIA H100 80GB HBM3"),  # torchtitan's memory monitor (components/metrics.py:45-76)
     ("get_device_properties", 85_520_809_984),

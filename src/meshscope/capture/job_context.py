@@ -43,6 +43,8 @@ import weakref
 import torch
 from torch.utils.hooks import RemovableHandle
 
+_now = time.perf_counter
+
 WRAPPER_PREFIXES = re.compile(r"(^|\.)(module|_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod)(?=\.|$)")
 """Path components that wrappers insert (DDP, FSDP1, activation checkpointing, torch.compile)."""
 
@@ -259,10 +261,14 @@ class JobContext:
             self._changed()
 
     def _changed(self) -> None:
-        optimizer, module = state = self.state()
-        self.moves.append((time.perf_counter(), self.phase_of(self._backward_depth > 0, optimizer, module)[0], module))
+        # every module call runs this twice: `state` and `phase_of` inlined (bench_module_hooks.py)
+        optimizer = self._optimizer_depth > self._closure_depth
+        module = self._stack[-1][0] if self._stack else ""
+        phase = ("backward" if self._backward_depth > 0 else "optimizer" if optimizer
+                 else "forward" if module else "other")
+        self.moves.append((_now(), phase, module))
         if self.listener is not None:
-            self.listener(state)
+            self.listener((optimizer, module))
 
     @staticmethod
     def phase_of(backward: bool, optimizer: bool, region: str) -> tuple[str, str]:
