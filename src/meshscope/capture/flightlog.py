@@ -175,7 +175,7 @@ class Flight:
     """(t, text, step) of every mark; ``step`` for a step's end."""
     queued: dict[int, float] = field(default_factory=dict)
     """Step -> how long the rank's main thread had waited for a CPU by that step's end, in seconds
-    (a trace's step marks, where Linux tells it: `trace.recording.run_queue_s`)."""
+    (a trace's step marks, where Linux tells it: `trace.recording.RunQueue`)."""
     moves: list[tuple[float, str, str]] = field(default_factory=list)
     """(t, phase, module) of every move between phases and modules, in order."""
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import sys
 import threading
 import time
@@ -38,16 +39,33 @@ CLOCK_WAIT_S = 2.0
 """How long a rank's end waits for its clock estimate (rank 0: for the ranks still asking)."""
 
 
-def run_queue_s() -> float | None:
-    """How long the calling thread has waited for a CPU while runnable, in seconds: the second field of
-    Linux's /proc/thread-self/schedstat (nanoseconds on the run queue; Documentation/scheduler/sched-stats.rst).
-    Read at each step's end on the job's main thread (about 16 us), so that a rank made late by the
-    host's other work is told from one late on its own (`timing.stragglers`). None where there is none."""
-    try:
-        with open("/proc/thread-self/schedstat") as f:
-            return int(f.read().split()[1]) * 1e-9
-    except (OSError, IndexError, ValueError):
-        return None
+class RunQueue:
+    """How long one thread has waited for a CPU while runnable, in seconds: the second field of Linux's
+    schedstat (nanoseconds on the run queue; Documentation/scheduler/sched-stats.rst), of the thread that
+    first asks (/proc/thread-self names it when opened). Read at each step's end on the job's main
+    thread, through a file kept open (1.2 us a read against 15 us opening it each time, on the box), so
+    that a rank made late by its host's other work is told from one late on its own (`timing.stragglers`).
+    None where Linux does not tell it."""
+
+    def __init__(self):
+        self._fd: int | None = None
+        self._absent = False
+
+    def seconds(self) -> float | None:
+        if self._absent:
+            return None
+        try:
+            if self._fd is None:
+                self._fd = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            return int(os.pread(self._fd, 128, 0).split()[1]) * 1e-9
+        except (OSError, IndexError, ValueError):
+            self._absent = True
+            return None
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 class RankTrace:
@@ -84,7 +102,8 @@ class RankTrace:
         self.gpu = None if self.native is not None else GpuArrivals()
         """The Python kernel's CUDA events of the calls (the C++ recorder keeps its own)."""
         self._call_ids: list[int] = []  # each call's id, in `calls` order
-        self._queued: dict[int, float | None] = {}  # step -> `run_queue_s` at its end, until written
+        self._queued: dict[int, float | None] = {}  # step -> its `RunQueue` reading at its end, until written
+        self._run_queue = RunQueue()
         self.calls: list[list] = []
         """[group name, seq, op, phase, dtype, bytes in, bytes out, region, splits in, splits out, peer,
         step, issued, next on the group, completed] per call, in issue order (`ledger` makes them CommEvents)."""
@@ -129,7 +148,7 @@ class RankTrace:
 
     def step_done(self, step: int) -> None:
         """A step boundary: every call before it has completed."""
-        self._queued[step] = run_queue_s()
+        self._queued[step] = self._run_queue.seconds()
         if self.native is not None:
             self.native.mark(step)
         else:
@@ -251,6 +270,7 @@ class RankTrace:
         """Last flush, the ledger and how the rank ended (`failure`: the `RankEnd` fields of what failed;
         `record`: the mode's own, such as the CUDA calls a fake world mapped and the patches it applied)."""
         self._stop.set()
+        self._run_queue.close()
         with self._lock:
             lines = self._drain()
             if status == "ok":
