@@ -22,18 +22,19 @@ from .helpers import ROOT, cli, cli_here, trace_json
 JOBS = ROOT / "tests" / "jobs"
 
 RUNS = {
-    # name: (nproc, job args)
-    "ddp": (2, ["ddp.py", "--steps", "4", "--print-buckets"]),
-    "fsdp2": (2, ["fsdp2.py", "--steps", "3"]),
-    "tp": (2, ["dtensor_tp.py", "--steps", "3", "--comm-debug"]),
-    "sp": (2, ["dtensor_tp.py", "--steps", "3", "--comm-debug", "--sequence-parallel"]),
-    "fsdp_tp": (4, ["fsdp_tp.py", "--steps", "3"]),
-    "gpipe": (2, ["pipelining.py", "--steps", "3", "--schedule", "gpipe"]),
-    "1f1b": (2, ["pipelining.py", "--steps", "3", "--schedule", "1f1b"]),
-    "moe": (2, ["moe_a2a.py", "--steps", "3"]),
-    "compiled": (2, ["compiled.py", "--steps", "3"]),
-    "fresh_modules": (2, ["fresh_modules.py", "--steps", "4"]),
-    "closure": (2, ["closure.py", "--steps", "4"]),
+    # name: (nproc, meshscope's own flags, job args)
+    "ddp": (2, [], ["ddp.py", "--steps", "4", "--print-buckets"]),
+    # meshscope's --steps ends a job that would run on (100,000 steps) once every rank finished 3
+    "fsdp2": (2, ["--steps", "3"], ["fsdp2.py", "--steps", "100000"]),
+    "tp": (2, [], ["dtensor_tp.py", "--steps", "3", "--comm-debug"]),
+    "sp": (2, [], ["dtensor_tp.py", "--steps", "3", "--comm-debug", "--sequence-parallel"]),
+    "fsdp_tp": (4, [], ["fsdp_tp.py", "--steps", "3"]),
+    "gpipe": (2, [], ["pipelining.py", "--steps", "3", "--schedule", "gpipe"]),
+    "1f1b": (2, [], ["pipelining.py", "--steps", "3", "--schedule", "1f1b"]),
+    "moe": (2, [], ["moe_a2a.py", "--steps", "3"]),
+    "compiled": (2, [], ["compiled.py", "--steps", "3"]),
+    "fresh_modules": (2, [], ["fresh_modules.py", "--steps", "4"]),
+    "closure": (2, [], ["closure.py", "--steps", "4"]),
 }
 
 
@@ -43,9 +44,9 @@ def traced(tmp_path_factory):
     dirs = {name: tmp_path_factory.mktemp(name) for name in RUNS}  # here: mktemp is not thread-safe
 
     def run(name):
-        nproc, job = RUNS[name]
+        nproc, flags, job = RUNS[name]
         out = dirs[name]
-        proc = cli("trace", "--nproc-per-node", nproc, "--out", out / "run", "--json", "--",
+        proc = cli("trace", "--nproc-per-node", nproc, *flags, "--out", out / "run", "--json", "--",
                    str(JOBS / job[0]), *job[1:], timeout=240)
         return name, (proc, json.loads(proc.stdout) if proc.stdout.strip() else None)
 
@@ -87,6 +88,14 @@ def test_fsdp2_one_all_gather_and_one_reduce_scatter_per_unit(traced):
         assert ops[("reduce_scatter", "backward")] == blocks + 1
         # blocks are resharded after forward and gathered again in backward; the root is not
         assert ops[("all_gather", "backward")] == blocks
+
+
+def test_steps_ends_a_long_job_cleanly_on_every_rank(traced):
+    """The FSDP2 job was asked for 100,000 steps and meshscope's --steps for 3: every rank stopped
+    after its third, and no call of a later step was recorded."""
+    result = _result(traced, "fsdp2")
+    assert [(r.status, r.steps) for r in result.ranks] == [("stopped", 3), ("stopped", 3)]
+    assert max(step for rank in (0, 1) for step in result.steps_of(rank)) <= 3
 
 
 @pytest.mark.parametrize("name", ["tp", "sp"])
@@ -205,15 +214,6 @@ def test_megatron_groups_are_labelled_by_megatrons_own_getters(tmp_path):
     assert doc["layout"]["layout"]["sizes"]["tp"] == 2 and doc["layout"]["layout"]["sizes"]["ep"] == 2
 
 
-def test_steps_ends_a_long_job_cleanly_on_every_rank(tmp_path):
-    proc = cli("trace", "--nproc-per-node", 2, "--steps", 2, "--out", tmp_path / "run", "--json", "--",
-               str(JOBS / "ddp.py"), "--steps", "100000", timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout)
-    assert [r["status"] for r in doc["ranks"]] == ["stopped", "stopped"] and [r["steps"] for r in doc["ranks"]] == [2, 2]
-    assert max(s["step"] for r in doc["per_rank"] for s in r["steps"]) <= 2
-
-
 def test_the_scripts_own_traceback_and_a_failed_trace(tmp_path):
     job = tmp_path / "raises.py"
     job.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\n"
@@ -270,7 +270,7 @@ def test_a_fake_world_issues_what_gloo_did(traced, tmp_path, name):
     second step's rebuild broadcasts stay as on gloo. FSDP2 x TP at world 4. Pipelining with static
     shapes: every stage votes 'static' in the warm-up, which each fake rank takes alone
     (`trace.fake.pipeline.vote_alone`)."""
-    nproc, (script, *args) = RUNS[name]
+    nproc, _, (script, *args) = RUNS[name]
     proc, doc = trace_json(tmp_path / "fake", "--fake-world", nproc, "--ranks", ",".join(map(str, range(nproc))),
                            [str(JOBS / script), *args])
     assert proc.returncode == 0 and doc["passed"] and doc["fake_world"]["traced"] == list(range(nproc)), \
