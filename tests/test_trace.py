@@ -5,6 +5,7 @@ Megatron-core's own group getters."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from meshscope.cli.trace_command import cmd_diff
 from meshscope.core.trace_result import TraceResult
 
 from .helpers import ROOT, cli, cli_here, trace_json
@@ -281,6 +283,44 @@ def test_a_fake_world_issues_what_gloo_did(traced, tmp_path, name):
         assert steps[2] == steps[3] == ["all_reduce"] * 4
     same = cli_here("diff", traced[name][1]["run_dir"], tmp_path / "fake", "--json")
     assert same.returncode == 0 and json.loads(same.stdout)["same"], same.stdout[-3000:]
+
+
+DISPATCH = ("input_splits", "output_splits", "bytes_in", "bytes_out")
+
+
+def test_what_a_fake_world_cannot_know_of_an_uneven_all_to_all_is_assumed(traced, tmp_path, capsys):
+    """The MoE job in a fake world of 2: its uneven all-to-all's sizes come back `assumed`, not invented (a
+    fake rank cannot know what its peer routes to it); the gloo trace above has none, and `meshscope diff`
+    compares the rest and says what it left out."""
+    nproc, _, (script, *args) = RUNS["moe"]
+    fake, fake_doc = trace_json(tmp_path / "fake", "--fake-world", nproc, "--ranks", "0,1", [str(JOBS / script), *args])
+    assert fake.returncode == 0 and fake_doc["passed"], fake.stderr[-3000:]
+    steps = 3
+    # the job's docstring: per step 5 all_to_alls, the even int64 count exchange first, then 4 uneven ones
+    for rank in (0, 1):
+        for step in TraceResult.from_json(fake_doc).steps_of(rank).values():
+            assert [e.assumed for e in step] == [("output_splits", "bytes_out")] + [DISPATCH] * 4
+    real_result = _result(traced, "moe")
+    assert real_result.events and not any(e.assumed for e in real_result.events)
+    # rank 1 really receives [2, 2] in the dispatch; the fake backend mirrors its own [14, 2]
+    dispatch = [e for e in real_result.events if e.rank == 1 and e.step == 0][1]
+    assert dispatch.output_splits == (2, 2)
+    fake_dispatch = [e for e in TraceResult.from_json(fake_doc).events if e.rank == 1 and e.step == 0][1]
+    assert fake_dispatch.output_splits == (14, 2)
+    mirror = next(c for c in fake_doc["checks"] if c["name"] == "all-to-all splits mirror")
+    assert mirror["passed"] and "not checked: their splits are assumed" in mirror["detail"]
+    report = (tmp_path / "fake" / "report.md").read_text()
+    assert "\\* assumed: a fake world cannot know" in report and "KiB\\* |" in report
+
+    args = argparse.Namespace(dir_a=Path(traced["moe"][1]["run_dir"]), dir_b=tmp_path / "fake", json=True)
+    assert cmd_diff(args) == 0  # in this process: a CLI start costs seconds on a loaded box
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["same"] and not doc["rows"], doc
+    assert doc["assumed"]["calls"] == {"a": 0, "b": 2 * steps * 5} and doc["assumed"]["fields"] == sorted(DISPATCH)
+    assert [t["step"] for t in doc["assumed"]["totals"]] == list(range(steps))
+    assert cmd_diff(argparse.Namespace(**{**vars(args), "json": False})) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "not compared: bytes_in, bytes_out, input_splits, output_splits" in text and "same ledgers" in text
 
 
 def test_report_and_doctor_read_a_trace_directory(traced, tmp_path):
