@@ -216,18 +216,6 @@ def test_megatron_groups_are_labelled_by_megatrons_own_getters(tmp_path):
     assert doc["layout"]["layout"]["sizes"]["tp"] == 2 and doc["layout"]["layout"]["sizes"]["ep"] == 2
 
 
-def test_the_scripts_own_traceback_and_a_failed_trace(tmp_path):
-    job = tmp_path / "raises.py"
-    job.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\n"
-                   "def train():\n    raise ValueError('bad batch 7')\ntrain()\n")
-    proc = cli("trace", "--nproc-per-node", 2, "--out", tmp_path / "run", "--", job, timeout=120)
-    assert proc.returncode == 1
-    assert f'File "{job}", line 4, in train' in proc.stderr and "ValueError: bad batch 7" in proc.stderr
-    assert "meshscope/trace" not in proc.stderr.split("Traceback")[1].split("ValueError")[0]
-    doc = json.loads((tmp_path / "run" / "result.json").read_text())
-    assert not doc["passed"] and "ValueError: bad batch 7" in doc["ranks"][0]["error"]
-
-
 def test_a_script_that_steps_no_optimizer_gets_one_step_and_a_note(tmp_path):
     job = tmp_path / "stepless.py"
     job.write_text("import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
