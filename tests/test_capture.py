@@ -1,20 +1,19 @@
-"""Capture on real gloo ranks: every collective type, exact events, phases, timeouts."""
+"""Capture on real gloo ranks: every collective type, exact events, phases. (A skipped collective's
+timeout: tests/test_doctor.py's injected missing-collective run.)"""
 
 import torch.distributed as dist
 
 from meshscope.capture.recorder import Capture, active, suspended
 from meshscope.core.events import CommEvent
 from meshscope.experiments import get
-from meshscope.run.launch import launch
 
 from .helpers import failed_checks, run_many
 
 
-def test_every_collective_captured_exactly_on_2_and_4_ranks(tmp_path):
-    # world 4 tp 2 (tp and dp groups overlap) and tp 4; then world 2 in a second launch
+def test_every_collective_captured_exactly_on_4_ranks(tmp_path):
+    # world 4 tp 2 (tp and dp groups overlap) and tp 4 (world 2: the torchrun test below)
     r4 = run_many(tmp_path / "w4", [("collectives", {}), ("collectives", {"tp": 4})], world=4, timeout=120)
-    r2 = run_many(tmp_path / "w2", [("collectives", {"world": 2, "tp": 2})], world=2, timeout=120)
-    for result in r4 + r2:
+    for result in r4:
         assert result["passed"], failed_checks(result)
         assert result["comm"]["match"]
     tp2 = r4[0]  # the chapter's layout: world 4, tp 2
@@ -75,18 +74,6 @@ def test_suspended_restores_torch_and_resumes_every_capture():
     assert not active() and (dist.all_reduce, dist.send) == originals
 
 
-def test_hung_collective_becomes_error_within_timeout(tmp_path):
-    import json
-
-    spec = {"backend": "gloo", "timeout": 8, "experiments": [{"name": "collectives", "overrides": {"skip_rank": 1}}]}
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    outcome = launch(tmp_path, 4, 8)
-    assert outcome.returncode != 0
-    assert outcome.error and outcome.error.startswith("rank ")  # the first rank to fail, named once
-    assert not outcome.timed_out  # the collective timeout ended it, not the launcher's watchdog
-    assert not (tmp_path / "result.json").exists()
-
-
 def test_predicted_ledger_of_collectives_is_per_group_ordered():
     exp = get("collectives")
     events = exp.predict(exp.config({}))
@@ -107,7 +94,8 @@ def test_same_entry_point_runs_as_one_rank_of_a_users_torchrun(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-2000:]
     result = json.loads(proc.stdout)
-    assert result["passed"] and result["world"] == 2
+    assert result["passed"] and result["world"] == 2, failed_checks(result)
+    assert result["comm"]["match"]  # every collective captured exactly on 2 ranks
     assert sorted(p.name for p in (tmp_path / "flight").iterdir()) == ["rank0.jsonl", "rank1.jsonl"]
 
 

@@ -5,6 +5,7 @@ one module fixture, because most of a hung run's time is spent waiting for its c
 """
 
 import json
+import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
@@ -255,6 +256,17 @@ def test_injected_fault_is_named_first(injected, kind):
     assert doc["passed"] is False and doc["doctor"]["findings"][0]["kind"] == expect_kind
 
 
+def test_a_skipped_collective_ends_on_its_timeout_and_names_a_rank_that_failed(injected):
+    """Rank 1 skips a collective its peers wait in: a rank's 6 s collective timeout ended the run (the
+    launcher's watchdog, which would have said "no rank made progress", was not needed: checked above);
+    the run's one error is the first one a rank recorded, and no result was written."""
+    proc, out = injected["missing-collective"]
+    assert json.loads(proc.stdout)["error"].startswith("rank ")
+    errors = [json.loads(p.read_text())["error"] for p in (out / "errors").glob("rank*.json")]
+    assert any("Timed out waiting 6000ms" in e for e in errors), errors
+    assert not (out / "result.json").exists()
+
+
 def test_doctor_cli_marks_the_root_cause(injected):
     _, out = injected["p2p-order"]
     text = cli_here("doctor", out)
@@ -272,13 +284,15 @@ def test_doctor_on_missing_directory_is_a_usage_error(tmp_path):
     assert proc.returncode == 2 and "p2p-order fault needs an exchange carrying messages both ways" in proc.stderr
 
 
-def test_a_healthy_run_has_no_findings_and_a_reused_directory_starts_clean(tmp_path):
-    for _ in range(2):
-        proc = cli("run", "collectives", "--world", 2, "--tp", 2, "--out", tmp_path, "--json", timeout=200)
-        assert proc.returncode == 0, proc.stderr[-2000:]
+def test_a_healthy_run_has_no_findings_and_a_reused_directory_starts_clean(injected, tmp_path):
+    """A healthy 2-rank run into (a copy of) the directory the 4-rank missing-collective run left: it
+    starts clean, so neither that run's log lines nor its ranks 2 and 3 nor its errors are read."""
+    shutil.copytree(injected["missing-collective"][1], tmp_path / "run")
+    proc = cli("run", "collectives", "--world", 2, "--tp", 2, "--out", tmp_path / "run", "--json", timeout=200)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     # one run's worth of log lines per rank, not two: the second run did not append to the first's
-    first = (tmp_path / "flight" / "rank0.jsonl").read_text().splitlines()
+    first = (tmp_path / "run" / "flight" / "rank0.jsonl").read_text().splitlines()
     assert sum('"text": "collectives (1/1): running"' in line for line in first) == 1
-    proc = cli_here("doctor", tmp_path, "--json")
+    proc = cli_here("doctor", tmp_path / "run", "--json")
     report = json.loads(proc.stdout)
     assert proc.returncode == 0 and report["healthy"] and report["findings"] == [] and report["ranks"] == [0, 1]

@@ -44,6 +44,7 @@ def test_a_planted_fault_ends_on_its_own_and_the_doctor_names_it(faults, name):
     run = faults[name]
     kind, axis, hangs = soak.EXPECTED[name]
     assert run.returncode == 1 and not run.doc["passed"], run.stderr[-2000:]
+    assert run.doc["complete"] is not hangs  # a rank stuck until the timeout ended with an error
     assert run.first["root_cause"] and (run.first["kind"], run.first["axis"]) == (kind, axis), run.first["summary"]
     again = json.loads(cli_here("doctor", run.run_dir, "--json").stdout)["findings"][0]  # the directory, afterwards
     assert (again["kind"], again["axis"]) == (kind, axis)
@@ -81,3 +82,5 @@ def test_both_sources_name_the_group_by_the_traces_axis(faults):
 
     report = diagnose(faults["skip_collective"].run_dir).to_json()
     assert [(f["kind"], f["axis"], f["evidence"]) for f in report["findings"]] == [("mismatch", "dp", "both")]
+    # the position of the dp group where rank 0 waits in the barrier and rank 1 in its next all-reduce
+    assert "rank 0 barrier" in report["findings"][0]["summary"] and "rank 1 all_reduce" in report["findings"][0]["summary"]

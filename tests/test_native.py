@@ -170,12 +170,17 @@ def test_gather_into_tensor_decodes_as_the_gather_of_the_same_tensors(every_op):
 
 
 def test_without_a_compiler_the_trace_says_so_and_records_with_the_python_kernel(tmp_path):
+    """The build is decided before any rank starts, so one rank shows it: its one all-reduce recorded."""
+    job = tmp_path / "one_call.py"
+    job.write_text("import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
+                   "dist.all_reduce(torch.ones(4))\n")
     env = {"MESHSCOPE_CACHE": str(tmp_path / "cache"), "CXX": "/nonexistent/c++", "CC": "/nonexistent/cc"}
-    proc = cli("trace", "--nproc-per-node", 2, "--out", tmp_path / "run", "--", "tests/jobs/dtensor_tp.py",
-               timeout=240, env=env)
+    proc = cli("trace", "--out", tmp_path / "run", "--json", "--", job, timeout=240, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "the C++ recorder cannot be built here" in proc.stderr
     assert json.loads((tmp_path / "run" / "ranks" / "rank0.json").read_text())["recorder"] == "python"
+    (step,) = json.loads(proc.stdout)["per_rank"][0]["steps"]
+    assert [(e["op"], e["bytes_in"]) for e in step["events"]] == [("all_reduce", 16)]
 
 
 # A stand-in compiler: counts its runs, takes a second, writes its -o file (or fails, with FAIL set).

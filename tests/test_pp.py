@@ -288,14 +288,15 @@ def test_run_labels_name_the_changed_options(world4):
 
 def test_a_run_keeps_its_timeline_once_under_figures_and_report_redraws_it(tmp_path):
     """`meshscope run` draws the timeline once, under figures/ and named after the run's label (the
-    experiment plus the options given); the ranks write none; `meshscope report` redraws it."""
+    experiment plus the options given); the ranks write none; `meshscope report` redraws it. (World 2:
+    one pipeline, no replica.)"""
     out = tmp_path / "run"
-    proc = cli("run", "pp_mb1", "--schedule", "1f1b", "--out", out, timeout=180)
+    proc = cli("run", "pp_mb1", "--world", 2, "--schedule", "1f1b", "--out", out, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    want = ["figures/pp_mb1-schedule-1f1b.timeline.json", "figures/pp_mb1-schedule-1f1b.timeline.png"]
+    want = ["figures/pp_mb1-world-2-schedule-1f1b.timeline.json", "figures/pp_mb1-world-2-schedule-1f1b.timeline.png"]
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*.timeline.*")) == want
     assert json.loads((out / "result.json").read_text())["timeline"]["files"] == want
-    assert "figures/pp_mb1-schedule-1f1b.timeline.png" in " ".join(proc.stdout.split())
+    assert "figures/pp_mb1-world-2-schedule-1f1b.timeline.png" in " ".join(proc.stdout.split())
     for name in want:
         (out / name).unlink()
     proc = cli_here("report", out)

@@ -10,7 +10,7 @@ from meshscope import experiments
 from meshscope.core.errors import UsageError
 from meshscope.core.events import counts
 from meshscope.experiments.numerics import Worst
-from tests.helpers import cli, cli_here, failed_checks, run_many
+from tests.helpers import cli_here, failed_checks, run_many
 
 KiB, MiB = 1 << 10, 1 << 20
 SEMANTICS = ("summed-loss", "replicated-loss")
@@ -179,5 +179,5 @@ def test_predict_names_the_options_that_differ_from_the_preset():
     assert exp.changed(exp.config({})) == []
     assert exp.changed(exp.config({"batch": 64})) == ["--batch 64"]
     assert exp.changed(exp.config({"input_grad": True})) == ["--input-grad"]  # a switch, as typed
-    proc = cli("predict", "tp_ar_b32", "--batch", 64)
+    proc = cli_here("predict", "tp_ar_b32", "--batch", 64)  # the command line's own start: test_report's
     assert proc.returncode == 0 and "changed: --batch 64" in " ".join(proc.stdout.split())

@@ -5,6 +5,7 @@ Megatron-core's own group getters."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import subprocess
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from meshscope.cli.trace_command import cmd_diff
 from meshscope.core.trace_result import TraceResult
 
 from .helpers import ROOT, cli, cli_here, trace_json
@@ -22,18 +24,19 @@ from .helpers import ROOT, cli, cli_here, trace_json
 JOBS = ROOT / "tests" / "jobs"
 
 RUNS = {
-    # name: (nproc, job args)
-    "ddp": (2, ["ddp.py", "--steps", "4", "--print-buckets"]),
-    "fsdp2": (2, ["fsdp2.py", "--steps", "3"]),
-    "tp": (2, ["dtensor_tp.py", "--steps", "3", "--comm-debug"]),
-    "sp": (2, ["dtensor_tp.py", "--steps", "3", "--comm-debug", "--sequence-parallel"]),
-    "fsdp_tp": (4, ["fsdp_tp.py", "--steps", "3"]),
-    "gpipe": (2, ["pipelining.py", "--steps", "3", "--schedule", "gpipe"]),
-    "1f1b": (2, ["pipelining.py", "--steps", "3", "--schedule", "1f1b"]),
-    "moe": (2, ["moe_a2a.py", "--steps", "3"]),
-    "compiled": (2, ["compiled.py", "--steps", "3"]),
-    "fresh_modules": (2, ["fresh_modules.py", "--steps", "4"]),
-    "closure": (2, ["closure.py", "--steps", "4"]),
+    # name: (nproc, meshscope's own flags, job args)
+    "ddp": (2, [], ["ddp.py", "--steps", "4", "--print-buckets"]),
+    # meshscope's --steps ends a job that would run on (100,000 steps) once every rank finished 3
+    "fsdp2": (2, ["--steps", "3"], ["fsdp2.py", "--steps", "100000"]),
+    "tp": (2, [], ["dtensor_tp.py", "--steps", "3", "--comm-debug"]),
+    "sp": (2, [], ["dtensor_tp.py", "--steps", "3", "--comm-debug", "--sequence-parallel"]),
+    "fsdp_tp": (4, [], ["fsdp_tp.py", "--steps", "3"]),
+    "gpipe": (2, [], ["pipelining.py", "--steps", "3", "--schedule", "gpipe"]),
+    "1f1b": (2, [], ["pipelining.py", "--steps", "3", "--schedule", "1f1b"]),
+    "moe": (2, [], ["moe_a2a.py", "--steps", "3"]),
+    "compiled": (2, [], ["compiled.py", "--steps", "3"]),
+    "fresh_modules": (2, [], ["fresh_modules.py", "--steps", "4"]),
+    "closure": (2, [], ["closure.py", "--steps", "4"]),
 }
 
 
@@ -43,9 +46,9 @@ def traced(tmp_path_factory):
     dirs = {name: tmp_path_factory.mktemp(name) for name in RUNS}  # here: mktemp is not thread-safe
 
     def run(name):
-        nproc, job = RUNS[name]
+        nproc, flags, job = RUNS[name]
         out = dirs[name]
-        proc = cli("trace", "--nproc-per-node", nproc, "--out", out / "run", "--json", "--",
+        proc = cli("trace", "--nproc-per-node", nproc, *flags, "--out", out / "run", "--json", "--",
                    str(JOBS / job[0]), *job[1:], timeout=240)
         return name, (proc, json.loads(proc.stdout) if proc.stdout.strip() else None)
 
@@ -87,6 +90,14 @@ def test_fsdp2_one_all_gather_and_one_reduce_scatter_per_unit(traced):
         assert ops[("reduce_scatter", "backward")] == blocks + 1
         # blocks are resharded after forward and gathered again in backward; the root is not
         assert ops[("all_gather", "backward")] == blocks
+
+
+def test_steps_ends_a_long_job_cleanly_on_every_rank(traced):
+    """The FSDP2 job was asked for 100,000 steps and meshscope's --steps for 3: every rank stopped
+    after its third, and no call of a later step was recorded."""
+    result = _result(traced, "fsdp2")
+    assert [(r.status, r.steps) for r in result.ranks] == [("stopped", 3), ("stopped", 3)]
+    assert max(step for rank in (0, 1) for step in result.steps_of(rank)) <= 3
 
 
 @pytest.mark.parametrize("name", ["tp", "sp"])
@@ -205,53 +216,6 @@ def test_megatron_groups_are_labelled_by_megatrons_own_getters(tmp_path):
     assert doc["layout"]["layout"]["sizes"]["tp"] == 2 and doc["layout"]["layout"]["sizes"]["ep"] == 2
 
 
-def test_steps_ends_a_long_job_cleanly_on_every_rank(tmp_path):
-    proc = cli("trace", "--nproc-per-node", 2, "--steps", 2, "--out", tmp_path / "run", "--json", "--",
-               str(JOBS / "ddp.py"), "--steps", "100000", timeout=180)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout)
-    assert [r["status"] for r in doc["ranks"]] == ["stopped", "stopped"] and [r["steps"] for r in doc["ranks"]] == [2, 2]
-    assert max(s["step"] for r in doc["per_rank"] for s in r["steps"]) <= 2
-
-
-def test_a_hung_collective_ends_within_the_timeout_and_the_doctor_names_it(tmp_path):
-    job = tmp_path / "skip.py"
-    job.write_text(SKIPPING_JOB)
-    proc = cli("trace", "--nproc-per-node", 2, "--timeout", 5, "--out", tmp_path / "run", "--json", "--", job,
-               timeout=120)
-    assert proc.returncode == 1
-    doc = json.loads(proc.stdout)
-    assert not doc["passed"] and not doc["complete"]
-    first = doc["doctor"]["findings"][0]
-    # rank 1 went on to the barrier while rank 0 waits in the all-reduce: call #1 of the world group differs
-    assert first["root_cause"] and first["kind"] == "mismatch" and first["axis"] == "world"
-    assert "all_reduce" in first["summary"] and "barrier" in first["summary"]
-    assert subprocess.run(["pgrep", "-f", str(tmp_path / "run")], capture_output=True).returncode == 1
-
-
-SKIPPING_JOB = """
-import torch, torch.distributed as dist
-dist.init_process_group("gloo")
-x = torch.ones(4)
-dist.all_reduce(x)
-if dist.get_rank() == 0:   # rank 1 skips the second all-reduce: rank 0 waits for it forever
-    dist.all_reduce(x)
-dist.barrier()
-"""
-
-
-def test_the_scripts_own_traceback_and_a_failed_trace(tmp_path):
-    job = tmp_path / "raises.py"
-    job.write_text("import torch.distributed as dist\ndist.init_process_group('gloo')\n"
-                   "def train():\n    raise ValueError('bad batch 7')\ntrain()\n")
-    proc = cli("trace", "--nproc-per-node", 2, "--out", tmp_path / "run", "--", job, timeout=120)
-    assert proc.returncode == 1
-    assert f'File "{job}", line 4, in train' in proc.stderr and "ValueError: bad batch 7" in proc.stderr
-    assert "meshscope/trace" not in proc.stderr.split("Traceback")[1].split("ValueError")[0]
-    doc = json.loads((tmp_path / "run" / "result.json").read_text())
-    assert not doc["passed"] and "ValueError: bad batch 7" in doc["ranks"][0]["error"]
-
-
 def test_a_script_that_steps_no_optimizer_gets_one_step_and_a_note(tmp_path):
     job = tmp_path / "stepless.py"
     job.write_text("import torch, torch.distributed as dist\ndist.init_process_group('gloo')\n"
@@ -296,7 +260,7 @@ def test_a_fake_world_issues_what_gloo_did(traced, tmp_path, name):
     second step's rebuild broadcasts stay as on gloo. FSDP2 x TP at world 4. Pipelining with static
     shapes: every stage votes 'static' in the warm-up, which each fake rank takes alone
     (`trace.fake.pipeline.vote_alone`)."""
-    nproc, (script, *args) = RUNS[name]
+    nproc, _, (script, *args) = RUNS[name]
     proc, doc = trace_json(tmp_path / "fake", "--fake-world", nproc, "--ranks", ",".join(map(str, range(nproc))),
                            [str(JOBS / script), *args])
     assert proc.returncode == 0 and doc["passed"] and doc["fake_world"]["traced"] == list(range(nproc)), \
@@ -307,6 +271,44 @@ def test_a_fake_world_issues_what_gloo_did(traced, tmp_path, name):
         assert steps[2] == steps[3] == ["all_reduce"] * 4
     same = cli_here("diff", traced[name][1]["run_dir"], tmp_path / "fake", "--json")
     assert same.returncode == 0 and json.loads(same.stdout)["same"], same.stdout[-3000:]
+
+
+DISPATCH = ("input_splits", "output_splits", "bytes_in", "bytes_out")
+
+
+def test_what_a_fake_world_cannot_know_of_an_uneven_all_to_all_is_assumed(traced, tmp_path, capsys):
+    """The MoE job in a fake world of 2: its uneven all-to-all's sizes come back `assumed`, not invented (a
+    fake rank cannot know what its peer routes to it); the gloo trace above has none, and `meshscope diff`
+    compares the rest and says what it left out."""
+    nproc, _, (script, *args) = RUNS["moe"]
+    fake, fake_doc = trace_json(tmp_path / "fake", "--fake-world", nproc, "--ranks", "0,1", [str(JOBS / script), *args])
+    assert fake.returncode == 0 and fake_doc["passed"], fake.stderr[-3000:]
+    steps = 3
+    # the job's docstring: per step 5 all_to_alls, the even int64 count exchange first, then 4 uneven ones
+    for rank in (0, 1):
+        for step in TraceResult.from_json(fake_doc).steps_of(rank).values():
+            assert [e.assumed for e in step] == [("output_splits", "bytes_out")] + [DISPATCH] * 4
+    real_result = _result(traced, "moe")
+    assert real_result.events and not any(e.assumed for e in real_result.events)
+    # rank 1 really receives [2, 2] in the dispatch; the fake backend mirrors its own [14, 2]
+    dispatch = [e for e in real_result.events if e.rank == 1 and e.step == 0][1]
+    assert dispatch.output_splits == (2, 2)
+    fake_dispatch = [e for e in TraceResult.from_json(fake_doc).events if e.rank == 1 and e.step == 0][1]
+    assert fake_dispatch.output_splits == (14, 2)
+    mirror = next(c for c in fake_doc["checks"] if c["name"] == "all-to-all splits mirror")
+    assert mirror["passed"] and "not checked: their splits are assumed" in mirror["detail"]
+    report = (tmp_path / "fake" / "report.md").read_text()
+    assert "\\* assumed: a fake world cannot know" in report and "KiB\\* |" in report
+
+    args = argparse.Namespace(dir_a=Path(traced["moe"][1]["run_dir"]), dir_b=tmp_path / "fake", json=True)
+    assert cmd_diff(args) == 0  # in this process: a CLI start costs seconds on a loaded box
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["same"] and not doc["rows"], doc
+    assert doc["assumed"]["calls"] == {"a": 0, "b": 2 * steps * 5} and doc["assumed"]["fields"] == sorted(DISPATCH)
+    assert [t["step"] for t in doc["assumed"]["totals"]] == list(range(steps))
+    assert cmd_diff(argparse.Namespace(**{**vars(args), "json": False})) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "not compared: bytes_in, bytes_out, input_splits, output_splits" in text and "same ledgers" in text
 
 
 def test_report_and_doctor_read_a_trace_directory(traced, tmp_path):

@@ -218,12 +218,16 @@ def test_a_healthy_scatter_agrees_and_a_wrong_one_does_not():
 def test_the_scripts_exception_is_the_root_cause_not_the_scatter_before_it(tmp_path):
     """scatter_then_raise.py: a healthy distribute_tensor scatter, then rank 0's ValueError at the line
     its docstring marks; no rank was blocked in a collective, so the script's error comes first, and
-    neither the flight logs nor the Flight Recorder dumps call the scatter a size or shape mismatch."""
-    proc, doc = trace_json(tmp_path / "run", "--nproc-per-node", 2, "--timeout", 30,
-                           [str(JOBS / "scatter_then_raise.py")])
+    neither the flight logs nor the Flight Recorder dumps call the scatter a size or shape mismatch. The
+    console shows the script's own traceback, without meshscope's frames, and result.json the failure."""
+    job = JOBS / "scatter_then_raise.py"
+    proc, doc = trace_json(tmp_path / "run", "--nproc-per-node", 2, "--timeout", 30, [str(job)])
     assert proc.returncode == 1 and doc["outcome"] == "failed", proc.stderr[-3000:]
-    line = next(i for i, text in enumerate((JOBS / "scatter_then_raise.py").read_text().splitlines(), 1)
-                if "the script's own error" in text)
+    line = next(i for i, text in enumerate(job.read_text().splitlines(), 1) if "the script's own error" in text)
+    assert f'File "{job}", line {line}, in load_batch' in proc.stderr and "ValueError: bad batch 7" in proc.stderr
+    assert "meshscope/trace" not in proc.stderr.split("ValueError: bad batch 7")[0].rsplit("Traceback", 1)[1]
+    saved = json.loads((tmp_path / "run" / "result.json").read_text())
+    assert not saved["passed"] and saved["ranks"][0]["error"] == "ValueError: bad batch 7"
     scatter = [e for r in doc["per_rank"] for s in r["steps"] for e in s["events"] if e["op"] == "scatter"]
     assert [(e["rank"], e["bytes_in"], e["bytes_out"]) for e in scatter] == [(0, 128, 64), (1, 0, 64)]
     assert next(c for c in doc["checks"] if c["name"] == "group members agree")["status"] == "passed"
