@@ -60,9 +60,10 @@ def cli(*args, timeout: float = 120.0, env: dict | None = None, cwd: Path = ROOT
 
 
 def cli_here(*args) -> subprocess.CompletedProcess:
-    """`cli` in this process: what ends before any launch (a bad input's one-line error) without a new
-    interpreter and torch import per call. An exception meshscope lets escape fails the test here, as
-    its traceback would fail `cli`'s one-line checks."""
+    """`cli` in this process, without a new interpreter (and, for `run` and `suite`, its torch import) per
+    call: a bad input's one-line error, or a launch of a command whose start through ``python -m meshscope``
+    other tests make with `cli` (the launched ranks are processes of their own either way). An exception
+    meshscope lets escape fails the test here, as its traceback would fail `cli`'s one-line checks."""
     from meshscope.cli.parser import main
     from meshscope.core.trace_result import exit_code
 
@@ -75,10 +76,16 @@ def cli_here(*args) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(["meshscope", *map(str, args)], code, out.getvalue(), err.getvalue())
 
 
-def trace_json(out: Path, *args, timeout: float = 240.0, cwd: Path = ROOT) -> tuple[subprocess.CompletedProcess, dict]:
+def trace_json(out: Path, *args, cwd: Path = ROOT) -> tuple[subprocess.CompletedProcess, dict]:
     """``meshscope trace ARGS[:-1] --out OUT --json -- JOB`` (the last argument is the job, a list) in
-    `cwd`: the completed process and the one JSON document it printed."""
-    proc = cli("trace", *args[:-1], "--out", out, "--json", "--", *args[-1], timeout=timeout, cwd=cwd)
+    `cwd`, in this process (`cli_here`; tests/test_trace.py's fixture starts the command line): the
+    completed process and the one JSON document it printed."""
+    here = os.getcwd()
+    os.chdir(cwd)
+    try:
+        proc = cli_here("trace", *args[:-1], "--out", out, "--json", "--", *args[-1])
+    finally:
+        os.chdir(here)
     assert proc.stdout.strip(), proc.stderr[-3000:]
     return proc, json.loads(proc.stdout)
 

@@ -288,7 +288,7 @@ def test_a_healthy_run_has_no_findings_and_a_reused_directory_starts_clean(injec
     """A healthy 2-rank run into (a copy of) the directory the 4-rank missing-collective run left: it
     starts clean, so neither that run's log lines nor its ranks 2 and 3 nor its errors are read."""
     shutil.copytree(injected["missing-collective"][1], tmp_path / "run")
-    proc = cli("run", "collectives", "--world", 2, "--tp", 2, "--out", tmp_path / "run", "--json", timeout=200)
+    proc = cli_here("run", "collectives", "--world", 2, "--tp", 2, "--out", tmp_path / "run", "--json")
     assert proc.returncode == 0, proc.stderr[-2000:]
     # one run's worth of log lines per rank, not two: the second run did not append to the first's
     first = (tmp_path / "run" / "flight" / "rank0.jsonl").read_text().splitlines()

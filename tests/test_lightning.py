@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 
-from .helpers import ROOT, cli, skip_unless_installed, trace_json
+from .helpers import ROOT, cli_here, skip_unless_installed, trace_json
 
 skip_unless_installed("lightning")
 
@@ -23,7 +23,7 @@ def fake_equals_real(tmp_path, world: int, job: list[str], fake_job: list[str] |
     fake, doc = trace_json(tmp_path / "fake", "--fake-world", world, "--ranks", ",".join(map(str, range(world))),
                            fake_job or job)
     assert real.returncode == 0 and fake.returncode == 0 and doc["passed"], real.stderr[-2000:] + fake.stderr[-2000:]
-    proc = cli("diff", tmp_path / "real", tmp_path / "fake", "--json")
+    proc = cli_here("diff", tmp_path / "real", tmp_path / "fake", "--json")
     assert json.loads(proc.stdout)["verdict"] == "same", proc.stdout[-3000:]
     return doc
 

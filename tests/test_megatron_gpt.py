@@ -90,8 +90,7 @@ def traced_1024(tmp_path_factory):
     def trace(*flags):
         if flags not in done:
             out = tmp_path_factory.mktemp("megatron_1024")
-            proc, doc = trace_json(out / "t", "--fake-world", 1024, "--nproc-per-node", 8, *flags, JOB_1024,
-                                   timeout=600)
+            proc, doc = trace_json(out / "t", "--fake-world", 1024, "--nproc-per-node", 8, *flags, JOB_1024)
             assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
             done[flags] = out / "t", doc
         return done[flags]

@@ -21,7 +21,7 @@ from meshscope.core.mesh import Layout
 from meshscope.doctor import diagnose
 from meshscope.experiments.nd.predict import axis_breakdown, predict_step
 
-from .helpers import cli, cli_here, failed_checks, run_many
+from .helpers import cli_here, failed_checks, run_many
 
 S = dict(hidden=64, ffn=128, batch=16, microbatches=2)
 ACT, SLAB, SHARD = 2048, 1024, 16384
@@ -206,8 +206,7 @@ def test_injected_pp_hang_is_placed_on_the_pp_axis(tmp_path):
     # its tp peer rank 0 then waits in the fc2.out backward all_reduce and the dp syncs stall. The
     # doctor must name the pp boundary [1, 5] first, not the tp or dp collectives the hang spread to.
     flags = [a for k, v in S.items() for a in (f"--{k}", v)]
-    proc = cli("run", "nd_mlp", *flags, "--inject", "pp-no-grad", "--timeout", 6, "--out", tmp_path, "--json",
-               timeout=300)
+    proc = cli_here("run", "nd_mlp", *flags, "--inject", "pp-no-grad", "--timeout", 6, "--out", tmp_path, "--json")
     assert proc.returncode == 1, proc.stderr[-2000:]
     findings = diagnose(tmp_path).to_json()["findings"]
     first = findings[0]

@@ -19,7 +19,7 @@ from meshscope.models.pipeline import timeline
 from meshscope.models.pipeline.schedules import Exchange, actions, check_matched, peak_stash, program, stash_bound
 from meshscope.models.pipeline.stage import stage_forward
 
-from .helpers import cli, cli_here, failed_checks, run_many
+from .helpers import cli_here, failed_checks, run_many
 
 KIB, MIB = 1024, 1024 * 1024
 
@@ -291,7 +291,7 @@ def test_a_run_keeps_its_timeline_once_under_figures_and_report_redraws_it(tmp_p
     experiment plus the options given); the ranks write none; `meshscope report` redraws it. (World 2:
     one pipeline, no replica.)"""
     out = tmp_path / "run"
-    proc = cli("run", "pp_mb1", "--world", 2, "--schedule", "1f1b", "--out", out, timeout=180)
+    proc = cli_here("run", "pp_mb1", "--world", 2, "--schedule", "1f1b", "--out", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     want = ["figures/pp_mb1-world-2-schedule-1f1b.timeline.json", "figures/pp_mb1-world-2-schedule-1f1b.timeline.png"]
     assert sorted(str(p.relative_to(out)) for p in out.rglob("*.timeline.*")) == want

@@ -27,8 +27,7 @@ def trace_example(tmp_path: Path, script: str, *args) -> dict:
         pytest.skip(f"no pytorch/examples checkout (MESHSCOPE_PYTORCH_EXAMPLES): {EXAMPLES / script}")
     work = tmp_path / "work"
     work.mkdir()
-    proc, doc = trace_json(tmp_path / "t", "--fake-world", 4, [str(EXAMPLES / script), *map(str, args)], cwd=work,
-                           timeout=300)
+    proc, doc = trace_json(tmp_path / "t", "--fake-world", 4, [str(EXAMPLES / script), *map(str, args)], cwd=work)
     assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
     return doc
 

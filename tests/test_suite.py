@@ -23,8 +23,8 @@ SUBSET = ("tp_ar_b32", "tp_sp_b128", "pp_mb8", "pp_1f1b_mb1", "ep_balanced", "ep
 @pytest.fixture(scope="module")
 def suite_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("suite")
-    proc = cli("suite", "--configs", ",".join(SUBSET), "--rounds", 2, "--iters", 4, "--warmup", 1, "--out", out,
-               "--json", timeout=300)
+    proc = cli_here("suite", "--configs", ",".join(SUBSET), "--rounds", 2, "--iters", 4, "--warmup", 1, "--out", out,
+                    "--json")
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, json.loads(proc.stdout)
 

@@ -107,7 +107,7 @@ def test_torchtitan_hsdp_tp_at_1024_ranks_with_fake_tensors(tmp_path):
     job = [*JOB, "--parallelism.data_parallel_replicate_degree", "4", "--parallelism.data_parallel_shard_degree",
            "32", "--parallelism.tensor_parallel_degree", "8"]
     proc, doc = trace_json(tmp_path / "t", "--fake-world", 1024, "--nproc-per-node", 8, "--fake-tensors", job,
-                           cwd=tmp_path, timeout=1100)
+                           cwd=tmp_path)
     assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
     assert doc["layout"]["text"] == "tp 8 x fsdp 32 x dp_replicate 4 (order tp-fsdp-dp_replicate)"
     assert len(doc["fake_world"]["classes"]) == 27
@@ -139,7 +139,7 @@ def test_torchtitan_pp_fsdp_infers_its_stage_shapes_in_a_fake_world_of_8(tmp_pat
     norm's all_reduce; the token count on batch, the three metrics on loss_mesh."""
     make_assets(tmp_path)
     job = [*titan(steps=4), "--parallelism.pipeline_parallel_degree", "2", "--parallelism.data_parallel_shard_degree", "4"]
-    proc, doc = trace_json(tmp_path / "t", "--fake-world", 8, job, cwd=tmp_path, timeout=500)
+    proc, doc = trace_json(tmp_path / "t", "--fake-world", 8, job, cwd=tmp_path)
     assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
     units = 1 + LAYERS // 2
     want = {("pp", "other", "send"): 2, ("pp", "other", "recv"): 2, ("pp", "other", "all_reduce"): 1,
@@ -220,7 +220,7 @@ def test_torchtitan_030_fsdp_tp_in_a_fake_world_of_4(tmp_path):
     `step_030`, the FSDP units gathered in bf16 and reduced in fp32 at the sizes of `unit_sizes_030`."""
     make_assets(tmp_path)
     proc, doc = trace_json(tmp_path / "t", "--fake-world", 4, [*JOB_030, "--parallelism.tensor-parallel-degree", "2"],
-                           cwd=tmp_path, timeout=540)
+                           cwd=tmp_path)
     assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
     assert doc["fake_world"]["traced"] == [0, 1, 2, 3]
     assert doc["layout"]["text"] == "tp 2 x batch/dp/dp_shard/loss_mesh 2 (order tp-batch/dp/dp_shard/loss_mesh)"
@@ -246,7 +246,7 @@ def test_torchtitan_030_hsdp_tp_in_a_fake_world_of_8(tmp_path):
     make_assets(tmp_path)
     job = [*JOB_030, "--parallelism.data-parallel-replicate-degree", "2", "--parallelism.data-parallel-shard-degree",
            "2", "--parallelism.tensor-parallel-degree", "2"]
-    proc, doc = trace_json(tmp_path / "t", "--fake-world", 8, job, cwd=tmp_path, timeout=540)
+    proc, doc = trace_json(tmp_path / "t", "--fake-world", 8, job, cwd=tmp_path)
     assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
     assert doc["layout"]["text"] == "tp 2 x dp_shard 2 x dp_replicate 2 (order tp-dp_shard-dp_replicate)"
     want = step_030(2, 2)
@@ -266,7 +266,7 @@ def test_torchtitan_030_hsdp_tp_at_1024_ranks_with_fake_tensors(tmp_path):
     job = [*JOB_030, "--parallelism.data-parallel-replicate-degree", "4", "--parallelism.data-parallel-shard-degree",
            "32", "--parallelism.tensor-parallel-degree", "8"]
     proc, doc = trace_json(tmp_path / "t", "--fake-world", 1024, "--nproc-per-node", 8, "--fake-tensors", job,
-                           cwd=tmp_path, timeout=1100)
+                           cwd=tmp_path)
     assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
     assert doc["layout"]["text"] == "tp 8 x dp_shard 32 x dp_replicate 4 (order tp-dp_shard-dp_replicate)"
     steps = tp_step_events(doc)
@@ -288,7 +288,7 @@ def test_torchtitan_030_interleaved_pp_infers_its_stage_shapes_in_a_fake_world_o
     every rank."""
     make_assets(tmp_path)
     job = [*JOB_030, "--parallelism.pipeline-parallel-degree", "2", "--parallelism.data-parallel-shard-degree", "4"]
-    proc, doc = trace_json(tmp_path / "t", "--fake-world", 8, job, cwd=tmp_path, timeout=540)
+    proc, doc = trace_json(tmp_path / "t", "--fake-world", 8, job, cwd=tmp_path)
     assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
     for rank in doc["per_rank"]:
         for step in (2, 3):
