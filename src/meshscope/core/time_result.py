@@ -25,6 +25,11 @@ class AxisTime:
     """NCCL: the calls' time on the GPU (`CommEvent.gpu_ms`), where torch's Flight Recorder timed them."""
 
 
+GPU_QUEUE = "gpu"
+"""A straggler's `phase` where its time went to its GPU reaching its late calls after their CPU issue
+(`CommEvent.t_gpu`; `timing.stragglers` writes it, `Straggler.where` words it)."""
+
+
 @dataclass(frozen=True)
 class Straggler:
     """A rank the others waited for, step after step, and where its time went before its late calls."""
@@ -53,7 +58,7 @@ class Straggler:
 
     @property
     def where(self) -> str:
-        if self.phase == "gpu":  # `timing.stragglers.QUEUED`: its GPU reached the calls late, its CPU did not
+        if self.phase == GPU_QUEUE:  # its GPU reached the calls late, its CPU did not
             return "gpu, its kernels before the calls (the CPU issued them on time)"
         return f"{self.phase}, {self.module or 'no module'}"
 

@@ -36,7 +36,7 @@ from ..core.clock import Clock, crowded, offsets, truth
 from ..core.events import CommEvent
 from ..core.rundir import RunDir
 from ..core.steady import steady_steps
-from ..core.time_result import AxisTime, Straggler, TimeSection
+from ..core.time_result import GPU_QUEUE, AxisTime, Straggler, TimeSection
 from ..core.trace_result import RankEnd
 from .waits import Instance, instances, per_step
 from .where import Completions, Moves, before
@@ -56,9 +56,6 @@ named its last stage (15 % of the step, at least 0.84 ms, in `other`) in 2 of 10
 `benchmarks/bench_stragglers.py` without a floor (load 1.2), and at 2 ms in 1 of 10; on the quiet box its
 last stage caused 1.5-1.9 ms on every steady step of 2 of 10 healthy runs (2026-12-02, load 0.2-1.1), the
 same stage's loss and backward, not a straggler. Planted 60 ms delays cause 53-92 ms."""
-
-QUEUED = ("gpu", "")
-"""Where a rank's time went when its GPU reached its late call after its CPU issued it (`CommEvent.t_gpu`)."""
 
 HOST_SHARE = 0.8
 """A rank that waited for a CPU (its main thread on the run queue) at least this share of the wait it
@@ -199,7 +196,7 @@ def _with_queue(segment: dict[tuple[str, str], float], e: CommEvent) -> dict[tup
     """A segment before a call, with the time its GPU still took to reach the call after its CPU issued
     it (``gpu``, no module: the kernels queued before it, which the CPU's moves do not see)."""
     if e.t_gpu is not None and e.t_gpu > e.t_issue:
-        segment = {**segment, QUEUED: e.t_gpu - e.t_issue}
+        segment = {**segment, (GPU_QUEUE, ""): e.t_gpu - e.t_issue}
     return segment
 
 
