@@ -200,6 +200,7 @@ def _named(doc: dict, run_dir, rank: int, where: str) -> None:
     assert (finding.kind, finding.ranks, finding.where) == ("straggler", [rank], where)
 
 
+@pytest.mark.alone
 def test_a_sleep_in_data_loading_under_fsdp2_names_the_rank_and_no_module(tmp_path):
     """Two ranks (CI's two CPUs are shared with another test's job): FSDP2 x TP on 4 ranks is
     benchmarks/bench_stragglers.py's, where ranks outnumbering CPUs can name the scheduler's straggler."""
@@ -209,6 +210,7 @@ def test_a_sleep_in_data_loading_under_fsdp2_names_the_rank_and_no_module(tmp_pa
     _named(doc, tmp_path / "run", 1, "other, no module")
 
 
+@pytest.mark.alone
 def test_a_sleep_in_a_backward_hook_of_a_pipeline_stage_surfaces_on_its_p2p(tmp_path):
     proc, doc = trace_json(tmp_path / "run", "--nproc-per-node", 2, [
         str(JOBS / "pipelining.py"), "--schedule", "1f1b", "--steps", 6, "--slow-rank", 0, "--slow-in", "backward"])
@@ -223,6 +225,7 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.alone
 def test_a_sleep_in_a_module_forward_is_named_across_two_elastic_agents(tmp_path):
     """Two torch elastic agents on 127.0.0.1 (c10d rendezvous) as two nodes of a 2-rank DDP job, writing one
     directory (`torchrun -m meshscope.trace`): rank 1, on the second node, sleeps in ``net.2``'s forward.

@@ -24,15 +24,20 @@ def program_of(spec: dict) -> Program:
     return PROGRAMS[spec.get("kind", "run")]
 
 
-if __name__ == "__main__":
-    directory = Path(sys.argv[1])
+def main(argv: list[str]) -> int:
+    """Run the spec in the run directory ``argv[0]`` as this rank; its exit code."""
+    directory = Path(argv[0])
     spec = RunDir(directory).read_spec()
     code = execute(directory, spec, program_of(spec))
     sys.stdout.flush()
     sys.stderr.flush()
+    return code
+
+
+if __name__ == "__main__":
     # The abort once seen here after a clean run ("terminate called without an active exception")
     # was a gloo worker thread taking the GIL during interpreter finalisation, not a static
     # destructor; `RankContext.close` now joins those threads before returning (its docstring has
     # the evidence), and `meshscope run` inside a user's torchrun exits through normal teardown.
     # This process still leaves through os._exit: the work is done and the result written.
-    os._exit(code)
+    os._exit(main(sys.argv[1:]))

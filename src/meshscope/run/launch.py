@@ -1,8 +1,9 @@
 """Start the ranks of a run through torch's own elastic launcher, and report how they ended.
 
-`launch` runs ``python -m torch.distributed.run --standalone --nproc-per-node N -m meshscope.cli.worker
-RUN_DIR``: torchrun owns process start-up, rendezvous, port choice (``--standalone`` binds a free port,
-so two runs at once never collide) and tear-down (one failed rank stops all the others). The same
+`launch` runs ``python -m meshscope.run.agent --standalone --nproc-per-node N -m meshscope.cli.worker
+RUN_DIR`` (torchrun, its ranks forked from a process that imported torch once: `agent`): torchrun owns
+process start-up, rendezvous, port choice (``--standalone`` binds a free port, so two runs at once never
+collide) and tear-down (one failed rank stops all the others). The same
 worker runs unchanged as one rank of a user's own multi-node ``torchrun`` job (`in_torchrun`).
 
 The launcher adds what torchrun does not: every line of output goes to ``RUN_DIR/launcher.log``;
@@ -71,7 +72,7 @@ def launch(run_dir: Path, nproc: int, timeout_s: float | None, on_progress=None,
     (a traced job may compute quietly for as long as it likes)."""
     run_dir = RunDir(run_dir)
     program = program or ["-m", "meshscope.cli.worker", str(run_dir)]
-    cmd = [sys.executable, "-m", "torch.distributed.run", *(rendezvous or ["--standalone"]),
+    cmd = [sys.executable, "-m", "meshscope.run.agent", *(rendezvous or ["--standalone"]),
            f"--nproc-per-node={nproc}", "--max-restarts=0", "--monitor-interval=0.2", *program]
     child_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                  "PYTHONUNBUFFERED": "1", **(env or {})}

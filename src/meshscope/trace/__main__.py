@@ -91,4 +91,4 @@ def _assemble_on_local_zero(run_dir: Path, local: int):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    os._exit(main(sys.argv[1:]))  # without the interpreter's teardown, as `rank`'s own entry leaves

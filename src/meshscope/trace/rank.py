@@ -123,11 +123,11 @@ def main(argv: list[str], on_end=None) -> int:
         atexit._run_exitfuncs()  # the script's own exit handlers run as they would have; --steps skips them
     sys.stdout.flush()
     sys.stderr.flush()
-    # Skip the interpreter's teardown: gloo's C++ threads have been seen to abort ("terminate called
-    # without an active exception") in static destructors of a process that did not destroy its
-    # process group, which would turn a clean job into a failed rank.
-    os._exit(code)
+    return code
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # Skip the interpreter's teardown: gloo's C++ threads have been seen to abort ("terminate called
+    # without an active exception") in static destructors of a process that did not destroy its
+    # process group, which would turn a clean job into a failed rank.
+    os._exit(main(sys.argv[1:]))

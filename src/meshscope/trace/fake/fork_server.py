@@ -41,14 +41,14 @@ import sys
 from ...core.errors import UsageError
 from ...core.rundir import RunDir, write_atomic
 from ...core.trace_result import exit_code
+from ...run import agent
 from ..options import RankOptions
 from ..script_frames import LIBRARY_ROOTS
 from . import files
 
-PRELOAD = ("torch", "torch.distributed", "torch.distributed.device_mesh", "torch.distributed.tensor",
-           "torch.distributed.tensor.parallel", "torch.distributed.fsdp", "torch.distributed.pipelining",
-           "torch.nn.parallel", "torch.testing._internal.distributed.fake_pg", "meshscope.trace.rank")
-"""What every rank imports before its script: torch's parallel APIs and the rank program."""
+PRELOAD = (*agent.PRELOAD, "torch.testing._internal.distributed.fake_pg", "meshscope.trace.rank")
+"""What every rank imports before its script: torch's parallel APIs (as a real trace's ranks,
+`run.agent`), the fake process group and the rank program."""
 
 
 class ServerFailed(RuntimeError):
@@ -287,11 +287,9 @@ class _Server:
             if os.getppid() != self.pid:  # the server died before the line above took effect
                 os._exit(1)
             os.close(self.replies_fd)  # only the server answers: a dead server is EOF for the caller
-            import random
-
             from .. import rank as rank_program
 
-            random.seed()  # as a fresh interpreter would
+            agent.as_fresh_interpreter()
             os.environ.update(environment(rank, self.world, self.per_node))
             log = os.open(self.run_dir.log(rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             null = os.open(os.devnull, os.O_RDONLY)
