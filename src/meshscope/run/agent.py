@@ -50,9 +50,39 @@ def as_fresh_interpreter() -> None:
         sys.modules["numpy"].random.seed()
 
 
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+"""While set to 1, ``torch.cuda.is_available()`` asks NVML instead of initialising CUDA's driver, which
+makes every later fork unable to use CUDA (torch/cuda/__init__.py, torch 2.4 to 2.15)."""
+_user_nvml_check: str | None = None
+"""The user's own `NVML_CHECK`, which a rank gets back."""
+
+
+def _fork_poisoned() -> bool:
+    """Whether a rank forked now could not use CUDA: torch marks a child "in bad fork" once the parent has
+    initialised CUDA's driver (torch/csrc/cuda/Module.cpp, ``poison_fork``); a probe child says."""
+    import torch
+
+    if not torch.cuda._is_compiled():
+        return False
+    if torch.cuda.is_initialized():
+        return True
+    pid = os.fork()
+    if pid == 0:
+        os._exit(1 if torch._C._cuda_isInBadFork() else 0)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0
+
+
+def _restore(value: str | None) -> None:
+    if value is None:
+        os.environ.pop(NVML_CHECK, None)
+    else:
+        os.environ[NVML_CHECK] = value
+
+
 def _rank(program: str, *argv: str) -> None:
     """One rank, in a process the elastic agent forked: `program`'s ``main(argv)``."""
     as_fresh_interpreter()
+    _restore(_user_nvml_check)
     code = importlib.import_module(program).main(list(argv))
     sys.stdout.flush()
     sys.stderr.flush()
@@ -72,16 +102,24 @@ def main(argv: list[str]) -> int:
     if not args.module:
         print(f"meshscope.run.agent runs a module (-m PROGRAM), not {args.training_script!r}", file=sys.stderr)
         return 2
+    global _user_nvml_check
+    _user_nvml_check = os.environ.get(NVML_CHECK)
+    os.environ[NVML_CHECK] = "1"  # torch._dynamo's import asks whether CUDA is available
     for name in (*PRELOAD, args.training_script):
         importlib.import_module(name)
-    # what was imported stays out of the ranks' garbage collections: a collection that walks it would
-    # write every page of it (reference counts, GC links), copying what the ranks share, and take longer
-    # (Python's gc.freeze, for a parent that forks without exec)
-    gc.freeze()
-    args.run_path, args.start_method = True, "fork"
-    # torchrun's --run-path calls this module-level function with the program and its arguments
-    # (torch/distributed/run.py, config_from_args, torch 2.4 to 2.15)
-    torchrun.run_script_path = _rank
+    if _fork_poisoned():  # torchrun as it is: each rank a fresh ``python -m PROGRAM``
+        print("meshscope: CUDA was initialised while torch's parallel APIs were imported, so the ranks "
+              "start as fresh processes (a few seconds each), not forked", file=sys.stderr)
+        _restore(_user_nvml_check)
+    else:
+        # what was imported stays out of the ranks' garbage collections: a collection that walks it
+        # would write every page of it (reference counts, GC links), copying what the ranks share, and
+        # take longer (Python's gc.freeze, for a parent that forks without exec)
+        gc.freeze()
+        args.run_path, args.start_method = True, "fork"
+        # torchrun's --run-path calls this module-level function with the program and its arguments
+        # (torch/distributed/run.py, config_from_args, torch 2.4 to 2.15)
+        torchrun.run_script_path = _rank
     try:
         torchrun.run(args)
     except ChildFailedError as exc:
