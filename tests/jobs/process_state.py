@@ -13,6 +13,7 @@ import argparse
 import json
 import random
 import signal
+import sys
 import threading
 
 import numpy as np
@@ -27,11 +28,11 @@ def main() -> None:
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    print("state " + json.dumps({
-        "rank": rank, "random": random.random(),
-        "numpy": float(np.random.rand()),
-        "sigint_python": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
-        "sighup_default": signal.getsignal(signal.SIGHUP) == signal.SIG_DFL}), flush=True)
+    state = {"rank": rank, "random": random.random(), "numpy": float(np.random.rand()),
+             "sigint_python": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
+             "sighup_default": signal.getsignal(signal.SIGHUP) == signal.SIG_DFL}
+    sys.stdout.write(f"state {json.dumps(state)}\n")  # one write: the ranks share the console
+    sys.stdout.flush()
     done = threading.Event()
     worker = threading.Thread(target=done.wait)  # not a daemon: a plain exit waits for it
     worker.start()
