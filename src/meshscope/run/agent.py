@@ -9,8 +9,8 @@ with ``--start-method fork``). Before the agent starts, this process imports tor
 Python's and torch's import, ``torch._dynamo`` (imported by DDP's constructor, pipelining and
 torch.compile) and the rank program: about 5 s of CPU per rank on a 2-core EPYC. A 2-rank
 ``meshscope trace -- tests/jobs/ddp.py --steps 4`` took 12.9 s of CPU (9.4 s wall) with fresh rank
-processes and 5.5 s (6.3 s wall) forked (``/usr/bin/time``, idle box, 2026-12-03); the test suite's
-CPU time fell from 1,616 s to 967 s.
+processes and 5.5 s (6.3 s wall) forked (``/usr/bin/time``, idle box, 2026-12-03); ``.ci/run`` on a
+fresh clone went from 794 s of tests (1,616 s of CPU with the install) to 597 s (1,217 s).
 
 A forked rank starts as a fresh interpreter would in what it can see: the agent's signal handlers
 (torch's ``_terminate_process_handler``, which raises in the agent) and exit handlers are dropped,
