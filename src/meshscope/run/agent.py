@@ -15,8 +15,8 @@ fresh clone went from 794 s of tests (1,616 s of CPU with the install) to 597 s 
 A forked rank starts as a fresh interpreter would in what it can see: the agent's signal handlers
 (torch's ``_terminate_process_handler``, which raises in the agent) and exit handlers are dropped,
 and NumPy's global generator is seeded again from the system, as ``random`` reseeds itself in a forked
-child (``os.register_at_fork``) and NumPy does not. ``PYTHONHASHSEED``-dependent orders are the same on every rank, not drawn per
-rank. The program is a module with ``main(argv) -> int`` that returns instead of exiting: torch's
+child (``os.register_at_fork``) and NumPy does not. ``PYTHONHASHSEED``-dependent orders are the same on
+every rank, not drawn per rank. The program is a module with ``main(argv) -> int`` that returns instead of exiting: torch's
 multiprocessing agent takes a returned value as success and waits for one from every rank, so a rank
 that succeeded leaves through the value (and then ``os._exit``, skipping the interpreter's teardown
 as a rank process does); one that failed leaves with its code.
@@ -104,7 +104,10 @@ def main(argv: list[str]) -> int:
         return 2
     global _user_nvml_check
     _user_nvml_check = os.environ.get(NVML_CHECK)
-    os.environ[NVML_CHECK] = "1"  # torch._dynamo's import asks whether CUDA is available
+    # an import that asks whether CUDA is available must not make the forks unable to use it (on the
+    # H200 every forked rank failed "Cannot re-initialize CUDA in forked subprocess"; which import asked
+    # is what benchmarks/check_fork_cuda.py prints there)
+    os.environ[NVML_CHECK] = "1"
     for name in (*PRELOAD, args.training_script):
         importlib.import_module(name)
     if _fork_poisoned():  # torchrun as it is: each rank a fresh ``python -m PROGRAM``
