@@ -33,6 +33,18 @@ def _relabelled(result: TraceResult, rank: int) -> list[tuple]:
              len(e.group), peer(e)) for _, events in sorted(result.steps_of(rank).items()) for e in events]
 
 
+def _members(classes: list[dict]) -> dict[int, list[int]]:
+    """A result's classes as representative -> its ranks."""
+    members = {}
+    for c in classes:
+        ranks = []
+        for part in c["ranks"].split(","):
+            lo, _, hi = part.partition("-")
+            ranks += range(int(lo), int(hi or lo) + 1)
+        members[c["representative"]] = ranks
+    return members
+
+
 def test_rank_classes_hold_on_a_world_traced_whole(tmp_path):
     """World 8 = tp 2 x dp 4: auto traces one rank per class; tracing every rank shows that the members
     of each class issue the same ledger up to relabelling, and that the classes are not all one."""
@@ -43,13 +55,9 @@ def test_rank_classes_hold_on_a_world_traced_whole(tmp_path):
     assert auto["passed"] and whole["passed"] and auto["fake_world"]["traced"] == [c["representative"] for c in classes]
     assert auto["layout"]["sizes"] == {"tp": 2, "dp": 4}
     result = TraceResult.from_json(whole)
-    members = {}
-    for c in classes:
-        ranks = []
-        for part in c["ranks"].split(","):
-            lo, _, hi = part.partition("-")
-            ranks += range(int(lo), int(hi or lo) + 1)
-        members[c["representative"]] = ranks
+    members = _members(classes)
+    # no point-to-point call, no root past a group's first member: its first member or not, on tp and dp
+    assert sorted(members.values()) == [[0], [1], [2, 4, 6], [3, 5, 7]] and "in none" in auto["fake_world"]["how"]
     assert sorted(r for rs in members.values() for r in rs) == list(range(8))
     for rep, ranks in members.items():
         for r in ranks:
@@ -61,6 +69,23 @@ def test_rank_classes_hold_on_a_world_traced_whole(tmp_path):
     later = [r for r in auto["fake_world"]["traced"] if r not in (0, 7)]
     assert imported[0] and later and all(not imported[r] & imported[0] for r in later), imported
 
+
+
+def test_a_pipeline_on_the_default_group_keeps_its_ends_and_inner_stages_apart(tmp_path):
+    """tests/jobs/pipelining.py sends on the default group: 4 stages make three classes (its first stage,
+    the two inner ones, its last), each inner stage issuing twice an end's sends and receives (the
+    job's docstring); the traced stages have the ledgers of a world traced whole."""
+    job = [str(JOBS / "pipelining.py"), "--steps", "2"]
+    _, auto = trace_json(tmp_path / "auto", "--fake-world", 4, job)
+    assert auto["passed"], auto["notes"]
+    members = _members(auto["fake_world"]["classes"])
+    assert members == {0: [0], 1: [1, 2], 3: [3]} and "'default_pg'" in auto["fake_world"]["how"]
+    result = TraceResult.from_json(auto)
+    sends = {r: sum(e.op == "send" for e in result.steps_of(r)[1]) for r in members}
+    assert sends == {0: 4, 1: 8, 3: 4}, sends
+    _, whole = trace_json(tmp_path / "whole", "--fake-world", 4, "--ranks", "0,1,2,3", job)
+    everyone = TraceResult.from_json(whole)
+    assert all(_relabelled(everyone, r) == _relabelled(result, rep) for rep, ranks in members.items() for r in ranks)
 
 
 def test_the_server_imports_what_ranks_imported_up_to_one_that_starts_a_thread(tmp_path, monkeypatch):

@@ -115,7 +115,7 @@ def test_gpt_model_at_1024_ranks(release, real_1024):
     """Real tensors: every class passes with the counts above at tp 8 (the target: at most 30 s)."""
     _, doc = real_1024
     assert doc["layout"]["sizes"]["tp"] == 8 and doc["layout"]["sizes"]["dp"] == 128
-    assert len(doc["fake_world"]["classes"]) == 9
+    assert len(doc["fake_world"]["classes"]) == 4  # its first member or not, on tp and on dp
     for rank, steps in steady_counts(doc).items():
         assert steps == [expected(8, True)], rank
 

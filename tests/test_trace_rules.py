@@ -242,3 +242,31 @@ def test_a_flattened_dim_does_not_break_the_mesh_and_classes_keep_places_apart()
     # groups without descriptions: rank 1 is last in tp and first in dp, rank 2 the other way round
     classes = rank_classes(4, [("", [0, 1]), ("", [2, 3]), ("", [0, 2]), ("", [1, 3])])
     assert sorted(classes.values()) == [[0], [1], [2], [3]]
+
+
+def test_classes_keep_three_places_only_where_the_first_ranks_showed_an_order():
+    """tp 3 x pp 3 (world 9, tp inner): the traced ranks' sends on pp make its middle stage a place of
+    its own; on tp, where only collectives rooted at the first member ran, the middle and the last
+    member are one class. A send on the default group orders its members; one on a group no rank saw
+    created keeps three places everywhere."""
+    from meshscope.trace.fake.classes import DEFAULT, ORDERED, ordered_kinds, rank_classes
+
+    groups = [("tp", [0, 1, 2]), ("tp", [3, 4, 5]), ("tp", [6, 7, 8]),
+              ("pp", [0, 3, 6]), ("pp", [1, 4, 7]), ("pp", [2, 5, 8])]
+
+    def call(op, group, peer=None):
+        return CommEvent(rank=0, seq=0, op=op, axis="", group=tuple(group), phase="other", dtype="float32",
+                         bytes_in=4, bytes_out=4, peer=peer)
+
+    rooted_at_first = [call("all_reduce", [0, 1, 2]), call("broadcast", [0, 1, 2], peer=0)]
+    assert ordered_kinds(9, groups, rooted_at_first) == set()
+    assert ordered_kinds(9, groups, [*rooted_at_first, call("send", [0, 3, 6], peer=3)]) == {"pp"}
+    assert ordered_kinds(9, groups, [call("gather", [6, 7, 8], peer=8)]) == {"tp"}
+    assert ordered_kinds(9, groups, [call("send", range(9), peer=1)]) == {DEFAULT}
+    assert ordered_kinds(9, groups, [call("send", [0, 4], peer=4)]) == ORDERED
+    assert sorted(rank_classes(4, [], {DEFAULT}).values()) == [[0], [1, 2], [3]]
+    assert sorted(rank_classes(4, [], set()).values()) == [[0], [1, 2, 3]]
+    by_pp = rank_classes(9, groups, {"pp"})
+    assert sorted(by_pp.values()) == [[0], [1, 2], [3], [4, 5], [6], [7, 8]]
+    assert sorted(rank_classes(9, groups, set()).values()) == [[0], [1, 2], [3, 6], [4, 5, 7, 8]]
+    assert len(rank_classes(9, groups)) == 9

@@ -27,7 +27,8 @@ from .checks import run_all
 from .fake import devices
 
 
-def _events(run_dir: RunDir, rank: int) -> list[CommEvent]:
+def rank_events(run_dir: RunDir, rank: int) -> list[CommEvent]:
+    """What a rank issued: its ledger, or where it wrote none (it was killed), its flight log."""
     ledger = run_dir.ledger(rank)
     if ledger.exists():
         return [CommEvent.from_json(json.loads(line)) for line in ledger.read_text().splitlines() if line]
@@ -100,7 +101,7 @@ def assemble(run_dir: Path | RunDir, account: str | None = None, fake_world: Fak
     present = set(run_dir.ranks_with("flight")) | set(run_dir.ranks_with("ranks"))
     listed = sorted(present | set(spec.expected or ()))
     ranks = [run_dir.read_end(r) for r in listed]
-    events = [e for r in listed for e in _events(run_dir, r)]
+    events = [e for r in listed for e in rank_events(run_dir, r)]
     axes: dict[str, set] = {}
     for e in events:
         if e.op not in ("send", "recv") or e.axis != "world":

@@ -7,28 +7,61 @@ to relabelling, and one per class is traced (`world`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 
-def rank_classes(world: int, groups: list[tuple[str, list[int]]]) -> dict[tuple, list[int]]:
+from ...core.events import P2P, CommEvent
+
+DEFAULT = "default_pg"
+"""The default group's kind (torch's description of it): every rank, created by no `new_group`, is one
+group of it (a pipeline of tests/jobs/pipelining.py sends on it)."""
+ORDERED = "ordered"
+"""`ordered_kinds`'s answer where every kind of group must keep its middle apart from its last member."""
+
+
+def rank_classes(world: int, groups: list[tuple[str, list[int]]],
+                 ordered: set[str] | str = ORDERED) -> dict[tuple, list[int]]:
     """Ranks grouped by their place in every group they belong to.
 
-    A rank's key is, for each group description (each kind of group: an axis), whether it is the
-    first, a middle or the last member of its group there, and the group's size. Ranks with equal
-    keys hold the same position everywhere (the same pipeline end, the same root of a broadcast),
-    which is what makes two ledgers equal up to relabelling in the parallel APIs torch and
+    A rank's key is, for each group description (each kind of group: an axis; the default group is one,
+    `DEFAULT`), its place in its group there and the group's size. In the kinds of `ordered` (all of them by default) the place is first,
+    middle or last member: a pipeline's two ends differ from its inner stages. In the others it is
+    first or not: a collective's members issue the same calls, its first member being the root of
+    torch's and Megatron-core's rooted calls (broadcast, gather, logging on a group's rank 0).
+    Ranks with equal keys issue the same ledger up to relabelling in the parallel APIs torch and
     Megatron-core provide. A script that branches on the rank number itself can defeat this; the
     claim is verified on small worlds by tracing every rank (tests/test_fake_world.py).
     """
-    by_desc: dict[str, list[list[int]]] = {}
+    by_desc: dict[str, list[list[int]]] = {DEFAULT: [list(range(world))]}
     for desc, ranks in groups:
         by_desc.setdefault(desc, []).append(ranks)
     key: dict[int, list] = {r: [] for r in range(world)}
     for desc in sorted(by_desc):
+        three = ordered == ORDERED or desc in ordered
         for ranks in by_desc[desc]:
             for i, r in enumerate(ranks):
-                place = "first" if i == 0 else "last" if i == len(ranks) - 1 else "middle"
+                place = ("first" if i == 0 else "last" if i == len(ranks) - 1 else "middle") if three else (
+                    "first" if i == 0 else "member")
                 if r in key:
                     key[r].append((desc, place, len(ranks)))
     classes: dict[tuple, list[int]] = {}
     for r in range(world):
         classes.setdefault(tuple(key[r]), []).append(r)  # built in one fixed order: sorting would merge places
     return classes
+
+
+def ordered_kinds(world: int, groups: list[tuple[str, list[int]]], events: Iterable[CommEvent]) -> set[str] | str:
+    """The kinds of group (descriptions) whose members' places beyond first-or-not show in what the
+    traced ranks issued: those that carried a point-to-point call (a pipeline's stages, a ring) or a
+    rooted call whose root was not the group's first member. `ORDERED` (every kind) where such a call
+    was on a group rank 0 saw no creation of."""
+    kinds_of: dict[tuple[int, ...], set[str]] = {tuple(range(world)): {DEFAULT}}
+    for desc, ranks in groups:
+        kinds_of.setdefault(tuple(sorted(ranks)), set()).add(desc)
+    ordered: set[str] = set()
+    for e in events:
+        if e.op in P2P or (e.peer is not None and e.group and e.peer != e.group[0]):
+            kinds = kinds_of.get(tuple(e.group))
+            if kinds is None:
+                return ORDERED
+            ordered |= kinds
+    return ordered

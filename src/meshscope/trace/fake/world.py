@@ -4,7 +4,8 @@ Each chosen rank runs the script in a process of its own on the fake backend (`b
 from a server that imported torch once (`fork_server`), one per usable core at a time; with
 ``--fake-tensors`` its tensors have no data (`tensors`). With ``--ranks auto`` rank 0 (and beside it
 the last rank) runs first; the groups it created (all of them: creation is a global protocol) give
-the classes of ranks (`classes.rank_classes`), and one rank per class is traced: the
+the classes of ranks (`classes.rank_classes`), what those two issued says in which kinds of group a
+middle member differs from the last (`classes.ordered_kinds`), and one rank per class is traced: the
 lowest. When every one of those first ranks failed the same way (the same exception at the same
 line of the script), the others would too: the trace stops there and says so once. Cross-rank checks
 run among the ranks traced, and the result says which ranks stand for which.
@@ -17,9 +18,9 @@ import sys
 
 from ...core.rundir import RunDir
 from ...core.trace_result import Answered, FakeDevice, FakeWorld, RankClass, RankEnd, TraceResult, TraceSpec
-from ..assemble import assemble, conclude, created_groups
+from ..assemble import assemble, conclude, created_groups, rank_events
 from . import files, gpu
-from .classes import rank_classes
+from .classes import ORDERED, ordered_kinds, rank_classes
 from .fork_server import ForkServer, ServerFailed
 
 
@@ -35,7 +36,7 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
                          fake_world=True, ranks=options.ranks)
 
     run_dir.begin(spec(chosen))
-    classes, same, again = None, None, []
+    classes, same, again, ordered = None, None, [], ORDERED
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     codes: dict[int, int] = {}
     asked: list[int] = []  # the first ranks handed to the server: each must end with a record
@@ -50,7 +51,13 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
             codes.update(server.run(asked, cores))
             same = failed_alike([run_dir.read_end(r) for r in asked])
             if same is None:
-                classes = rank_classes(world, created_groups(run_dir))
+                groups = created_groups(run_dir)
+                ends = [run_dir.read_end(r) for r in asked]
+                # what the first ranks issued says which kinds of group keep their middle members apart from
+                # their last; a rank that did not end may not have reached its pipeline's sends
+                ordered = ordered_kinds(world, groups, (e for r in asked for e in rank_events(run_dir, r))) if all(
+                    end.ended for end in ends) else ORDERED
+                classes = rank_classes(world, groups, ordered)
                 chosen = sorted(_representative(members, codes) for members in classes.values())
         if same is None:
             echo(f"meshscope trace: fake world of {world}: tracing ranks {chosen}\n")
@@ -76,8 +83,9 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
     section = FakeWorld(world, tuple(traced), tuple(
         RankClass(_representative(m, codes), _ranges(m), len(m)) for m in sorted(classes.values(), key=min))
         if classes else None,
-        "one rank per class of rank 0's group creations: ranks in the same place (first, middle or last member, "
-        "group size) of every kind of group; a script that branches on its rank number can defeat this"
+        f"one rank per class of rank 0's group creations: ranks in the same place of every kind of group (its "
+        f"size, and whether first member or not; first, middle or last member {_ordered_text(ordered)}); a script "
+        f"that branches on its rank number can defeat this"
         if classes else "the ranks given" if options.chosen_ranks() is not None else
         "the first ranks only: they failed the same way, so the classes were not traced", patched, stand_in(ends))
     result = assemble(run_dir, account=failure, fake_world=section)
@@ -179,6 +187,14 @@ def answered_note(answered: list[Answered], ranks: int) -> str:
     reads = sum(n for _, (n, _) in places)
     return (f"--fake-tensors: tensors have no values, so {reads} value read{'s' if reads > 1 else ''} on {ranks} "
             f"rank{'s' if ranks > 1 else ''} {'were' if reads > 1 else 'was'} answered without data: {shown}{more}{sizes}")
+
+
+def _ordered_text(ordered: set[str] | str) -> str:
+    if ordered == ORDERED:
+        return "in every kind"
+    if not ordered:
+        return "in none: the first ranks issued no point-to-point call and no call rooted past a group's first member"
+    return f"in {', '.join(sorted(repr(d) for d in ordered))}, where the first ranks issued point-to-point or rooted calls"
 
 
 def _representative(members: list[int], traced) -> int:
