@@ -275,6 +275,30 @@ def test_a_rank_waiting_in_a_call_a_peer_went_past_is_blocked():
     assert blocked([stopped], {0: rank0, 1: other}) == [0]  # it issued something else at #1
 
 
+def test_a_call_a_peer_went_past_is_dated_when_it_went_past():
+    """Under load (CI, 2026-12-03): rank 1 finished step 0 without bucket all-reduce #1 at 1.2 s and raised
+    at its next forward at 1.5 s, before a slow rank 0 issued #1 at 2.0 s. The hang began at 1.2 s, when
+    rank 1 went past it, so it stays the root cause ahead of rank 1's error; dated by its issue, the
+    error led."""
+    from meshscope.doctor.collective import collectives
+    from meshscope.doctor.evidence import RankLog, key
+
+    issued = [call(0, 0, step=0, phase="backward"), call(0, 1, step=0, phase="backward")]
+    rank0 = RankLog(0, [], issued, {key(issued[0])}, {key(issued[0]): 1.0, key(issued[1]): 2.0})
+    went_on = RankLog(1, [], [call(1, 0, step=0, phase="backward")], {key(call(1, 0))}, {key(call(1, 0)): 1.0},
+                      last_mark="step 1 done", marked={1: 1.2})
+    [hang] = collectives({0: rank0, 1: went_on})
+    assert hang.kind == "ddp-unused" and hang.t == 1.2 and not hang.derived
+    raised = RankEnd(1, "error", error="RuntimeError: Expected to have finished reduction in the prior iteration",
+                     exception="RuntimeError", where="job.py:49", time=1.5)
+    [script] = script_errors([raised], RunDir("/nonexistent"))
+    stopped = RankEnd(0, "terminated", error="SIGTERM from outside")
+    assert [f.kind for f in order([script, hang], blocked([stopped, raised], {0: rank0, 1: went_on}))] == \
+        ["ddp-unused", "script-error"]
+    stayed = RankLog(1, [], went_on.issued, went_on.completed, went_on.issued_at, last_mark="step 1 done")
+    assert collectives({0: rank0, 1: stayed})[0].t == 2.0  # no mark time known: dated by its issue
+
+
 # -- 4. diff -------------------------------------------------------------------------------------
 
 def _trace_dir(path, ends: dict[int, str], events: list[CommEvent], world: int = 2, fake: bool = False,

@@ -109,6 +109,12 @@ def collectives(ranks: dict[int, RankLog], predicted: dict | None = None) -> lis
                 # Missing ranks blocked elsewhere never got here: date the wait by their blocks.
                 blocks = [c for c in map(lambda m: blocked_in(ranks, m), missing) if c is not None]
                 t = max([issued_at(ranks, *have.values())] + [issued_at(ranks, c) for c in blocks])
+                # A missing rank that finished the call's step without it diverged then, perhaps before a
+                # slow peer issued it (DDP's unused parameters under load: the skipping rank went on and
+                # raised at its next forward before the other issued the bucket it waits in).
+                passed = [p for m in missing if (p := ranks[m].passed(e.step)) is not None]
+                if passed and not blocks:
+                    t = min(t, *passed)
                 plain = (f"ranks {missing} never issued it while ranks {waiting or sorted(have)} "
                          f"{'wait in it' if waiting else 'did'}; {last}")
                 kind, cause = _unused_parameters(ranks, lists, e, missing) or ("missing", plain)

@@ -34,12 +34,19 @@ class RankLog:
     no calls, so a hang there shows only as the last mark)."""
     created: list[dict] | None = None
     """A traced rank's group creations in order (`flightlog.read_creations`), None where the directory has none."""
+    marked: dict[int, float] | None = None
+    """A traced rank's ``step N done`` marks: N -> when, in wall-clock seconds."""
 
     @property
     def steps_done(self) -> int:
         """Optimizer steps a traced rank finished, from its last ``step N done`` mark (0 without one)."""
         mark = self.last_mark or ""
         return int(mark.split()[1]) if mark.startswith("step ") and mark.endswith(" done") else 0
+
+    def passed(self, step: int | None) -> float | None:
+        """When this rank finished `step` (its ``step step+1 done`` mark: step k holds what was issued
+        after the k-th optimizer step up to the end of the next), None if it did not or is no trace."""
+        return None if step is None or not self.marked else self.marked.get(step + 1)
 
     def on(self, e: CommEvent) -> list[CommEvent]:
         """This rank's calls on `e`'s group, in order."""
@@ -61,7 +68,8 @@ def load(run_dir: RunDir | Path) -> dict[int, RankLog]:
     for r in present:
         flight = read_flight(run_dir.flight(r), r)
         ranks[r] = RankLog(r, [(g["axis"], tuple(g["ranks"])) for g in flight.groups], flight.issued,
-                           flight.completed, flight.issued_at, flight.marks[-1][1] if flight.marks else None)
+                           flight.completed, flight.issued_at, flight.marks[-1][1] if flight.marks else None,
+                           marked={step: flight.wall(t) for t, _, step in flight.marks if step is not None})
         created = run_dir.groups(r)
         if created.exists():
             ranks[r].created = read_creations(created).creations
