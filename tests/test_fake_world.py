@@ -8,6 +8,7 @@ import os
 import sys
 
 import pytest
+import torch
 
 from meshscope.core.rundir import RunDir
 from meshscope.core.trace_result import RankEnd, TraceResult
@@ -63,27 +64,33 @@ def test_rank_classes_hold_on_a_world_traced_whole(tmp_path):
         for r in ranks:
             assert _relabelled(result, r) == _relabelled(result, rep), (rep, r)
     # The fork server imported what the first ranks' script imported before it forked the others, so a
-    # later rank imports none of those modules itself (each rank lists what its script imported).
+    # later rank imports none of those modules itself (each rank lists what its script imported). On
+    # torch 2.13 rank 0 imports one module the server had not (torch.profiler._cupti_monitor, lazily);
+    # torch 2.15's parallel APIs import it already, so there is nothing to learn here
+    # (test_the_server_imports_what_ranks_imported_... holds the mechanism on any torch).
     imported = {int(p.stem.removeprefix("rank")): set(json.loads(p.read_text()))
                 for p in (tmp_path / "auto" / "imports").glob("rank*.json")}
     later = [r for r in auto["fake_world"]["traced"] if r not in (0, 7)]
-    assert imported[0] and later and all(not imported[r] & imported[0] for r in later), imported
+    assert later and all(not imported[r] & imported[0] for r in later), imported
+    if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 15):
+        assert imported[0], imported
 
 
 
 def test_a_pipeline_on_the_default_group_keeps_its_ends_and_inner_stages_apart(tmp_path):
-    """tests/jobs/pipelining.py sends on the default group: 4 stages make three classes (its first stage,
-    the two inner ones, its last), each inner stage issuing twice an end's sends and receives (the
-    job's docstring); the traced stages have the ledgers of a world traced whole."""
+    """tests/jobs/pipelining.py sends on the default group: 5 stages make four classes (its first stage,
+    the inner ones at odd and at even positions, its last), each inner stage issuing twice an end's
+    sends and receives (the job's docstring); the traced stages have the ledgers of a world traced
+    whole (on torch 2.15 stages 1 and 2 differ in their first step: `classes.rank_classes` says why)."""
     job = [str(JOBS / "pipelining.py"), "--steps", "2"]
-    _, auto = trace_json(tmp_path / "auto", "--fake-world", 4, job)
+    _, auto = trace_json(tmp_path / "auto", "--fake-world", 5, job)
     assert auto["passed"], auto["notes"]
     members = _members(auto["fake_world"]["classes"])
-    assert members == {0: [0], 1: [1, 2], 3: [3]} and "'default_pg'" in auto["fake_world"]["how"]
+    assert members == {0: [0], 1: [1, 3], 2: [2], 4: [4]} and "'default_pg'" in auto["fake_world"]["how"]
     result = TraceResult.from_json(auto)
     sends = {r: sum(e.op == "send" for e in result.steps_of(r)[1]) for r in members}
-    assert sends == {0: 4, 1: 8, 3: 4}, sends
-    _, whole = trace_json(tmp_path / "whole", "--fake-world", 4, "--ranks", "0,1,2,3", job)
+    assert sends == {0: 4, 1: 8, 2: 8, 4: 4}, sends
+    _, whole = trace_json(tmp_path / "whole", "--fake-world", 5, "--ranks", "0,1,2,3,4", job)
     everyone = TraceResult.from_json(whole)
     assert all(_relabelled(everyone, r) == _relabelled(result, rep) for rep, ranks in members.items() for r in ranks)
 

@@ -264,8 +264,8 @@ def test_classes_keep_three_places_only_where_the_first_ranks_showed_an_order():
     assert ordered_kinds(9, groups, [call("gather", [6, 7, 8], peer=8)]) == {"tp"}
     assert ordered_kinds(9, groups, [call("send", range(9), peer=1)]) == {DEFAULT}
     assert ordered_kinds(9, groups, [call("send", [0, 4], peer=4)]) == ORDERED
-    assert sorted(rank_classes(4, [], {DEFAULT}).values()) == [[0], [1, 2], [3]]
-    assert sorted(rank_classes(4, [], set()).values()) == [[0], [1, 2, 3]]
+    assert sorted(rank_classes(6, [], {DEFAULT}).values()) == [[0], [1, 3], [2, 4], [5]]  # middles by parity
+    assert sorted(rank_classes(6, [], set()).values()) == [[0], [1, 2, 3, 4, 5]]
     by_pp = rank_classes(9, groups, {"pp"})
     assert sorted(by_pp.values()) == [[0], [1, 2], [3], [4, 5], [6], [7, 8]]
     assert sorted(rank_classes(9, groups, set()).values()) == [[0], [1, 2], [3, 6], [4, 5, 7, 8]]

@@ -23,9 +23,12 @@ def rank_classes(world: int, groups: list[tuple[str, list[int]]],
     """Ranks grouped by their place in every group they belong to.
 
     A rank's key is, for each group description (each kind of group: an axis; the default group is one,
-    `DEFAULT`), its place in its group there and the group's size. In the kinds of `ordered` (all of them by default) the place is first,
-    middle or last member: a pipeline's two ends differ from its inner stages. In the others it is
-    first or not: a collective's members issue the same calls, its first member being the root of
+    `DEFAULT`), its place in its group there and the group's size. In the kinds of `ordered` (all of
+    them by default) the place is first, last, or a middle member at an even or an odd position: a
+    pipeline's two ends differ from its inner stages, and torch 2.15 connects neighbouring stages pair
+    by pair before the first step, one matching of pairs after the other (pipelining/_p2p.py,
+    ``_preconnect_shared_p2p_edges``), so that stages 1 and 2 of four issue their first sends and
+    receives in other orders. In the others it is first or not: a collective's members issue the same calls, its first member being the root of
     torch's and Megatron-core's rooted calls (broadcast, gather, logging on a group's rank 0).
     Ranks with equal keys issue the same ledger up to relabelling in the parallel APIs torch and
     Megatron-core provide. A script that branches on the rank number itself can defeat this; the
@@ -39,7 +42,7 @@ def rank_classes(world: int, groups: list[tuple[str, list[int]]],
         three = ordered == ORDERED or desc in ordered
         for ranks in by_desc[desc]:
             for i, r in enumerate(ranks):
-                place = ("first" if i == 0 else "last" if i == len(ranks) - 1 else "middle") if three else (
+                place = ("first" if i == 0 else "last" if i == len(ranks) - 1 else f"middle {i % 2}") if three else (
                     "first" if i == 0 else "member")
                 if r in key:
                     key[r].append((desc, place, len(ranks)))

@@ -266,9 +266,11 @@ def _all_gather_object(original, args, kwargs, given, group):
     EXCHANGE.record(key, "all_gather_object", [own])
     pickles, known = _members(group, key, "all_gather_object", own)
     width = max(map(len, pickles))
-    return _run(original, args, kwargs, all_gather=[
-        _Delivery([_sizes([p]) for p in pickles]),
-        _Delivery([_bytes(p, width) for p in pickles], stand_in=not known)])
+    sizes, data = [_sizes([p]) for p in pickles], [_bytes(p, width) for p in pickles]
+    # torch 2.13 all-gathers into a list of tensors; torch 2.15 into one (``all_gather_single``)
+    return _run(original, args, kwargs,
+                all_gather=[_Delivery(sizes), _Delivery(data, stand_in=not known)],
+                all_gather_single=[_Delivery([torch.cat(sizes)]), _Delivery([torch.cat(data)], stand_in=not known)])
 
 
 @_wrapping
@@ -376,8 +378,10 @@ stops on a non-finite loss, trainer.py)."""
 
 RECEIVERS = {"broadcast": lambda a: [a["tensor"]], "all_gather": lambda a: a["tensor_list"],
              "gather": lambda a: a.get("gather_list") or [], "scatter": lambda a: [a["tensor"]],
-             "recv": lambda a: [a["tensor"]], "irecv": lambda a: [a["tensor"]]}
-"""The c10d calls torch's object collectives make, and what each receives into (torch 2.13)."""
+             "recv": lambda a: [a["tensor"]], "irecv": lambda a: [a["tensor"]],
+             "all_gather_single": lambda a: [a["output_tensor"]]}
+"""The c10d calls torch's object collectives make, and what each receives into (torch 2.13; torch 2.15's
+``all_gather_object`` gathers its sizes and its bytes each into one tensor, ``all_gather_single``, not a list)."""
 
 COLLECTIVES = {"broadcast_object_list": _broadcast_object_list, "all_gather_object": _all_gather_object,
                "gather_object": _gather_object, "scatter_object_list": _scatter_object_list,

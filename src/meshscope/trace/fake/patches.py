@@ -74,7 +74,7 @@ PATCHES = (
           "sizes (distributed_c10d.py:4039); torch's code still issues the calls, and what the sender sent (its "
           "record in objects/, else this rank's own object, its bytes assumed) is put into what it receives into; "
           "a P2P receive of the job's own tensors gets zeros, not torch.empty's garbage (NaN on a later stage)",
-          "2.13", FAKE_WORLD, objects.deliver_objects),
+          "2.13, 2.15", FAKE_WORLD, objects.deliver_objects),
     Patch("pipelining's vote taken alone", ("torch.distributed.pipelining.schedules._PipelineSchedule._warmup_p2p",
                                             "torch.distributed.pipelining._utils.InferenceMode.needs_dynamic"),
           "the warm-up vote (static shapes or inference over P2P) multiplies every stage's vote over P2P, which "

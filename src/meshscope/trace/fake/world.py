@@ -84,8 +84,8 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
         RankClass(_representative(m, codes), _ranges(m), len(m)) for m in sorted(classes.values(), key=min))
         if classes else None,
         f"one rank per class of rank 0's group creations: ranks in the same place of every kind of group (its "
-        f"size, and whether first member or not; first, middle or last member {_ordered_text(ordered)}); a script "
-        f"that branches on its rank number can defeat this"
+        f"size, and whether first member or not; first, odd or even middle, or last member "
+        f"{_ordered_text(ordered)}); a script that branches on its rank number can defeat this"
         if classes else "the ranks given" if options.chosen_ranks() is not None else
         "the first ranks only: they failed the same way, so the classes were not traced", patched, stand_in(ends))
     result = assemble(run_dir, account=failure, fake_world=section)
