@@ -39,6 +39,10 @@ def only_with(distribution: str, version: str):
                                                        f"{found or 'none'}")
 
 
+TORCH = tuple(int(part) for part in importlib.metadata.version("torch").split("+")[0].split(".")[:2])
+"""The installed torch release, (2, 13): where torch's own behaviour differs between the releases a test reads."""
+
+
 def run_many(tmp_path: Path, items, world: int, timeout: float = 60.0, backend: str = "gloo") -> list[dict]:
     """Run [(experiment, overrides), ...] on `world` gloo ranks in one launch; return their results."""
     spec = {"backend": backend, "timeout": timeout,

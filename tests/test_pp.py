@@ -52,12 +52,16 @@ class _FakeStage:
     def perform_reduce_grad(self, *args):
         pass
 
+    def release_fwd_send_outputs(self, i):  # torch 2.15 frees a sent activation once its send completed
+        pass
+
 
 class _Recording1F1B(torch_schedules.Schedule1F1B):
     """Schedule1F1B with its real `_step_microbatches`; only the stage and loss plumbing is faked."""
 
     def __init__(self, pp: int, stage: int, m: int, log: list):  # no super(): no real PipelineStage
         self._n_microbatches, self._num_stages, self.scale_grads = m, pp, False
+        self._finalize_gradients = True  # torch 2.15: reduce the stage's gradients at the step's end
         self._stage = _FakeStage(pp, stage, log)
 
     def _check_inputs(self, *args):
