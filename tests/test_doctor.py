@@ -5,8 +5,10 @@ one module fixture, because most of a hung run's time is spent waiting for its c
 """
 
 import json
+import os
 import shutil
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -19,7 +21,7 @@ from meshscope.doctor.evidence import load
 from meshscope.doctor.p2p import p2p
 from meshscope.doctor.prediction import dp_wrong_group
 
-from .helpers import cli, cli_here
+from .helpers import ROOT, cli, cli_here
 
 # -- synthetic flight logs ------------------------------------------------------------------------
 AXES = {(0, 1): "pp", (0, 2): "dp"}
@@ -296,3 +298,41 @@ def test_a_healthy_run_has_no_findings_and_a_reused_directory_starts_clean(injec
     proc = cli_here("doctor", tmp_path / "run", "--json")
     report = json.loads(proc.stdout)
     assert proc.returncode == 0 and report["healthy"] and report["findings"] == [] and report["ranks"] == [0, 1]
+
+
+LATE_RANK = """
+import datetime, os, sys, time
+import torch, torch.distributed as dist
+from meshscope.core.groups import init_default_group
+
+late_s, timeout_s = float(sys.argv[1]), float(sys.argv[2])
+rank = int(os.environ["RANK"])
+if rank == 1:
+    time.sleep(late_s)
+init_default_group("gloo", datetime.timedelta(seconds=timeout_s))
+dist.all_reduce(torch.ones(1))
+if rank == 0:  # rank 1 never sends, and stays until this receive has timed out
+    began = time.monotonic()
+    try:
+        dist.recv(torch.zeros(1), src=1)
+    except RuntimeError as exc:
+        print(f"recv ended after {time.monotonic() - began:.1f} s: {'Timed out' in str(exc)}", flush=True)
+else:
+    time.sleep(timeout_s + 3)
+"""
+
+
+def test_the_default_group_waits_for_a_late_rank_and_its_calls_keep_the_timeout(tmp_path):
+    """`meshscope run`'s ranks start their default group with `init_default_group`: a rank 4 s late
+    no longer fails the rendezvous of a run whose collective timeout is 1.5 s (CI, 2026-12-03:
+    "DistStoreError: wait timeout after 6000ms" before the planted fault), and a receive its peer
+    never answers still times out after 1.5 s, not after the start-up allowance."""
+    script = tmp_path / "late_rank.py"
+    script.write_text(LATE_RANK)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script), "4", "1.5"], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("recv ended after"))
+    waited, timed_out = line.removeprefix("recv ended after ").split(" s: ")
+    assert 1.0 < float(waited) < 10 and timed_out == "True", line

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ..core.faults import FAULT_RANK
-from ..core.groups import MeshGroups, create_groups, forget_all
+from ..core.groups import MeshGroups, create_groups, forget_all, init_default_group
 from ..core.mesh import Layout
 from .launch import PROGRESS_PREFIX
 
@@ -52,11 +52,11 @@ class RankContext:
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
             device = torch.device("cuda", local_rank)
             torch.cuda.set_device(device)
-            dist.init_process_group("nccl", timeout=timeout, device_id=device)
+            init_default_group("nccl", timeout, device_id=device)
             control = dist.new_group(backend="gloo", timeout=timeout)
         else:
             device = torch.device("cpu")
-            dist.init_process_group("gloo", timeout=timeout)
+            init_default_group("gloo", timeout)
             control = dist.group.WORLD
         return cls(rank, world, local_rank, backend, device, run_dir, timeout_s, control)
 

@@ -15,7 +15,7 @@ DEFAULT = "default_pg"
 """The default group's kind (torch's description of it): every rank, created by no `new_group`, is one
 group of it (a pipeline of tests/jobs/pipelining.py sends on it)."""
 ORDERED = "ordered"
-"""`ordered_kinds`'s answer where every kind of group must keep its middle apart from its last member."""
+"""`ordered_kinds`'s answer where every kind of group keeps its members' places (first, odd or even middle, last)."""
 
 
 def rank_classes(world: int, groups: list[tuple[str, list[int]]],
@@ -28,8 +28,9 @@ def rank_classes(world: int, groups: list[tuple[str, list[int]]],
     pipeline's two ends differ from its inner stages, and torch 2.15 connects neighbouring stages pair
     by pair before the first step, one matching of pairs after the other (pipelining/_p2p.py,
     ``_preconnect_shared_p2p_edges``), so that stages 1 and 2 of four issue their first sends and
-    receives in other orders. In the others it is first or not: a collective's members issue the same calls, its first member being the root of
-    torch's and Megatron-core's rooted calls (broadcast, gather, logging on a group's rank 0).
+    receives in other orders. In the others it is first or not: a collective's members issue the same
+    calls, its first member being the root of torch's and Megatron-core's rooted calls (broadcast,
+    gather, logging on a group's rank 0).
     Ranks with equal keys issue the same ledger up to relabelling in the parallel APIs torch and
     Megatron-core provide. A script that branches on the rank number itself can defeat this; the
     claim is verified on small worlds by tracing every rank (tests/test_fake_world.py).
@@ -42,8 +43,10 @@ def rank_classes(world: int, groups: list[tuple[str, list[int]]],
         three = ordered == ORDERED or desc in ordered
         for ranks in by_desc[desc]:
             for i, r in enumerate(ranks):
-                place = ("first" if i == 0 else "last" if i == len(ranks) - 1 else f"middle {i % 2}") if three else (
-                    "first" if i == 0 else "member")
+                if i == 0 or not three:
+                    place = "first" if i == 0 else "member"
+                else:
+                    place = "last" if i == len(ranks) - 1 else f"middle {i % 2}"
                 if r in key:
                     key[r].append((desc, place, len(ranks)))
     classes: dict[tuple, list[int]] = {}
