@@ -49,14 +49,14 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
             asked = [0, world - 1] if cores > 1 and world > 1 else [0]
             echo(f"meshscope trace: fake world of {world}: tracing ranks {asked} to find the classes of ranks\n")
             codes.update(server.run(asked, cores))
-            same = failed_alike([run_dir.read_end(r) for r in asked])
+            first = [run_dir.read_end(r) for r in asked]
+            same = failed_alike(first)
             if same is None:
                 groups = created_groups(run_dir)
-                ends = [run_dir.read_end(r) for r in asked]
-                # what the first ranks issued says which kinds of group keep their middle members apart from
-                # their last; a rank that did not end may not have reached its pipeline's sends
+                # what the first ranks issued says in which kinds of group a member's place beyond first or
+                # not counts; a rank that did not end may not have reached its pipeline's sends
                 ordered = ordered_kinds(world, groups, (e for r in asked for e in rank_events(run_dir, r))) if all(
-                    end.ended for end in ends) else ORDERED
+                    end.ended for end in first) else ORDERED
                 classes = rank_classes(world, groups, ordered)
                 chosen = sorted(_representative(members, codes) for members in classes.values())
         if same is None:
