@@ -309,7 +309,7 @@ late_s, timeout_s = float(sys.argv[1]), float(sys.argv[2])
 rank = int(os.environ["RANK"])
 if rank == 1:
     time.sleep(late_s)
-init_default_group("gloo", datetime.timedelta(seconds=timeout_s))
+init_default_group("gloo", rank, int(os.environ["WORLD_SIZE"]), datetime.timedelta(seconds=timeout_s))
 dist.all_reduce(torch.ones(1))
 if rank == 0:  # rank 1 never sends, and stays until this receive has timed out
     began = time.monotonic()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import datetime
 import inspect
-import os
 from dataclasses import dataclass, field
 
 import torch.distributed as dist
@@ -25,15 +24,14 @@ STARTUP_S = 120.0
 """How long the default group's rendezvous waits for every rank to start, at the least."""
 
 
-def init_default_group(backend: str, timeout: datetime.timedelta, **kwargs) -> None:
-    """torch's ``init_process_group(backend, timeout=timeout)`` from torchrun's environment, once every
+def init_default_group(backend: str, rank: int, world: int, timeout: datetime.timedelta, **kwargs) -> None:
+    """torch's ``init_process_group(backend, timeout=timeout)`` through torchrun's store, once every
     rank has started: each waits for the others on the rendezvous store for `STARTUP_S` at least. The
     group's own timeout bounds its connection too (gloo waits that long for its peers' addresses,
     ProcessGroupGloo's constructor), and a short one (planted hangs: ``--timeout 6``) failed a rank
     that started 6 s late on a busy 2-core CI box, ``DistStoreError: wait timeout after 6000ms``,
     before any fault (2026-12-03). The group's calls, P2P included, and later subgroups' creation keep
     `timeout` (a creation order that differs must still hang there)."""
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     startup = max(timeout, datetime.timedelta(seconds=STARTUP_S))
     store, _, _ = next(dist.rendezvous("env://", rank, world, timeout=startup))
     store.set(f"meshscope/started/{rank}", "1")

@@ -52,11 +52,11 @@ class RankContext:
             os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
             device = torch.device("cuda", local_rank)
             torch.cuda.set_device(device)
-            init_default_group("nccl", timeout, device_id=device)
+            init_default_group("nccl", rank, world, timeout, device_id=device)
             control = dist.new_group(backend="gloo", timeout=timeout)
         else:
             device = torch.device("cpu")
-            init_default_group("gloo", timeout)
+            init_default_group("gloo", rank, world, timeout)
             control = dist.group.WORLD
         return cls(rank, world, local_rank, backend, device, run_dir, timeout_s, control)
 
