@@ -3,7 +3,9 @@
 Runs ``meshscope trace --fake-world N --fake-tensors --nproc-per-node 8 --ranks auto`` on a GPT-style script
 (`tests/jobs/transformer.py`: torch's test Transformer, token + position embeddings, L blocks,
 FSDP2 over dp x TP over tp; `--sequence-parallel` on) and samples, every 50 ms, the resident memory
-(``VmRSS``) of every process below the trace command, summed over the processes alive at that moment.
+(``VmRSS``) of every process below the trace command, summed over the processes alive at that moment
+(pages a forked rank shares with the fork server count in both), and every 0.5 s their summed ``Pss``
+(shared pages divided among the processes sharing them).
 It prints the trace's wall time, the classes it traced, the peak of that sum (and of the largest
 single process), and whether every traced rank passed. The issue's target: all rank classes of
 dim 1024, 8 layers, seq 2048, tp 8 on a 1,024-rank world in at most 60 s and 4 GiB.
@@ -11,6 +13,8 @@ dim 1024, 8 layers, seq 2048, tp 8 on a 1,024-rank world in at most 60 s and 4 G
 Run: PYTHONPATH=src python benchmarks/bench_fake_world.py [--world 1024] [--tp 8] [--layers 8]
      [--dim 1024] [--seq 2048] [--batch 1] [--steps 2] [--no-fake-tensors]
      PYTHONPATH=src python benchmarks/bench_fake_world.py --pp 4 --batch 4   (tp 8 x pp 4 x dp 32, 1F1B, 4 microbatches)
+     python benchmarks/bench_fake_world.py --cwd DIR -- JOB...   (any job instead, run in DIR; e.g. torchtitan's
+         ``-m torchtitan.train ...`` with the flags of tests/test_torchtitan.py, in a folder `make_assets` filled)
 """
 
 from __future__ import annotations
@@ -42,6 +46,18 @@ def _children() -> dict[int, list[int]]:
     return kids
 
 
+def _pss_kib(pid: int) -> int:
+    """The process's proportional share: its own pages plus its share of those it shares (a forked rank
+    shares most of the server's)."""
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def _rss_kib(pid: int) -> int:
     try:
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
@@ -55,19 +71,26 @@ def _rss_kib(pid: int) -> int:
 class TreeMemory(threading.Thread):
     """Peak of the summed RSS of `root` and all its descendants, and of the largest one alone."""
 
-    def __init__(self, root: int, every_s: float = 0.05):
+    def __init__(self, root: int, every_s: float = 0.05, scan_every: int = 10):
+        """Every `every_s` the resident memory of the tree's processes; every `scan_every` samples the tree
+        itself, from all of ``/proc`` (which cost the 2-core box about 14 s of a 98 s trace when it was
+        scanned every 50 ms; a rank lives for seconds, so a 0.5 s old tree misses none)."""
         super().__init__(daemon=True)
-        self.root, self.every_s = root, every_s
-        self.peak_sum_kib = self.peak_one_kib = self.peak_alive = 0
+        self.root, self.every_s, self.scan_every = root, every_s, scan_every
+        self.peak_sum_kib = self.peak_one_kib = self.peak_alive = self.peak_pss_kib = 0
         self.done = threading.Event()
 
     def run(self) -> None:
+        tree, sample = [self.root], 0
         while not self.done.wait(self.every_s):
-            kids, todo, tree = _children(), [self.root], []
-            while todo:
-                pid = todo.pop()
-                tree.append(pid)
-                todo += kids.get(pid, [])
+            if sample % self.scan_every == 0:
+                kids, todo, tree = _children(), [self.root], []
+                while todo:
+                    pid = todo.pop()
+                    tree.append(pid)
+                    todo += kids.get(pid, [])
+                self.peak_pss_kib = max(self.peak_pss_kib, sum(_pss_kib(p) for p in tree))
+            sample += 1
             sizes = [_rss_kib(p) for p in tree]
             self.peak_sum_kib = max(self.peak_sum_kib, sum(sizes))
             self.peak_one_kib = max(self.peak_one_kib, max(sizes, default=0))
@@ -89,12 +112,15 @@ def main() -> None:
                    help="trace with --fake-tensors (tensors without data; default on)")
     p.add_argument("--pp", type=int, default=1,
                    help="> 1: tests/jobs/pipeline_3d.py (pp stages x FSDP2 x TP, 1F1B) instead of FSDP2 x TP+SP")
+    p.add_argument("--cwd", type=Path, default=ROOT, help="where the job runs (default: this checkout)")
+    p.add_argument("job", nargs="*", help="after --: the job to trace instead of the built-in transformer")
     args = p.parse_args()
     out = Path(tempfile.mkdtemp(prefix="bench_fake_world_")) / "trace"
     shapes = ["--tp", str(args.tp), "--layers", str(args.layers), "--dim", str(args.dim), "--heads", str(args.heads),
               "--seq", str(args.seq), "--batch", str(args.batch), "--vocab", str(args.vocab), "--steps", str(args.steps)]
-    job = (["tests/jobs/pipeline_3d.py", "--pp", str(args.pp), "--microbatches", str(args.batch), *shapes] if args.pp > 1
-           else ["tests/jobs/transformer.py", "--sequence-parallel", "--dp-mode", "fsdp", *shapes])
+    job = (args.job if args.job
+           else [str(ROOT / "tests/jobs/pipeline_3d.py"), "--pp", str(args.pp), "--microbatches", str(args.batch), *shapes] if args.pp > 1
+           else [str(ROOT / "tests/jobs/transformer.py"), "--sequence-parallel", "--dp-mode", "fsdp", *shapes])
     cmd = [sys.executable, "-m", "meshscope", "trace", "--fake-world", str(args.world), "--nproc-per-node", "8",
            *(["--fake-tensors"] if args.fake_tensors else []), "--out", str(out), "--json", "--", *job]
     print(" ".join(["meshscope", *cmd[3:]]))
@@ -104,7 +130,7 @@ def main() -> None:
 
     native.build(log=print)  # once per torch, before the timing (the trace would build it first)
     t0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=args.cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     memory = TreeMemory(proc.pid)
     memory.start()
     stdout, stderr = proc.communicate()
@@ -119,7 +145,8 @@ def main() -> None:
           f"passed {doc['passed']}")
     print(f"resident memory: peak of the sum over live processes {memory.peak_sum_kib / 2**20:.2f} GiB "
           f"(at most {memory.peak_alive} processes alive at once); largest single process "
-          f"{memory.peak_one_kib / 2**20:.2f} GiB")
+          f"{memory.peak_one_kib / 2**20:.2f} GiB; peak of the summed proportional share (Pss, sampled every "
+          f"{memory.every_s * memory.scan_every:.1f} s) {memory.peak_pss_kib / 2**20:.2f} GiB")
     print(f"layout: {doc.get('layout')}")
     calls = {r["rank"]: sum(len(s["events"]) for s in r["steps"]) for r in doc["per_rank"]}
     print(f"calls per traced rank: {calls}")

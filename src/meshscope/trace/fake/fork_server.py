@@ -32,6 +32,7 @@ die with their parent (``PR_SET_PDEATHSIG``): a trace that is killed leaves noth
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -265,6 +266,7 @@ class _Server:
                 rank = pending.pop(0)
                 sys.stdout.flush()
                 sys.stderr.flush()
+                gc.freeze()  # what the server holds stays out of the ranks' collections, as in `run.agent`
                 pid = os.fork()
                 if pid == 0:
                     from .objects import alongside  # loaded with torch, in the server
