@@ -16,8 +16,10 @@ runs inside the user's job: ``["i", t, rank, seq, step, group name, op, phase, d
 bytes_out, region, input_splits, output_splits, peer]`` for an issued call, ``["c", t, group name,
 seq]`` once the rank went past it (its next call on the group, or its step's end), ``["d", t, group
 name, seq]`` when its work completed (its Work's future), the group named by an earlier ``group``
-line (which then carries ``name``); ``["x", t, n]`` when the job moved to the n-th (phase, module)
-that an earlier ``["s", n, phase, module]`` names; a ``start`` line first (its ``t`` is the trace's
+line (which then carries ``name``); ``["x", t, [us, ...], [n, ...]]`` for the moves of one flush, the
+k-th at ``t`` plus the k-th number of microseconds, into the (phase, module) that an earlier ``["s", n,
+phase, module]`` names with the k-th number (one line per flush, not per move: a step of a job with
+module hooks moves dozens of times, and its flusher holds the job's GIL); a ``start`` line first (its ``t`` is the trace's
 start), and step marks with their ``step``. `read` returns them as the dict lines above, so readers
 see one format.
 
@@ -86,8 +88,9 @@ def read(path: Path) -> list[dict]:
         try:
             record = json.loads(line)
             if isinstance(record, list):
-                record = _expand(record, groups, states)
-            elif record.get("kind") == "group" and "name" in record:
+                out += _expand(record, groups, states)
+                continue
+            if record.get("kind") == "group" and "name" in record:
                 groups[record["name"]] = record
         except (json.JSONDecodeError, KeyError, ValueError, TypeError, IndexError):
             if i == len(lines) - 1:
@@ -102,28 +105,30 @@ ISSUED = ("t", "rank", "seq", "step", "name", "op", "phase", "dtype", "bytes_in"
 """Fields of a compact ``"i"`` line after its tag."""
 
 
-def _expand(record: list, groups: dict, states: dict) -> dict:
-    """A compact line as the dict line it stands for (its group's axis and ranks, its move's phase and
-    module filled in)."""
+def _expand(record: list, groups: dict, states: dict) -> list[dict]:
+    """The dict lines a compact line stands for (its group's axis and ranks, its moves' phase and module
+    filled in): one, or one per move of an ``"x"`` line."""
     tag, *values = record
     if tag in ("c", "d"):
         t, name, seq = values
         g = groups[name]
-        return {"t": t, "kind": "completed" if tag == "c" else "done", "axis": g["axis"], "group": g["ranks"],
-                "seq": seq}
+        return [{"t": t, "kind": "completed" if tag == "c" else "done", "axis": g["axis"], "group": g["ranks"],
+                 "seq": seq}]
     if tag == "s":
         number, phase, module = values
         states[number] = (phase, module)
-        return {"kind": "state", "n": number, "phase": phase, "module": module}
+        return [{"kind": "state", "n": number, "phase": phase, "module": module}]
     if tag == "x":
-        t, number = values
-        phase, module = states[number]
-        return {"t": t, "kind": "move", "phase": phase, "module": module}
+        t0, after_us, numbers = values
+        if len(after_us) != len(numbers):
+            raise ValueError(f"a moves line with {len(after_us)} times and {len(numbers)} states")
+        return [{"t": t0 + us / 1e6, "kind": "move", "phase": states[n][0], "module": states[n][1]}
+                for us, n in zip(after_us, numbers)]
     if tag != "i" or len(values) != len(ISSUED):
         raise ValueError(f"unknown compact record {tag!r}")
     d = dict(zip(ISSUED, values))
     g = groups[d.pop("name")]
-    return {**d, "kind": "issued", "axis": g["axis"], "group": g["ranks"]}
+    return [{**d, "kind": "issued", "axis": g["axis"], "group": g["ranks"]}]
 
 
 @dataclass

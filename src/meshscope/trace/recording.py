@@ -211,12 +211,17 @@ class RankTrace:
             call = self.calls[index]
             call[-1] = t
             lines.append(f'["d",{wall + t!r},{json.dumps(call[0])},{call[1]}]')
-        for t, phase, module in moves:
-            state = self._states.get((phase, module))
-            if state is None:
-                state = self._states[(phase, module)] = len(self._states)
-                lines.append(json.dumps(["s", state, phase, module]))
-            lines.append(f'["x",{wall + t!r},{state}]')
+        if moves:  # one line for all of them (`capture.flightlog`'s "x"), times to the microsecond
+            numbers = []
+            for _, phase, module in moves:
+                state = self._states.get((phase, module))
+                if state is None:
+                    state = self._states[(phase, module)] = len(self._states)
+                    lines.append(json.dumps(["s", state, phase, module]))
+                numbers.append(state)
+            t0 = moves[0][0]
+            after = ",".join([str(round((t - t0) * 1e6)) for t, _, _ in moves])
+            lines.append(f'["x",{wall + t0!r},[{after}],{numbers}]')
         return lines
 
     def _complete(self, index: int, t: float) -> str:
