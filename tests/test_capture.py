@@ -117,6 +117,7 @@ with flight, Capture() as ledger:
     with region("b"):
         dist.all_reduce(x)
 print([(e.seq, e.region) for e in ledger.events], log)
+dist.destroy_process_group()  # before the interpreter's teardown, which may abort on gloo's live threads
 """
 
 
