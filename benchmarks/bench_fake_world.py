@@ -46,12 +46,11 @@ def _children() -> dict[int, list[int]]:
     return kids
 
 
-def _pss_kib(pid: int) -> int:
-    """The process's proportional share: its own pages plus its share of those it shares (a forked rank
-    shares most of the server's)."""
+def _kib(pid: int, file: str, field: str) -> int:
+    """A field in KiB of a process's ``/proc`` file (0 once it is gone)."""
     try:
-        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
+        for line in Path(f"/proc/{pid}/{file}").read_text().splitlines():
+            if line.startswith(field):
                 return int(line.split()[1])
     except OSError:
         pass
@@ -59,17 +58,17 @@ def _pss_kib(pid: int) -> int:
 
 
 def _rss_kib(pid: int) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
+    return _kib(pid, "status", "VmRSS:")
+
+
+def _pss_kib(pid: int) -> int:
+    """The process's proportional share: its own pages plus its share of those it shares (a forked rank
+    shares most of the server's)."""
+    return _kib(pid, "smaps_rollup", "Pss:")
 
 
 class TreeMemory(threading.Thread):
-    """Peak of the summed RSS of `root` and all its descendants, and of the largest one alone."""
+    """Peak of the summed RSS of `root` and all its descendants, of the largest one alone, and of their summed Pss."""
 
     def __init__(self, root: int, every_s: float = 0.05, scan_every: int = 10):
         """Every `every_s` the resident memory of the tree's processes; every `scan_every` samples the tree
