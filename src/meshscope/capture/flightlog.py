@@ -19,8 +19,8 @@ name, seq]`` when its work completed (its Work's future), the group named by an 
 line (which then carries ``name``); ``["x", t, [us, ...], [n, ...]]`` for the moves of one flush, the
 k-th at ``t`` plus the k-th number of microseconds, into the (phase, module) that an earlier ``["s", n,
 phase, module]`` names with the k-th number (one line per flush, not per move: a step of a job with
-module hooks moves dozens of times, and its flusher holds the job's GIL); a ``start`` line first (its ``t`` is the trace's
-start), and step marks with their ``step``. `read` returns them as the dict lines above, so readers
+module hooks moves dozens of times, and its flusher holds the job's GIL); a ``start`` line first (its
+``t`` is the trace's start), and step marks with their ``step``. `read` returns them as the dict lines above, so readers
 see one format.
 
 **Times.** A line's ``t`` is wall-clock seconds (the process's ``time.time()`` at its trace's start
