@@ -1,6 +1,6 @@
-"""In one process (gloo, world 1): bench_trace.py's DDP step (8 x Linear(512, 512), 1 MiB buckets, batch 64,
-SGD) with no recorder, and with the C++ recorder's kernels installed, active or not; rounds interleaved in a
-random order, medians of the per-step wall time over 8 steps a sample.
+"""In one process (gloo, world 1): bench_trace.py's DDP step (its `build_ddp`: 8 x Linear(512, 512), 1 MiB
+buckets, batch 64, SGD) with no recorder, and with the C++ recorder's kernels installed, active or not;
+rounds interleaved in a random order, medians of the per-step wall time over 8 steps a sample.
 
 A diagnosis, not a figure of the trace's cost (that is bench_trace.py's): one process has none of the
 launcher, flusher or second rank, so what the kernel itself adds to a DDP step shows alone.
@@ -26,6 +26,7 @@ def main() -> None:
                       WORLD_SIZE="1")
     import torch
     import torch.distributed as dist
+    from bench_trace import build_ddp
 
     from meshscope.capture import native
     from meshscope.capture.job_context import JobContext
@@ -35,16 +36,7 @@ def main() -> None:
     dist.init_process_group("gloo")
     native.build(log=print)
     module = native.load()
-    layers = [torch.nn.Linear(512, 512, bias=False) for _ in range(8)]
-    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Sequential(*layers), bucket_cap_mb=1)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(64, 512)
-
-    def step():
-        opt.zero_grad()
-        model(x).sum().backward()
-        opt.step()
-
+    step, _, _ = build_ddp(0)
     context = JobContext(None, modules=False)
     times: dict[str, list[float]] = {"none": [], "recorder": []}
     for rnd in range(args.rounds + 1):  # round 0: warm-up, discarded
