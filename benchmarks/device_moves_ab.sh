@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One H200 host (kind nvidia-h200, torch 2.11): what the trace costs bench_trace.py's three CPU steps (2 gloo
-# ranks) in trees that differ only in how the job's moves are recorded, interleaved so that the host's drift
+# ranks) in trees that differ (in how the job's moves or calls are recorded, say), interleaved so that the host's drift
 # falls on all of them alike. Usage (device tool, repository root):
 #   OUT=$OUT ROUNDS=2 SAMPLES=20 bash benchmarks/device_moves_ab.sh LABEL=DIR [LABEL=DIR ...]
 # with DIR a tree holding src/ and benchmarks/ (`.` for this one; others e.g. from `git archive REV src
@@ -10,16 +10,10 @@ rounds=${ROUNDS:-2}; samples=${SAMPLES:-20}
 here=$(pwd)
 source benchmarks/device_env.sh
 python3 -c "import torch; print('torch', torch.__version__)" > "$OUT/versions.txt" 2>&1; nproc >> "$OUT/versions.txt"
-for spec in "$@"; do  # each tree's C++ recorder, built before any timing
-  dir=${spec#*=}
-  (cd "$dir" && PYTHONPATH=src:/tmp/shim timeout 280 python3 -c "from meshscope.capture import native_build; native_build.ensure()") \
-    >> "$OUT/build.txt" 2>&1
-done
 for round in $(seq 1 "$rounds"); do
   for spec in "$@"; do
     label=${spec%%=*}; dir=${spec#*=}
-    (cd "$dir" && PYTHONPATH=src:/tmp/shim timeout 200 python3 benchmarks/bench_trace.py --samples "$samples" \
-       --modes none trace) > "$OUT/ab_${label}_${round}.txt" 2>&1
+    bench_tree "$dir" "$OUT/ab_${label}_${round}.txt" --samples "$samples" --modes none trace
   done
 done
 cd "$here" && for f in "$OUT"/ab_*.txt; do echo "== $f"; tail -n 8 "$f"; done

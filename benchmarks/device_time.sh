@@ -16,9 +16,7 @@ export NCCL_NVLS_ENABLE=0
 { python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)"; nproc; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } > "$OUT/versions.txt" 2>&1
 bench() {  # tree label args...
   local tree=$1 label=$2; shift 2
-  (cd "$tree" && PYTHONPATH=src:/tmp/shim timeout 280 python3 -c "from meshscope.capture import native_build; native_build.ensure()" \
-     && PYTHONPATH=src:/tmp/shim timeout 300 python3 benchmarks/bench_trace.py --samples "$samples" --modes none trace cheap "$@") \
-     > "$OUT/bench_${which}_${label}.txt" 2>&1
+  bench_tree "$tree" "$OUT/bench_${which}_${label}.txt" --samples "$samples" --modes none trace cheap "$@"
 }
 if [ "$which" = nccl ]; then
   timeout 280 python3 -c "from meshscope.capture import native_build; native_build.ensure(log=print)" > "$OUT/build.txt" 2>&1
