@@ -8,10 +8,10 @@ that imports torch, its parallel APIs and meshscope's rank program once and fork
 that state (`trace.rank.main` runs in the child, as it would in a fresh process).
 
 Each forked rank also lists the library modules its script imported (`_write_imports`); before it
-forks the next ranks the server imports them too, so later ranks skip the script's imports. First a
-probe child imports them one by one: the server imports those before the first whose import starts a
-thread (which a forked rank would lack), says which one in ``logs/fork_server.log``, and the ranks
-import it and the rest themselves.
+forks the next ranks (with ``--ranks auto``, as soon as each first rank ends) the server imports them
+too, so later ranks skip the script's imports. A probe child imports each a module ahead of the server:
+the server imports those before the first whose import starts a thread (which a forked rank would
+lack), says which one in ``logs/fork_server.log``, and the ranks import it and the rest themselves.
 The server has installed the rank-independent part of a rank's set-up first (the fake backend and
 the CUDA mapping, which a rank then finds in place), so such a module computes at import what it
 computed in the first ranks; the trace's later patches of torch (`entry_points.rebind`) reach names
@@ -83,12 +83,13 @@ class ForkServer:
             os.close(self._replies_fd)  # the server holds the write end now
         self._replies = os.fdopen(read)
 
-    def run(self, ranks: list[int], parallel: int) -> dict[int, int]:
-        """Exit code per rank, `parallel` ranks at a time; `ServerFailed` if the server dies."""
+    def run(self, ranks: list[int], parallel: int, more: bool = False) -> dict[int, int]:
+        """Exit code per rank, `parallel` ranks at a time; `ServerFailed` if the server dies. `more`: other
+        ranks will follow (the server learns their imports as each ends)."""
         if not ranks:
             return {}
         try:
-            self.proc.stdin.write(json.dumps({"run": ranks, "parallel": parallel}) + "\n")
+            self.proc.stdin.write(json.dumps({"run": ranks, "parallel": parallel, "more": more}) + "\n")
             self.proc.stdin.flush()
         except BrokenPipeError:
             raise self._failed() from None
@@ -220,20 +221,22 @@ class _Server:
         if not self.learning or not names:
             return
         self.learned.update(names)
-        safe = self._probe(names)
-        if safe < len(names):
+        safe, stopped = self._import_behind_probe(names)
+        if stopped:
             # A rank's list is in the order it imported them, so the ones before the first that starts a
             # thread import without it (torchtitan 0.2.2: 958 of 1,668 modules, up to pandas, whose
             # pyarrow starts a native thread); what comes after is left to the ranks.
             self.learning = False
-            why = f"importing {names[safe]}" if safe >= 0 else "the probe"
+            why = f"importing {names[safe]}" if safe < len(names) else "the probe"
             print(f"fork server: {why} starts a thread or failed, so the ranks import it and the "
-                  f"{len(names) - max(safe, 0)} modules after it themselves", flush=True)
-        _import_all(names[:max(safe, 0)], self.options.script_argv)
+                  f"{len(names) - safe} modules after it themselves", flush=True)
 
-    def _probe(self, names: list[str]) -> int:
-        """How many of `names`, imported in order in a child, import before one starts a thread (all of
-        them if none does; -1 if the child died)."""
+    def _import_behind_probe(self, names: list[str]) -> tuple[int, bool]:
+        """Import `names` in order, each one after a probe child imported it and still had one thread: the
+        child runs a module ahead rather than through the whole list first, so the two overlap (torchtitan
+        0.3.0's 1,956 modules: 5.0 s, 3 s of it while its rank 0 still ran; 5-6 s of the server alone
+        between its first ranks and the rest when the child went first). (imported here, stopped): stopped
+        where the child saw a thread start or died."""
         read_end, write_end = os.pipe()
         probe = os.fork()
         if probe == 0:
@@ -241,28 +244,34 @@ class _Server:
                 _die_with_parent()
                 os.close(self.replies_fd)
                 os.close(read_end)
-                before, safe = _threads(), 0
+                before = _threads()
                 for name in names:
                     _import_all([name], self.options.script_argv)
                     if _threads() != before:
                         break
-                    safe += 1
-                os.write(write_end, str(safe).encode())
+                    os.write(write_end, b".")  # one byte per module that imported and started no thread
+                else:
+                    os.write(write_end, b"$")  # all of them
             finally:
                 os._exit(0)
         os.close(write_end)
-        with os.fdopen(read_end) as answer:
-            told = answer.read()
+        safe, stopped = 0, True
+        with os.fdopen(read_end, "rb", buffering=0) as answer:
+            while (told := answer.read(1)) == b".":
+                _import_all([names[safe]], self.options.script_argv)
+                safe += 1
+            stopped = told != b"$"
         os.waitpid(probe, 0)
-        return int(told) if told.isdigit() else -1
+        return safe, stopped
 
-    def run(self, ranks: list[int], parallel: int, replies) -> None:
+    def run(self, ranks: list[int], parallel: int, replies, more: bool = False) -> None:
+        """Fork `ranks`, `parallel` at a time. What a finished rank imported is learned before the next
+        fork, and with `more` (the caller will ask for more ranks: ``--ranks auto``'s first ones) as soon
+        as it ends, while the other rank still runs and the caller reads the classes of ranks."""
         pending, alive = list(ranks), {}
         while pending or alive:
             while pending and len(alive) < max(1, parallel):
-                if self.finished:  # ranks reaped since the last fork, this request's or an earlier one's
-                    self._learn(self.finished)
-                    self.finished = []
+                self._learn_finished()
                 rank = pending.pop(0)
                 sys.stdout.flush()
                 sys.stderr.flush()
@@ -281,6 +290,14 @@ class _Server:
             self.finished.append(rank)
             replies.write(json.dumps({"done": rank, "code": os.waitstatus_to_exitcode(status)}) + "\n")
             replies.flush()
+            if more:
+                self._learn_finished()
+
+    def _learn_finished(self) -> None:
+        """Learn from the ranks reaped since the last time, this request's or an earlier one's."""
+        if self.finished:
+            self._learn(self.finished)
+            self.finished = []
 
     def _child(self, rank: int) -> None:
         code = 1
@@ -331,7 +348,7 @@ def main(argv: list[str]) -> int:
     server = _Server(run_dir, world, per_node, RankOptions.from_argv(argv[4:]), replies_fd)
     for line in sys.stdin:  # EOF: the caller is done (or gone)
         request = json.loads(line)
-        server.run(request["run"], request["parallel"], replies)
+        server.run(request["run"], request["parallel"], replies, request.get("more", False))
     sys.stdout.flush()
     os._exit(0)  # without the interpreter's teardown of torch (about a second): the caller waits for it
 

@@ -48,7 +48,7 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
             # class's representative (a traced member is preferred): traced beside rank 0 on a second core
             asked = [0, world - 1] if cores > 1 and world > 1 else [0]
             echo(f"meshscope trace: fake world of {world}: tracing ranks {asked} to find the classes of ranks\n")
-            codes.update(server.run(asked, cores))
+            codes.update(server.run(asked, cores, more=True))
             first = [run_dir.read_end(r) for r in asked]
             same = failed_alike(first)
             if same is None:
