@@ -93,7 +93,13 @@ def test_module_keys_and_rank_classes():
     assert module_key("layers.12.attention.wq") == "layers.*.attention.wq" and module_key("") == "-"
     assert module_key("block2.fc") == "block2.fc"
     axes = {"tp": [[0, 1, 2], [3, 4, 5]], "dp": [[0, 3], [1, 4], [2, 5]]}
-    assert [rank_class(r, axes) for r in (0, 1, 5)] == ["dp=first, tp=first", "dp=first, tp=middle", "dp=last, tp=last"]
+    # first or not, as a fake world classes ranks: the class of tp's last member at tp 3 is its middle one's
+    assert [rank_class(r, axes) for r in (0, 1, 2, 5)] == ["dp=first, tp=first", "dp=first, tp=other",
+                                                           "dp=first, tp=other", "dp=other, tp=other"]
+    # in order where the calls on an axis tell its members apart (a pipeline's sends): ends and the middles' parity
+    pp = {"pp": [[0, 1, 2, 3, 4]]}
+    assert [rank_class(r, pp, frozenset({"pp"})) for r in range(5)] == [
+        "pp=first", "pp=middle 1", "pp=middle 0", "pp=middle 1", "pp=last"]
 
 
 # -- a budget fitted at depths 2, 3, 4 holds at 8; ten planted regressions fail it ---------------

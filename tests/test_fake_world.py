@@ -9,6 +9,7 @@ import sys
 
 import pytest
 
+from meshscope.budget.ledger import rank_classes
 from meshscope.core.rundir import RunDir
 from meshscope.core.trace_result import RankEnd, TraceResult
 from meshscope.trace.fake import fork_server
@@ -62,6 +63,12 @@ def test_rank_classes_hold_on_a_world_traced_whole(tmp_path):
     for rep, ranks in members.items():
         for r in ranks:
             assert _relabelled(result, r) == _relabelled(result, rep), (rep, r)
+    # a budget's rank classes are these classes (one mechanism, `classes.place`): at this world traced whole,
+    # and in auto's trace one traced rank each
+    assert rank_classes(result) == {"dp=first, tp=first": [0], "dp=first, tp=other": [1],
+                                    "dp=other, tp=first": [2, 4, 6], "dp=other, tp=other": [3, 5, 7]}
+    assert rank_classes(TraceResult.from_json(auto)) == {"dp=first, tp=first": [0], "dp=first, tp=other": [1],
+                                                         "dp=other, tp=first": [2], "dp=other, tp=other": [7]}
     # The fork server imported what the first ranks' script imported before it forked the others, so a
     # later rank imports none of those modules itself (each rank lists what its script imported). On
     # torch 2.13 rank 0 imports one module the server had not (torch.profiler._cupti_monitor, lazily);
@@ -86,6 +93,8 @@ def test_a_pipeline_on_the_default_group_keeps_its_ends_and_inner_stages_apart(t
     assert auto["passed"], auto["notes"]
     members = _members(auto["fake_world"]["classes"])
     assert members == {0: [0], 1: [1, 3], 2: [2], 4: [4]} and "'default_pg'" in auto["fake_world"]["how"]
+    assert rank_classes(TraceResult.from_json(auto)) == {"world=first": [0], "world=middle 1": [1],
+                                                         "world=middle 0": [2], "world=last": [4]}
     result = TraceResult.from_json(auto)
     sends = {r: sum(e.op == "send" for e in result.steps_of(r)[1]) for r in members}
     assert sends == {0: 4, 1: 8, 2: 8, 4: 4}, sends

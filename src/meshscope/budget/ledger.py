@@ -1,11 +1,14 @@
 """What a budget counts in one trace: each rank class's steady step, as entries.
 
-- **A rank class** is a rank's place in each group it belongs to, axis by axis: ``first``, ``middle``
-  or ``last`` member (groups of one rank have no place and are left out). Not the group's size: the
-  last rank of ``tp`` is the last at tp 2 and at tp 8 alike, so a class exists at 16 ranks and at
-  1,024. In a real trace every rank is traced and each class's lowest rank stands for it, after its
-  other members were checked to issue the same; in a fake world the traced ranks are the
-  representatives of its finer classes (`trace.fake.classes`), which map onto these.
+- **A rank class** is a rank's place in each group it belongs to, axis by axis, as a fake world places
+  it (`trace.fake.classes.place`): ``first`` member or ``other``; on an axis whose calls tell its
+  members apart (a pipeline's sends and receives, a call rooted past the first member:
+  `core.events.orders_members`), ``first``, ``middle 0`` / ``middle 1`` (by the parity of its
+  position) or ``last``. Groups of one rank have no place and are left out. Not the group's size:
+  every rank of ``tp`` but the first is ``other`` at tp 2 and at tp 8 alike, so a class exists at 16
+  ranks and at 1,024, and a fake world's ``--ranks auto`` traces one rank of each. In a real trace
+  every rank is traced and each class's lowest rank stands for it, after its other members were
+  checked to issue the same.
 - **An entry** is (class, axis, op, phase, dtype, module) with the module's integer path components
   replaced by ``*`` (``layers.*.attention``: depth is a variable, not new keys). Its calls in one
   steady step may differ in size (FSDP2's reduce-scatter of each block and of the root unit share an
@@ -22,9 +25,10 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from ..core.errors import UsageError
-from ..core.events import CommEvent
+from ..core.events import P2P, WORLD, CommEvent, orders_members
 from ..core.trace_result import TraceResult
 from ..core.steady import needed, steady_steps
+from ..trace.fake.classes import place
 
 ROUTED = "routed"
 ASSUMED = "assumed"
@@ -37,16 +41,27 @@ def module_key(region: str) -> str:
     return _INDEX.sub("*", region) if region else "-"
 
 
-def rank_class(rank: int, axes: dict[str, list[list[int]]]) -> str:
-    """``dp=first, tp=last``: the rank's place in each axis's group it is in (groups of two or more)."""
+def rank_class(rank: int, axes: dict[str, list[list[int]]], ordered: frozenset[str] = frozenset()) -> str:
+    """``dp=first, tp=other``: the rank's place in each axis's group it is in (groups of two or more), in
+    order on the axes of `ordered` (``pp=middle 1``)."""
     places = []
     for axis, groups in sorted(axes.items()):
         group = next((g for g in groups if rank in g), None)
         if group is None or len(group) < 2:
             continue
-        i = group.index(rank)
-        places.append(f"{axis}={'first' if i == 0 else 'last' if i == len(group) - 1 else 'middle'}")
+        places.append(f"{axis}={place(group.index(rank), len(group), axis in ordered)}")
     return ", ".join(places) or "alone"
+
+
+def rank_classes(result: TraceResult, axes: tuple[str, ...] | None = None) -> dict[str, list[int]]:
+    """Class -> the traced ranks of `result` in it, by their places in `axes` (default: all of the job's);
+    an axis is in order where any call on it tells its members apart (`core.events.orders_members`)."""
+    placed = {a: g for a, g in _placing(result).items() if axes is None or a in axes}
+    ordered = frozenset(e.axis for e in result.events if orders_members(e))
+    classes: dict[str, list[int]] = defaultdict(list)
+    for end in result.ranks:
+        classes[rank_class(end.rank, placed, ordered)].append(end.rank)
+    return dict(classes)
 
 
 @dataclass(frozen=True)
@@ -116,22 +131,27 @@ class Observed:
     """Class -> its representative's last steady step, in issue order (to name a moved call)."""
 
 
+def _placing(result: TraceResult) -> dict[str, list[list[int]]]:
+    """The groups that place a rank: every axis's, and the default group where the job's point-to-point
+    calls ran on it (`result.axes` leaves that out: a pipeline over the world, its stages the places)."""
+    if WORLD in result.axes or not any(e.axis == WORLD and e.op in P2P for e in result.events):
+        return result.axes
+    return {**result.axes, WORLD: [list(range(result.world))]}
+
+
 def class_axes(result: TraceResult) -> tuple[str, ...]:
-    """The axes whose places make a rank class: every axis the job's groups have."""
-    return tuple(sorted(result.axes))
+    """The axes whose places make a rank class: every axis the job's groups have (`_placing`)."""
+    return tuple(sorted(_placing(result)))
 
 
 def observe(result: TraceResult, steady: int = 2, axes: tuple[str, ...] | None = None) -> Observed:
     """The steady entries of every rank class of `result`, the classes by the places in `axes` (default:
     `class_axes`); UsageError (one line, naming the rank and what it lacks) where a rank has fewer than
     `steady` steady steps or they differ."""
-    placed = {a: g for a, g in result.axes.items() if axes is None or a in axes}
     by_rank: dict[int, dict[int, list[CommEvent]]] = defaultdict(lambda: defaultdict(list))
     for e in result.events:
         by_rank[e.rank][e.step or 0].append(e)
-    classes: dict[str, list[int]] = defaultdict(list)
-    for end in result.ranks:
-        classes[rank_class(end.rank, placed)].append(end.rank)
+    classes = rank_classes(result, axes)
     entries: dict[Key, tuple[Part, ...]] = {}
     rep_steps: dict[int, list[int]] = {}
     last_calls: dict[str, list[CommEvent]] = {}
@@ -157,7 +177,7 @@ def observe(result: TraceResult, steady: int = 2, axes: tuple[str, ...] | None =
             entries[key] = _as_parts(sizes, key in routed)
         rep_steps[first] = steady_steps(ends[first].steps)
         last_calls[cls] = by_rank[first].get(rep_steps[first][-1], [])
-    return Observed(dict(classes), entries, rep_steps, last_calls)
+    return Observed(classes, entries, rep_steps, last_calls)
 
 
 def _shape(entries: dict[Key, Counter], routed: set[Key]) -> dict:

@@ -114,6 +114,14 @@ COMPARED_FIELDS = ("op", "axis", "group", "phase", "dtype", "bytes_in", "bytes_o
 either side has `CommEvent.assumed` is left out."""
 
 
+def orders_members(e: CommEvent) -> bool:
+    """Whether `e` tells its group's members apart beyond first or not: a point-to-point call (a pipeline's
+    stages, a ring), or a rooted call whose root is not the group's first member. Everywhere else the
+    first member is the one that differs (the root of torch's and Megatron-core's rooted calls, logging
+    on a group's rank 0), which is how a fake world classes ranks and a budget names its classes."""
+    return e.op in P2P or (e.peer is not None and bool(e.group) and e.peer != e.group[0])
+
+
 def compared(a: CommEvent, b: CommEvent, names=COMPARED_FIELDS) -> tuple[str, ...]:
     """The fields of `names` two events are held to: all but those either one assumed."""
     return tuple(f for f in names if f not in a.assumed and f not in b.assumed)

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..budget.check import BudgetCheck
-from ..budget.ledger import module_key, rank_class
+from ..budget.ledger import module_key, rank_classes
 from ..budget.make import check as check_budget
 from ..core.events import CommEvent
 from ..core.trace_result import TraceResult
@@ -52,10 +52,7 @@ class Traced:
     @property
     def classes(self) -> dict[str, list[int]]:
         """Rank class (each rank's place in each axis, as budgets key them) -> its traced ranks."""
-        out: dict[str, list[int]] = {}
-        for end in self.result.ranks:
-            out.setdefault(rank_class(end.rank, self.result.axes), []).append(end.rank)
-        return out
+        return rank_classes(self.result)
 
     @property
     def steady_step(self) -> int:

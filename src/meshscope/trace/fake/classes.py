@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ...core.events import P2P, CommEvent
+from ...core.events import CommEvent, orders_members
 
 DEFAULT = "default_pg"
 """The default group's kind (torch's description of it): every rank, created by no `new_group`, is one
@@ -40,19 +40,26 @@ def rank_classes(world: int, groups: list[tuple[str, list[int]]],
         by_desc.setdefault(desc, []).append(ranks)
     key: dict[int, list] = {r: [] for r in range(world)}
     for desc in sorted(by_desc):
-        three = ordered == ORDERED or desc in ordered
+        in_order = ordered == ORDERED or desc in ordered
         for ranks in by_desc[desc]:
             for i, r in enumerate(ranks):
-                if i == 0 or not three:
-                    place = "first" if i == 0 else "member"
-                else:
-                    place = "last" if i == len(ranks) - 1 else f"middle {i % 2}"
                 if r in key:
-                    key[r].append((desc, place, len(ranks)))
+                    key[r].append((desc, place(i, len(ranks), in_order), len(ranks)))
     classes: dict[tuple, list[int]] = {}
     for r in range(world):
         classes.setdefault(tuple(key[r]), []).append(r)  # built in one fixed order: sorting would merge places
     return classes
+
+
+def place(i: int, size: int, in_order: bool) -> str:
+    """The place of a group's `i`-th member of `size` (`rank_classes`; a budget's rank classes too):
+    ``first`` or ``other``; where the members' order shows (`in_order`), ``first``, ``middle 0`` or
+    ``middle 1`` (the parity of its position) or ``last``."""
+    if i == 0:
+        return "first"
+    if not in_order:
+        return "other"
+    return "last" if i == size - 1 else f"middle {i % 2}"
 
 
 def ordered_kinds(world: int, groups: list[tuple[str, list[int]]], events: Iterable[CommEvent]) -> set[str] | str:
@@ -65,7 +72,7 @@ def ordered_kinds(world: int, groups: list[tuple[str, list[int]]], events: Itera
         kinds_of.setdefault(tuple(sorted(ranks)), set()).add(desc)
     ordered: set[str] = set()
     for e in events:
-        if e.op in P2P or (e.peer is not None and e.group and e.peer != e.group[0]):
+        if orders_members(e):
             kinds = kinds_of.get(tuple(e.group))
             if kinds is None:
                 return ORDERED
