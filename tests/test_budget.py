@@ -221,6 +221,14 @@ def test_a_point_the_budget_cannot_serve_is_bad_input(budgets, tmp_path):
     with pytest.raises(UsageError, match=r"rank class \[dp=first, tp=first\] of this trace is not in the budget"):
         compare(replace(budget, classes=tuple(c for c in budget.classes if c != "dp=first, tp=first")), traced,
                 {"layers": 2}, "p")
+    # moe_a2a.py's real trace: its second rank is ep's other member; a budget fitted before classes were first
+    # or other named it ep's last
+    _, moe_path = budgets["moe_a2a.py"]
+    moe = read(moe_path)
+    assert any("=other" in c for c in moe.classes), moe.classes
+    older = tuple(c.replace("=other", "=last") for c in moe.classes)
+    with pytest.raises(UsageError, match=r"as an older meshscope did .*re-fit it with `meshscope check FILE --update`"):
+        compare(replace(moe, classes=older), load(Path(moe.points[0].dir)), {}, "p")
     bad = tmp_path / "bad.toml"
     bad.write_text("[budget\n")
     proc = cli_here("check", bad)

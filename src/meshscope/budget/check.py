@@ -118,6 +118,12 @@ def _text(value: int | str) -> str:
     return value if isinstance(value, str) else str(value)
 
 
+def _older_places(listed, observed) -> bool:
+    """A budget fitted before rank classes were a fake world's places (`ledger.rank_class`): none of its
+    classes has an ``other`` member where this trace's do."""
+    return any("=other" in c for c in observed) and not any("=other" in c for c in listed)
+
+
 def compare(budget: Budget, result: TraceResult, values: dict[str, int], name: str) -> PointCheck:
     """One re-trace held to the budget (`values`: the point's ``--vary`` values, its variables are
     added from the trace)."""
@@ -129,6 +135,11 @@ def compare(budget: Budget, result: TraceResult, values: dict[str, int], name: s
     servable(budget, seen)
     observed: Observed = observe(result, budget.steady, budget.class_axes)
     unknown = sorted(set(observed.classes) - set(budget.classes))
+    if unknown and _older_places(budget.classes, observed.classes):
+        raise UsageError(f"rank class [{unknown[0]}] of this trace is not in the budget, whose classes "
+                         f"{list(budget.classes)} place ranks first, middle or last on every axis, as an older "
+                         f"meshscope did (a member after the first is 'other' now): re-fit it with "
+                         f"`meshscope check FILE --update`")
     if unknown:
         raise UsageError(f"rank class [{unknown[0]}] of this trace is not in the budget (its points never had it: "
                          f"fit the budget at a world that has it)")
