@@ -152,7 +152,8 @@ PATCHES = (
           "it: the CPU standing for CUDA passes the check and every call runs eagerly, its dense backward",
           "2.13, 2.15", CUDA_MAP, attention.cpu_flex_attention),
     Patch("DeviceMesh on real tensors", (MESH, "torch.distributed.device_mesh.init_device_mesh",
-                                         "torch._subclasses.fake_tensor.unset_fake_temporarily"),
+                                         "torch._C._unset_dispatch_mode", "torch._C._set_dispatch_mode",
+                                         "torch._C._TorchDispatchModeKey.FAKE"),
           "its rank tables are read back as numbers (tolist), which a FakeTensor cannot answer: every "
           "DeviceMesh method runs with fake mode off", "2.13", FAKE_TENSORS, tensors.real_device_meshes),
     Patch("swap_tensors of fakes", ("torch.utils.swap_tensors",),
