@@ -136,8 +136,9 @@ def compare(budget: Budget, result: TraceResult, values: dict[str, int], name: s
     observed: Observed = observe(result, budget.steady, budget.class_axes)
     unknown = sorted(set(observed.classes) - set(budget.classes))
     if unknown and _older_places(budget.classes, observed.classes):
+        shown = ", ".join(f"[{c}]" for c in budget.classes[:3]) + (", ..." if len(budget.classes) > 3 else "")
         raise UsageError(f"rank class [{unknown[0]}] of this trace is not in the budget, whose classes "
-                         f"{list(budget.classes)} place ranks first, middle or last on every axis, as an older "
+                         f"({shown}) place ranks first, middle or last on every axis, as an older "
                          f"meshscope did (a member after the first is 'other' now): re-fit it with "
                          f"`meshscope check FILE --update`")
     if unknown:
