@@ -112,6 +112,20 @@ def test_ddp_and_pipelining_without_data(tmp_path):
     assert Counter(steady[0]) == {"send": micro, "recv": micro} and Counter(steady[1]) == {"send": micro, "recv": micro}
 
 
+def test_a_fullgraph_compile_runs_eagerly_without_data(tmp_path):
+    """tests/jobs/compiled.py compiles its module with fullgraph=True (as torchtitan compiles its blocks): Dynamo
+    compiles no frame under the recording dispatch mode, which made such a compile raise "found no compiled
+    frames"; it runs eagerly by torch's 'force_eager' stance, each step the job's hand count (2 all_reduces of
+    256 B, forward and backward)."""
+    proc, doc = trace_json(tmp_path / "t", "--fake-world", 2, "--fake-tensors", "--ranks", "0",
+                           [str(JOBS / "compiled.py"), "--steps", "3"])
+    assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
+    assert "torch.compile eager by its stance" in doc["fake_world"]["patched"]
+    for step in doc["per_rank"][0]["steps"]:
+        assert [(e["op"], e["phase"], e["bytes_in"]) for e in step["events"]] == [
+            ("all_reduce", "forward", 256), ("all_reduce", "backward", 256)], step
+
+
 def test_a_shape_from_values_stops_the_rank_with_one_line_naming_its_line(tmp_path):
     """MoE routing counts (bincount of the routing choices) decide an uneven all-to-all's splits: without
     data the rank fails with one line naming the op and the script's line, and no traceback of

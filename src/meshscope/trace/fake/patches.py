@@ -183,6 +183,13 @@ PATCHES = (
           "flex_attention compiles its higher-order op with fullgraph=True, and Dynamo compiles no frame under the "
           "recording dispatch mode; torch's own switch calls the op directly, which FakeTensorMode answers",
           "2.13, 2.15", FAKE_TENSORS, tensors.flex_attention_uncompiled),
+    Patch("torch.compile eager by its stance", ("torch.compiler.set_stance",),
+          "Dynamo compiles no frame while the recording dispatch mode is on the stack (torch 2.13 and 2.15 "
+          "_dynamo/convert_frame.py: every frame is skipped, and checked again at its next call), so a compiled "
+          "function ran eagerly already, each of its frames through Dynamo's callback (2,754 in one rank of "
+          "torchtitan 0.3.0); the 'force_eager' stance calls it without the callback, and a fullgraph compile "
+          "that compiled nothing does not raise under it", "2.13, 2.15", FAKE_TENSORS, tensors.compiled_code_eager,
+          since="2.6"),
     Patch("format of a 0-dim FakeTensor", ("torch.Tensor.__format__",),
           "Tensor.__format__ formats a 0-dim tensor's item() but leaves a subclass to object.__format__ (a "
           "TypeError for f'{loss:.3f}'); the read is answered like .item()", "2.13", FAKE_TENSORS,

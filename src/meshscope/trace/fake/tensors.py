@@ -39,9 +39,10 @@ What a script meets here, and how it is handled (each a row of `patches.PATCHES`
 - **flex_attention** compiles its higher-order op itself (``torch.compile(..., fullgraph=True)``, torch
   2.13 and 2.15 nn/attention/flex_attention.py), which fails here: Dynamo compiles no frame while a
   dispatch mode that does not ignore compile internals is on the stack (the recorder above
-  FakeTensorMode; torch 2.15 _dynamo/convert_frame.py), so every ``torch.compile`` runs eagerly; torch's
-  own switch for running the op uncompiled (``_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG``) calls it directly,
-  and FakeTensorMode answers it.
+  FakeTensorMode; torch 2.15 _dynamo/convert_frame.py), so every ``torch.compile`` runs eagerly, by
+  torch's ``force_eager`` stance (`compiled_code_eager`: without it a ``fullgraph=True`` compile raises
+  that it found no compiled frames); torch's own switch for running the op uncompiled
+  (``_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG``) calls it directly, and FakeTensorMode answers it.
 - **Reading a value** (``loss.item()``, ``float(norm)``, ``f"{loss:.3f}"``, ``if mask.any():``) is
   answered with a placeholder and counted by where it was read; an op whose output shape depends on
   values (``bincount`` of MoE routing for an uneven all-to-all) stops the rank with one line naming
@@ -49,9 +50,8 @@ What a script meets here, and how it is handled (each a row of `patches.PATCHES`
 
 Checked (tests and by hand, docs/trace.md): DDP, FSDP2, DTensor TP and SP, FSDP2 x TP,
 ``torch.distributed.pipelining`` with static stage shapes, Megatron-core's process groups, and the
-value reads of ``tests/jobs/value_reads.py``. A ``torch.compile``'d module was seen to run eagerly
-under the outer fake mode (the same calls, the region without ``.GraphModule``).
-"""
+value reads of ``tests/jobs/value_reads.py``. A ``torch.compile``'d module (``fullgraph=True``) runs
+eagerly under the outer fake mode (the same calls, the region without ``.GraphModule``)."""
 
 from __future__ import annotations
 
@@ -188,6 +188,14 @@ def flex_attention_uncompiled() -> None:
     from torch.nn.attention import flex_attention
 
     flex_attention._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True
+
+
+@functools.cache
+def compiled_code_eager() -> None:
+    """Every ``torch.compile`` runs eagerly by torch's own stance for it, not frame by frame through Dynamo."""
+    import torch
+
+    torch.compiler.set_stance("force_eager")
 
 
 @functools.cache
