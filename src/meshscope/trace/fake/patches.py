@@ -185,10 +185,11 @@ PATCHES = (
           "2.13, 2.15", FAKE_TENSORS, tensors.flex_attention_uncompiled),
     Patch("torch.compile eager by its stance", ("torch.compiler.set_stance",),
           "Dynamo compiles no frame while the recording dispatch mode is on the stack (torch 2.13 and 2.15 "
-          "_dynamo/convert_frame.py: every frame is skipped, and checked again at its next call), so a compiled "
-          "function ran eagerly already, each of its frames through Dynamo's callback (2,754 in one rank of "
-          "torchtitan 0.3.0); the 'force_eager' stance calls it without the callback, and a fullgraph compile "
-          "that compiled nothing does not raise under it", "2.13, 2.15", FAKE_TENSORS, tensors.compiled_code_eager,
+          "_dynamo/convert_frame.py: every frame is skipped, and checked again at its next call): a compiled "
+          "function ran eagerly, each of its frames through Dynamo's callback (2,754 in one rank of torchtitan "
+          "0.3.0), and one compiled with fullgraph=True raised that it found no compiled frames; the "
+          "'force_eager' stance runs them eagerly without either", "2.13, 2.15", FAKE_TENSORS,
+          tensors.compiled_code_eager,
           since="2.6"),
     Patch("format of a 0-dim FakeTensor", ("torch.Tensor.__format__",),
           "Tensor.__format__ formats a 0-dim tensor's item() but leaves a subclass to object.__format__ (a "
