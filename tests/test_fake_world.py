@@ -93,9 +93,9 @@ def test_a_pipeline_on_the_default_group_keeps_its_ends_and_inner_stages_apart(t
     assert auto["passed"], auto["notes"]
     members = _members(auto["fake_world"]["classes"])
     assert members == {0: [0], 1: [1, 3], 2: [2], 4: [4]} and "'default_pg'" in auto["fake_world"]["how"]
-    assert rank_classes(TraceResult.from_json(auto)) == {"world=first": [0], "world=middle 1": [1],
-                                                         "world=middle 0": [2], "world=last": [4]}
     result = TraceResult.from_json(auto)
+    assert rank_classes(result) == {"world=first": [0], "world=middle 1": [1], "world=middle 0": [2],
+                                    "world=last": [4]}
     sends = {r: sum(e.op == "send" for e in result.steps_of(r)[1]) for r in members}
     assert sends == {0: 4, 1: 8, 2: 8, 4: 4}, sends
     _, whole = trace_json(tmp_path / "whole", "--fake-world", 5, "--ranks", "0,1,2,3,4", job)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from ..core.errors import UsageError
 from ..core.events import CommEvent, human_bytes
 from ..core.trace_result import TraceResult
+from ..trace.fake.classes import OTHER
 from .formula import FormulaError
 from .ledger import ASSUMED, ROUTED, Key, Observed, Part, module_key, observe
 from .points import creation_order, variables
@@ -121,7 +122,8 @@ def _text(value: int | str) -> str:
 def _older_places(listed, observed) -> bool:
     """A budget fitted before rank classes were a fake world's places (`ledger.rank_class`): none of its
     classes has an ``other`` member where this trace's do."""
-    return any("=other" in c for c in observed) and not any("=other" in c for c in listed)
+    other = f"={OTHER}"
+    return any(other in c for c in observed) and not any(other in c for c in listed)
 
 
 def compare(budget: Budget, result: TraceResult, values: dict[str, int], name: str) -> PointCheck:
@@ -139,7 +141,7 @@ def compare(budget: Budget, result: TraceResult, values: dict[str, int], name: s
         shown = ", ".join(f"[{c}]" for c in budget.classes[:3]) + (", ..." if len(budget.classes) > 3 else "")
         raise UsageError(f"rank class [{unknown[0]}] of this trace is not in the budget, whose classes "
                          f"({shown}) place ranks first, middle or last on every axis, as an older "
-                         f"meshscope did (a member after the first is 'other' now): re-fit it with "
+                         f"meshscope did (a member after the first is '{OTHER}' now): re-fit it with "
                          f"`meshscope check FILE --update`")
     if unknown:
         raise UsageError(f"rank class [{unknown[0]}] of this trace is not in the budget (its points never had it: "

@@ -51,6 +51,10 @@ def rank_classes(world: int, groups: list[tuple[str, list[int]]],
     return classes
 
 
+OTHER = "other"
+"""`place`'s name for a member after the first where the members' order does not show."""
+
+
 def place(i: int, size: int, in_order: bool) -> str:
     """The place of a group's `i`-th member of `size` (`rank_classes`; a budget's rank classes too):
     ``first`` or ``other``; where the members' order shows (`in_order`), ``first``, ``middle 0`` or
@@ -58,7 +62,7 @@ def place(i: int, size: int, in_order: bool) -> str:
     if i == 0:
         return "first"
     if not in_order:
-        return "other"
+        return OTHER
     return "last" if i == size - 1 else f"middle {i % 2}"
 
 

@@ -255,7 +255,7 @@ class _Server:
             finally:
                 os._exit(0)
         os.close(write_end)
-        safe, stopped = 0, True
+        safe = 0
         with os.fdopen(read_end, "rb", buffering=0) as answer:
             while (told := answer.read(1)) == b".":
                 _import_all([names[safe]], self.options.script_argv)
