@@ -95,3 +95,28 @@ def test_megatron_core_defaults_with_gloo_twins(tmp_path):
     groups = {g["desc"]: g["ranks"] for g in json.loads((tmp_path / "run" / "ranks" / "rank0.json").read_text())["groups"]}
     assert groups["DATA_PARALLEL_GROUP_GLOO"] == groups["DATA_PARALLEL_GROUP"] == [0, 2]
     assert groups["EXPERT_DATA_PARALLEL_GROUP_GLOO"] == [0, 2]
+
+
+@pytest.mark.parametrize("name", ["init_process_group", "new_group", "split_group"])
+def test_the_wrappers_bind_c10d_calls_as_inspect_does(name):
+    """`entry_points.arguments` (every fake-world and --timeout wrapper binds through it) gives what
+    ``inspect.Signature.bind_partial`` gives, for positions, names, both, and calls it must refuse."""
+    import inspect
+
+    import torch.distributed.distributed_c10d as c10d
+
+    from meshscope.trace.entry_points import arguments
+
+    original = getattr(c10d, name)
+    signature, bind = inspect.signature(original), arguments(original)
+    first, second = list(signature.parameters)[:2]
+    calls = [((), {}), ((1,), {}), ((1, 2), {}), ((), {second: 2}), ((1,), {second: 2, "timeout": 3}),
+             ((), {"timeout": 3, first: 1})]
+    for args, kwargs in calls:
+        assert bind(args, kwargs) == dict(signature.bind_partial(*args, **kwargs).arguments), (args, kwargs)
+    too_many = tuple(range(len(signature.parameters) + 1))
+    for args, kwargs in [(too_many, {}), ((1,), {first: 1}), ((), {"no_such_argument": 1})]:
+        with pytest.raises(TypeError):
+            signature.bind_partial(*args, **kwargs)
+        with pytest.raises(TypeError):
+            bind(args, kwargs)

@@ -50,12 +50,15 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <typeindex>
+#include <typeinfo>
 #include <vector>
 
 // Declared as in torch 2.13's torch/csrc/autograd/graph_task.h (libtorch_cpu) and
@@ -135,23 +138,35 @@ const c10::TypePtr& work_type() {
   return type;
 }
 
+// The Work classes whose getFuture threw, as this thread found them: the base class's throws on every
+// call (Work.cpp, "Work::getFuture not implemented"; gloo's reduce_scatter_tensor and send/recv works
+// keep it, torch 2.13), and a C++ exception captures a backtrace: 15 of them per step were about half of
+// what the trace added to bench_trace.py's FSDP2 x TP step (benchmarks/bench_instructions.py).
+thread_local std::vector<std::type_index> without_future;
+
 // After the op returned: the Work among the stack's top `outputs` values gets a completion callback.
 void watch(const torch::jit::Stack& stack, size_t outputs, int64_t id) {
   for (size_t i = stack.size() - std::min(outputs, stack.size()); i < stack.size(); ++i) {
     const c10::IValue& v = stack[i];
     if (!v.isCustomClass() || v.type() != work_type()) continue;
+    auto work = v.toCustomClass<c10d::Work>();  // its type was checked above
+    if (!work) return;
+    const std::type_index type(typeid(*work));
+    if (std::find(without_future.begin(), without_future.end(), type) != without_future.end()) return;
+    c10::intrusive_ptr<c10::ivalue::Future> future;
     try {
-      auto work = v.toCustomClass<c10d::Work>();
-      // NCCL leaves a work's future unset inside a coalescing block (ProcessGroupNCCL.cpp, torch 2.11)
-      auto future = work ? work->getFuture() : c10::intrusive_ptr<c10::ivalue::Future>();
-      if (future) {
-        future->addCallback([id](c10::ivalue::Future&) {
-          const int64_t t = now_ns();
-          std::lock_guard<std::mutex> lock(mutex);
-          completed.emplace_back(id, t);
-        });
-      }
+      future = work->getFuture();
     } catch (const std::exception&) {  // a backend whose Work has no future: its completion stays unknown
+      without_future.push_back(type);
+      return;
+    }
+    // NCCL leaves a work's future unset inside a coalescing block (ProcessGroupNCCL.cpp, torch 2.11)
+    if (future) {
+      future->addCallback([id](c10::ivalue::Future&) {
+        const int64_t t = now_ns();
+        std::lock_guard<std::mutex> lock(mutex);
+        completed.emplace_back(id, t);
+      });
     }
     return;
   }

@@ -15,12 +15,11 @@ without its ``created`` is where a rank was stuck.
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import threading
 import time
 from ..core.rundir import RunDir
-from .entry_points import wrap
+from .entry_points import arguments, wrap
 
 
 def note_creations(run_dir: RunDir, rank: int) -> None:
@@ -38,11 +37,11 @@ def note_creations(run_dir: RunDir, rank: int) -> None:
             log.write(json.dumps({"t": time.time(), **fields}) + "\n")
 
     def noted(original):
-        signature = inspect.signature(original)
+        bind = arguments(original)
 
         @functools.wraps(original)  # its signature stays visible to the --timeout wrapper
         def new_group(*args, **kwargs):
-            given = signature.bind_partial(*args, **kwargs).arguments
+            given = bind(args, kwargs)
             with lock:
                 index, count[0] = count[0], count[0] + 1
             ranks = given.get("ranks")

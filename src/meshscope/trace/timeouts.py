@@ -5,10 +5,9 @@ collective times out."""
 from __future__ import annotations
 
 import functools
-import inspect
 from datetime import timedelta
 
-from .entry_points import wrap
+from .entry_points import arguments, wrap
 
 
 def limit_timeouts(seconds: float) -> None:
@@ -18,13 +17,13 @@ def limit_timeouts(seconds: float) -> None:
     limit = timedelta(seconds=seconds)
 
     def limited(original):
-        signature = inspect.signature(original)
+        bind = arguments(original)
 
         @functools.wraps(original)
         def wrapped(*args, **kwargs):
-            bound = signature.bind_partial(*args, **kwargs)  # a timeout given by position too
-            bound.arguments["timeout"] = min(bound.arguments.get("timeout") or limit, limit)
-            return original(*bound.args, **bound.kwargs)
+            given = bind(args, kwargs)  # a timeout given by position too
+            given["timeout"] = min(given.get("timeout") or limit, limit)
+            return original(**given)
         return wrapped
 
     for name in ("init_process_group", "new_group", "split_group"):

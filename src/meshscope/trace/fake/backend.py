@@ -21,10 +21,9 @@ idempotent: the fork server installs them before it forks the ranks, which insta
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 
-from ..entry_points import wrap
+from ..entry_points import arguments, wrap
 
 
 asked: list[str] = []
@@ -38,11 +37,11 @@ def fake_init_process_group() -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     def fake_init(original):
-        signature = inspect.signature(original)
+        bind = arguments(original)
 
         @functools.wraps(original)
         def init_process_group(*args, **kwargs):
-            given = signature.bind_partial(*args, **kwargs).arguments  # by name, positional ones too
+            given = bind(args, kwargs)
             for name in ("device_id", "init_method", "_ranks"):  # the fake backend binds no device, needs no peer
                 given.pop(name, None)
             asked[:] = [str(given.get("backend") or "default")]
@@ -63,11 +62,11 @@ def fake_new_group() -> None:
     binds no device), and its ``pg_options``: they are the named backend's options, which the fake one does not
     take (DeviceMesh reads their timeout before it calls, and passes it as ``timeout``)."""
     def fake(original):
-        signature = inspect.signature(original)
+        bind = arguments(original)
 
         @functools.wraps(original)  # its signature stays visible to the --timeout wrapper
         def new_group(*args, **kwargs):
-            given = signature.bind_partial(*args, **kwargs).arguments
+            given = bind(args, kwargs)
             for name in ("device_id", "pg_options"):
                 given.pop(name, None)
             given["backend"] = "fake"
@@ -91,11 +90,11 @@ def fake_split_group() -> None:
     splits: dict[str, int] = {}
 
     def fake(original):
-        signature = inspect.signature(original)
+        bind = arguments(original)
 
         @functools.wraps(original)
         def split_group(*args, **kwargs):
-            given = signature.bind(*args, **kwargs).arguments
+            given = bind(args, kwargs)
             parent = given.get("parent_pg") or dist.group.WORLD
             desc = given.get("group_desc")
             if desc is None:
