@@ -50,8 +50,8 @@ class Completions:
     def __init__(self, events: list[CommEvent]):
         by: dict[tuple, list[float]] = defaultdict(list)
         for e in events:
-            # a call whose completion was not seen (gloo's send and recv works have no future) stands in
-            # with its issue: the segment then starts no later than it could
+            # a call whose completion was not seen (gloo's send, recv and reduce_scatter_tensor works have no
+            # future) stands in with its issue: the segment then starts no later than it could
             by[_channel(e)].append(e.t_complete if e.t_complete is not None else e.t_issue)
         self.times = {k: sorted(v) for k, v in by.items()}
 
