@@ -11,15 +11,17 @@ the flush included. torch runs on one thread per rank (OMP_NUM_THREADS=1, as tor
 so no pool spins. The trace's flusher wakes every `FLUSH_S` (0.5 s) of wall time, and under callgrind a
 step takes some 50 times as long, so it would drain about 50 times as often per step as in a real job
 (each drain has a fixed cost): here it does not wake at all, and each sample's one flush at its end
-drains all its steps, as `bench_trace.py`'s window does.
+drains all its steps, as `bench_trace.py`'s window does. A first round, not reported, warms what the
+steps' first samples still set up after their first step (its untraced samples read up to 4 M instructions
+per step more than later ones on FSDP2 x TP; the traced ones, which come after them, did not).
 
 What it does not see: time spent waiting (for the GIL, for the other rank, for the disk), and what an
 instruction costs (a cache miss is one instruction). It is a count of the work, to be read beside
 `bench_trace.py`'s times, not instead of them.
 
 Run: PYTHONPATH=src python benchmarks/bench_instructions.py [--steps ddp tp fsdp_tp] [--rounds 2] [--steps-per-sample 4]
-     (valgrind on PATH; on this project's 2-core box 3 rounds took 17 minutes, three trees of 2 rounds run at
-     once 35 minutes: the counts do not depend on the load, so trees can run side by side.)
+     (valgrind on PATH; on this project's 2-core box the defaults, three rounds with the warm-up, took 17 minutes;
+     three trees of two rounds each side by side 35: the counts do not depend on the load, so trees can run at once.)
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def worker(args) -> None:
     tmp = Path(tempfile.mkdtemp(prefix="bench_instr_"))
     control("-i", "on")
     n = 0
-    for rnd in range(args.rounds):
+    for rnd in range(args.rounds + 1):  # round 0 is warm-up
         for s in args.steps:
             for m in args.modes:
                 n += 1
@@ -111,7 +113,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS))
     p.add_argument("--modes", nargs="+", choices=("none", "trace", "cheap"), default=["none", "trace"])
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=2, help="rounds reported, after one of warm-up")
     p.add_argument("--steps-per-sample", type=int, default=4)
     p.add_argument("--nproc", type=int, default=2, help="ranks (tp and fsdp_tp need 2)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
@@ -144,9 +146,10 @@ def main() -> None:
         text, _ = proc.communicate()
         if proc.returncode:
             sys.exit(f"rank {rank} under valgrind exited {proc.returncode}:\n{text[-3000:]}")
-    per_rank = [totals(out / f"cg.{rank}") for rank in range(args.nproc)]
+    per_rank = [{(s, m, rnd - 1): n for (s, m, rnd), n in totals(out / f"cg.{rank}").items() if rnd}
+                for rank in range(args.nproc)]
     K = args.steps_per_sample
-    print(f"{args.nproc} gloo rank(s) under callgrind, {args.rounds} rounds of {K} steps per (step, mode), "
+    print(f"{args.nproc} gloo rank(s) under callgrind, {args.rounds} rounds (+1 warm-up) of {K} steps per (step, mode), "
           f"{time.perf_counter() - t0:.0f} s; torch {__import__('torch').__version__}; the dumps (callgrind_annotate "
           f"reads them): {out}")
     print("instructions per step and rank (millions), the median over rounds [min, max]; the trace's own, "
@@ -158,8 +161,8 @@ def main() -> None:
             line = f"    {m:6s} {statistics.median(per_step) / 1e6:10.3f} [{min(per_step) / 1e6:.3f}, {max(per_step) / 1e6:.3f}]"
             if m != "none":
                 extra = [sum(r[s, m, i] - r[s, "none", i] for r in per_rank) / args.nproc / K for i in range(args.rounds)]
-                line += (f"   +{statistics.median(extra) / 1e6:.3f} M per step [{min(extra) / 1e6:.3f}, "
-                         f"{max(extra) / 1e6:.3f}]")
+                line += (f"   {statistics.median(extra) / 1e6:+.3f} M per step [{min(extra) / 1e6:+.3f}, "
+                         f"{max(extra) / 1e6:+.3f}]")
             print(line)
 
 
