@@ -65,6 +65,8 @@ def worker(args) -> None:
     bench_trace.DEVICE = torch.device("cpu")
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    # bench_trace.worker's set-up, spelled out here rather than shared: this file is copied into older trees
+    # (`git archive`), whose bench_trace.py has the builders and modes but no set-up to call
     original_init = device_mesh.DeviceMesh.__init__
     mesh_dims.label_device_meshes()
     label_init = device_mesh.DeviceMesh.__init__
