@@ -7,8 +7,9 @@ FSDP2 over dp x TP over tp; `--sequence-parallel` on) and samples, every 50 ms, 
 (pages a forked rank shares with the fork server count in both), and every 0.5 s their summed ``Pss``
 (shared pages divided among the processes sharing them).
 It prints the trace's wall time, the classes it traced, the peak of that sum (and of the largest
-single process), and whether every traced rank passed. The issue's target: all rank classes of
-dim 1024, 8 layers, seq 2048, tp 8 on a 1,024-rank world in at most 60 s and 4 GiB.
+single process, and what each process alive at the peak held), and whether every traced rank passed.
+The issue's target: all rank classes of dim 1024, 8 layers, seq 2048, tp 8 on a 1,024-rank world in at
+most 60 s and 4 GiB.
 
 Run: PYTHONPATH=src python benchmarks/bench_fake_world.py [--world 1024] [--tp 8] [--layers 8]
      [--dim 1024] [--seq 2048] [--batch 1] [--steps 2] [--no-fake-tensors]
@@ -61,6 +62,23 @@ def _rss_kib(pid: int) -> int:
     return _kib(pid, "status", "VmRSS:")
 
 
+def _name(pid: int) -> str:
+    """What a process is, for the breakdown at the peak: a rank by the log its output goes to, the fork
+    server's own children (its import probe) by that and their parent, else its command line, shortened."""
+    try:
+        out = os.readlink(f"/proc/{pid}/fd/1")
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        parent_out = os.readlink(f"/proc/{parent}/fd/1")
+    except OSError:
+        return "?"
+    if Path(out).name.startswith("rank"):
+        return Path(out).stem
+    if Path(out).name == "fork_server.log":
+        return "fork server's probe" if parent_out == out else "fork server"
+    return " ".join(a.decode(errors="replace") for a in argv[:4])[:60]
+
+
 def _pss_kib(pid: int) -> int:
     """The process's proportional share: its own pages plus its share of those it shares (a forked rank
     shares most of the server's)."""
@@ -77,6 +95,7 @@ class TreeMemory(threading.Thread):
         super().__init__(daemon=True)
         self.root, self.every_s, self.scan_every = root, every_s, scan_every
         self.peak_sum_kib = self.peak_one_kib = self.peak_alive = self.peak_pss_kib = 0
+        self.at_peak: list[tuple[str, int]] = []  # (what, RSS KiB) of each live process when the sum peaked
         self.done = threading.Event()
 
     def run(self) -> None:
@@ -91,7 +110,10 @@ class TreeMemory(threading.Thread):
                 self.peak_pss_kib = max(self.peak_pss_kib, sum(_pss_kib(p) for p in tree))
             sample += 1
             sizes = [_rss_kib(p) for p in tree]
-            self.peak_sum_kib = max(self.peak_sum_kib, sum(sizes))
+            if sum(sizes) > self.peak_sum_kib:
+                self.peak_sum_kib = sum(sizes)
+                self.at_peak = [(_name(p), s) for p, s in zip(tree, sizes) if s]  # named now: a rank's
+                # output goes to its log only after its fork
             self.peak_one_kib = max(self.peak_one_kib, max(sizes, default=0))
             self.peak_alive = max(self.peak_alive, sum(1 for s in sizes if s))
 
@@ -143,9 +165,12 @@ def main() -> None:
     print(f"wall {wall:.1f} s; ranks traced {len(traced)} ({traced[:12]}{' ...' if len(traced) > 12 else ''}); "
           f"passed {doc['passed']}")
     print(f"resident memory: peak of the sum over live processes {memory.peak_sum_kib / 2**20:.2f} GiB "
+          f"({memory.peak_sum_kib / 2**10:,.0f} MiB) "
           f"(at most {memory.peak_alive} processes alive at once); largest single process "
           f"{memory.peak_one_kib / 2**20:.2f} GiB; peak of the summed proportional share (Pss, sampled every "
           f"{memory.every_s * memory.scan_every:.1f} s) {memory.peak_pss_kib / 2**20:.2f} GiB")
+    print("at the peak: " + "; ".join(f"{what} {kib / 2**20:.2f} GiB"
+                                      for what, kib in sorted(memory.at_peak, key=lambda x: -x[1])))
     print(f"layout: {doc.get('layout')}")
     calls = {r["rank"]: sum(len(s["events"]) for s in r["steps"]) for r in doc["per_rank"]}
     print(f"calls per traced rank: {calls}")

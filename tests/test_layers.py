@@ -1,6 +1,9 @@
 """The package's import graph: no cycle, nothing imports upward (`meshscope.LAYERS`)."""
 
 import ast
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import meshscope
@@ -108,3 +111,16 @@ def test_the_checks_see_what_they_must():
     ring = {"meshscope.a.x": {"meshscope.a.y"}, "meshscope.a.y": {"meshscope.a.z"}, "meshscope.a.z": {"meshscope.a.x"}}
     assert _cycle(ring) == ["meshscope.a.x", "meshscope.a.y", "meshscope.a.z", "meshscope.a.x"]
     assert _cycle({"meshscope.a.x": {"meshscope.a.y"}, "meshscope.a.y": set()}) == []
+
+
+def test_the_command_line_and_the_trace_launcher_import_no_numerics():
+    """The launcher of a fake world lives through all of it beside the ranks, and its resident memory is
+    counted in the fake world's memory target (docs/trace.md, "Frameworks"): numpy (about 15 MiB) or torch
+    there would come from a top-level import the command line does not need (the placement advisor's
+    solver, once; its link defaults now live in `place.links`)."""
+    code = ("import sys, meshscope.cli.parser, meshscope.trace.launch; "
+            "print(sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'torch', 'matplotlib', 'pandas'}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(SRC.parent)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -17,7 +17,8 @@ from meshscope import experiments
 from meshscope.cli.parser import main
 from meshscope.core.errors import UsageError
 from meshscope.core.mesh import ORDER_AXES, Layout
-from meshscope.place.advisor import LinkClass, link_from_sweep, rank_placements
+from meshscope.place.advisor import rank_placements
+from meshscope.place.links import LinkClass, link_from_sweep
 from meshscope.place.node_crossing import (
     AXIS_MEMBERS,
     axis_spans,

@@ -14,7 +14,7 @@ from ..core.errors import UsageError
 from ..core.faults import KINDS
 from ..core.mesh import DEFAULT_ORDER
 from ..core.overrides import OVERRIDES, SWITCHES
-from ..place.advisor import INTER_DEFAULT, INTRA_DEFAULT
+from ..place.links import INTER_DEFAULT, INTRA_DEFAULT
 from ..predict.model_spec import DP_FLAVOURS, ModelSpec
 from ..trace.launch import add_trace_options
 

@@ -10,7 +10,8 @@ from ..core.errors import UsageError
 
 
 def cmd_place(args) -> int:
-    from ..place.advisor import LinkClass, link_from_sweep, rank_placements
+    from ..place.advisor import rank_placements
+    from ..place.links import LinkClass, link_from_sweep
     from ..place.report import plot, render, to_json
     from ..predict.model_spec import ModelSpec, parse_stage_layers
 
