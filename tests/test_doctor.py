@@ -148,7 +148,7 @@ def test_fewer_bucket_all_reduces_in_one_backward_is_ddp_unused(tmp_path):
     def bucket(rank, seq, step, t, done=True):
         return call(rank, "all_reduce", (0, 1), t, done, axis="dp", seq=seq, step=step, phase="backward")
 
-    mark = {"t": 9, "kind": "mark", "text": "step 3 done"}
+    mark = {"t": 9, "kind": "mark", "text": "step 3 done", "step": 3}  # as `trace.recording` writes it
     write_run(tmp_path, {0: bucket(0, 0, 1, 1) + bucket(0, 1, 2, 2, done=False),
                          1: bucket(1, 0, 1, 1) + [mark]})
     first = diagnose(tmp_path).to_json()["findings"][0]

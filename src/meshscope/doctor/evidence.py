@@ -39,9 +39,8 @@ class RankLog:
 
     @property
     def steps_done(self) -> int:
-        """Optimizer steps a traced rank finished, from its last ``step N done`` mark (0 without one)."""
-        mark = self.last_mark or ""
-        return int(mark.split()[1]) if mark.startswith("step ") and mark.endswith(" done") else 0
+        """Optimizer steps a traced rank finished: the last of its ``step N done`` marks (0 without one)."""
+        return max(self.marked or (), default=0)
 
     def passed(self, step: int | None) -> float | None:
         """When this rank finished `step` (its ``step step+1 done`` mark: step k holds what was issued
