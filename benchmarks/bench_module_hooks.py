@@ -3,7 +3,7 @@
 A traced job pays the JobContext's global forward hooks on every module call (the region stack and
 the state the C++ recorder is told). Three models, each a root holding `--modules` children called
 in turn, timed without hooks (``none``) and with a JobContext installed (``context``, its listener
-doing what `capture.native.NativeRecorder._publish` does):
+one C call, as `capture.native.NativeRecorder`'s is):
 
   ``plain``  children are ``nn.Identity``;
   ``own``    every child has a forward hook of its own (as DTensor's parallelized modules and FSDP2's
@@ -53,14 +53,15 @@ class Root(nn.Module):
 
 
 def publisher():
-    """The listener `NativeRecorder._publish` installs: a state's index, then one C call."""
+    """The listener `NativeRecorder` installs: one C call with the state's number (an older tree's
+    JobContext passes the state itself, which its recorder numbered first)."""
     states: dict[tuple, int] = {}
 
     def publish(state):
-        index = states.get(state)
-        if index is None:
-            index = states[state] = len(states)
-        abs(index)
+        if type(state) is not int:
+            index = states.get(state)
+            state = states[state] = len(states) if index is None else index
+        abs(state)
     return publish
 
 

@@ -198,6 +198,82 @@ def test_every_call_whose_work_has_a_future_completes_and_one_without_does_not_h
     assert group.allreduce([x]).get_future() is not None
 
 
+MOVES = r"""
+import json, sys, tempfile, time
+import torch
+from torch import nn
+from meshscope.capture.flightlog import read_flight
+from meshscope.capture.job_context import JobContext
+from meshscope.core.rundir import RunDir
+from meshscope.trace.recording import RankTrace
+
+class Slow(nn.Linear):
+    def forward(self, x):
+        time.sleep(0.05)
+        return super().forward(x)
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(4, 4), Slow(4, 4)
+    def forward(self, x):
+        return self.b(self.a(x))
+
+# a recorder before the traced ones, whose moves nobody asks for: none may reach a later trace's log
+from meshscope.capture import native
+other = JobContext()
+other.install()
+with native.NativeRecorder(native.load(), other):
+    Net()(torch.ones(1, 4))
+other.remove()
+
+out = {}
+for recorder in ("native", "python"):
+    run_dir = RunDir(tempfile.mkdtemp())
+    context = JobContext()
+    trace = RankTrace(run_dir, 0, context, stream=False, recorder=recorder)  # no flusher: only the flushes below
+    context.install()
+    trace.start()
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    with trace.recording():
+        before = time.perf_counter() - trace.t0  # on the flight log's clock: seconds since the trace's start
+        for _ in range(2):
+            net(torch.ones(2, 4)).sum().backward()
+            opt.step()
+            trace.flush()  # a flush between the steps: their moves are two "x" lines
+        after = time.perf_counter() - trace.t0
+    context.remove()
+    trace.finish("ok", 0)
+    lines = run_dir.flight(0).read_text().splitlines()
+    out[recorder] = [trace.recorder, read_flight(run_dir.flight(0), 0).moves, before, after,
+                     sum(line.startswith('["x"') for line in lines)]
+print(json.dumps(out))
+"""
+
+
+def test_the_cpp_recorder_notes_the_jobs_moves_as_the_python_kernel_does(built):
+    """Two steps of a model with a slow second layer, under each recorder (after a C++ recorder whose moves
+    nobody drained): the moves (module entries and
+    exits, autograd's backward, the optimizer's step) read back from the flight log are the ones this test
+    counts by hand from the model's structure, one "x" line per flush, each move between clock readings
+    taken around the steps, and the 50 ms layer spans at least 50 ms (the C++ recorder times moves on its
+    own clock, the Python kernel with ``time.perf_counter``)."""
+    proc = subprocess.run([sys.executable, "-c", MOVES], capture_output=True, text=True, timeout=180, cwd=ROOT,
+                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    step = [("forward", "Net"), ("forward", "a"), ("forward", "Net"), ("forward", "b"), ("forward", "Net"),
+            ("other", ""), ("backward", ""), ("other", ""), ("optimizer", ""), ("other", "")]
+    for recorder, (used, moves, before, after, x_lines) in json.loads(proc.stdout.strip().splitlines()[-1]).items():
+        assert used == recorder
+        assert [tuple(m[1:]) for m in moves] == step + step, recorder
+        assert x_lines == 2, recorder
+        times = [m[0] for m in moves]
+        assert before <= times[0] and times == sorted(times) and times[-1] <= after, (recorder, before, times, after)
+        into_b = [i for i, m in enumerate(moves) if tuple(m[1:]) == ("forward", "b")]
+        assert len(into_b) == 2 and all(0.05 <= moves[i + 1][0] - moves[i][0] < 1.0 for i in into_b), (recorder, moves)
+
+
 def test_without_a_compiler_the_trace_says_so_and_records_with_the_python_kernel(tmp_path):
     """The build is decided before any rank starts, so one rank shows it: its one all-reduce recorded."""
     job = tmp_path / "one_call.py"

@@ -16,10 +16,11 @@ runs inside the user's job: ``["i", t, rank, seq, step, group name, op, phase, d
 bytes_out, region, input_splits, output_splits, peer]`` for an issued call, ``["c", t, group name,
 seq]`` once the rank went past it (its next call on the group, or its step's end), ``["d", t, group
 name, seq]`` when its work completed (its Work's future), the group named by an earlier ``group``
-line (which then carries ``name``); ``["x", t, [us, ...], [n, ...]]`` for the moves of one flush, the
+line (which then carries ``name``); ``["x", t, [us, ...], [n, ...]]`` for moves of one flush, the
 k-th at ``t`` plus the k-th number of microseconds, into the (phase, module) that an earlier ``["s", n,
-phase, module]`` names with the k-th number (one line per flush, not per move: a step of a job with
-module hooks moves dozens of times, and its flusher holds the job's GIL); a ``start`` line first (its
+phase, module]`` names with the k-th number (a line per flush and source, the C++ recorder's or the
+Python list's, not per move: a step of a job with module hooks moves dozens of times, and its flusher
+holds the job's GIL; a flush may write one source's moves after another's later ones); a ``start`` line first (its
 ``t`` is the trace's start), and step marks with their ``step``. `read` returns them as the dict lines above, so readers
 see one format.
 
@@ -182,7 +183,7 @@ class Flight:
     """Step -> how long the rank's main thread had waited for a CPU by that step's end, in seconds
     (a trace's step marks, where Linux tells it: `trace.recording.RunQueue`)."""
     moves: list[tuple[float, str, str]] = field(default_factory=list)
-    """(t, phase, module) of every move between phases and modules, in order."""
+    """(t, phase, module) of every move between phases and modules, in time order."""
 
     def wall(self, t: float) -> float:
         """A time of this log in wall-clock seconds."""
@@ -232,5 +233,6 @@ def read_flight(path: Path, rank: int) -> Flight:
                 flight.queued[ln["step"]] = ln["queued"]
         elif kind == "move":
             flight.moves.append((ln["t"] - zero, ln["phase"], ln["module"]))
+    flight.moves.sort(key=lambda m: m[0])  # stable: in the log's order where times tie
     _read[path] = (stamp, flight)
     return flight

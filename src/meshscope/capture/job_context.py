@@ -19,11 +19,14 @@ A traced script is not meshscope's code, so nothing labels its calls; torch's gl
   no module: autograd runs them below any module hook.
 
 Over time (where a rank's time went between its calls: docs/trace.md, "Time"), every change of
-(phase, module) on the main thread is noted with its time in `moves`: module entries and exits,
+(phase, module) on the main thread is a move: module entries and exits,
 optimizer steps and closures, and autograd's engine entered and left on the main thread (its one
 entry, ``torch.autograd.graph._engine_run_backward``, which ``backward`` and ``grad`` call, is wrapped
 while installed, as ``torch.compiler`` wraps it in torch 2.13; torch < 2.3 has none and its moves
-have no backward). Under ``--cheap`` (no module hooks) the moves are the phase's alone.
+have no backward). Under ``--cheap`` (no module hooks) the moves are the phase's alone. Each state
+(phase, module, in an optimizer) is numbered once (`states`); a move goes to the `listener` as that
+number, where one listens (the C++ recorder notes its time and stamps the calls after it with it), else
+into `moves` with its time.
 
 Modules are known by the objects themselves (weak references), never by ``id()``: a module built
 inside a forward on every call (megatron-core 0.16.1's ``FusedScaleMaskSoftmax`` builds an
@@ -90,11 +93,16 @@ class JobContext:
         self._main = threading.get_ident()
         self._handles = []
         self.listener = None
-        """Called with `state()` whenever it changes (the C++ recorder stamps calls with it)."""
+        """Called with the new state's number at every move, instead of `moves` noting it (the C++ recorder
+        notes the time and stamps the calls after it with it)."""
         self._backward_depth = 0
-        self.moves: list[tuple[float, str, str]] = []
-        """(``time.perf_counter()``, phase, module) at every change on the main thread, in order; the
-        trace's flusher takes them out as it writes them."""
+        self.states: list[tuple[str, str, bool]] = []
+        """(phase, module, inside an optimizer's step) of each state the job was in, by number."""
+        self._numbers: dict[tuple[str, str, bool], int] = {}
+        self._numbering = threading.Lock()
+        self.moves: list[tuple[float, int]] = []
+        """(``time.perf_counter()``, state number) at every move while nothing listens, in order; the trace's
+        flusher takes them out as it writes them."""
 
     # -- hooks -----------------------------------------------------------------------------------
     def install(self) -> None:
@@ -160,7 +168,7 @@ class JobContext:
         """Enter the optimizer; a closure it was given (``step(closure)``: ``args`` holds the optimizer
         first) runs as the job's own code, so it is handed on wrapped to leave the optimizer meanwhile."""
         self._optimizer_depth += 1
-        self._changed()
+        self.moved()
         closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
         if not callable(closure):
             return None
@@ -171,19 +179,19 @@ class JobContext:
     def _as_job(self, closure):
         def job_closure(*args, **kwargs):
             self._closure_depth += 1
-            self._changed()
+            self.moved()
             try:
                 return closure(*args, **kwargs)
             finally:
                 self._closure_depth -= 1
-                self._changed()
+                self.moved()
         return job_closure
 
     def _post_step(self, opt, args, kwargs) -> None:
         """A boundary when the outermost step returns and the boundary optimizer stepped in it (itself,
         or wrapped: ZeroRedundancyOptimizer creates and steps an inner optimizer)."""
         self._optimizer_depth -= 1
-        self._changed()
+        self.moved()
         self.optimizers_seen += 1
         self._boundary_stepped = self._boundary_stepped or self._is_boundary(opt)
         if self._optimizer_depth == 0 and self._boundary_stepped:
@@ -215,14 +223,14 @@ class JobContext:
         # the output redistribution of a parallelized module (DTensor's RowwiseParallel) is one of its own
         # hooks: such a module is popped by a hook of its own, registered after them for this call only
         self._stack.append((name, self._pop_after_own_hooks(module) if module._forward_hooks else None))
-        self._changed()
+        self.moved()
 
     def _post_forward(self, module, args, output) -> None:
         if torch.compiler.is_compiling():  # as in _pre_forward
             return
         if threading.get_ident() == self._main and self._stack and self._stack[-1][1] is None:
             self._stack.pop()
-            self._changed()
+            self.moved()
 
     def _pop_after_own_hooks(self, module) -> RemovableHandle:
         """A hook that pops this call's entry once the module's own forward hooks ran (a module calling
@@ -231,7 +239,7 @@ class JobContext:
             if threading.get_ident() != self._main or not self._stack or self._stack[-1][1] is not own:
                 return
             self._stack.pop()
-            self._changed()
+            self.moved()
             # a forward that raised runs its always-called hooks while iterating the module's live hook
             # dict (_call_impl's except block): removing this one there would break that loop, so the
             # next forward does
@@ -244,31 +252,41 @@ class JobContext:
         return own
 
     # -- what the recorder asks ------------------------------------------------------------------
-    def state(self) -> tuple[bool, str]:
-        """(inside an optimizer's step and outside its closure, the innermost module running forward on
-        the main thread)."""
-        return self._optimizer_depth > self._closure_depth, self._stack[-1][0] if self._stack else ""
-
     def backward_begins(self) -> None:
         """Autograd's engine runs a backward for the main thread (``torch.autograd.backward``, ``grad``)."""
         if threading.get_ident() == self._main:
             self._backward_depth += 1
-            self._changed()
+            self.moved()
 
     def backward_ends(self) -> None:
         if threading.get_ident() == self._main:
             self._backward_depth -= 1
-            self._changed()
+            self.moved()
 
-    def _changed(self) -> None:
-        # every module call runs this twice: `state` and `phase_of` inlined (bench_module_hooks.py)
+    def moved(self) -> None:
+        """A move: the main thread's state (phase, innermost module running forward, inside an optimizer's
+        step and outside its closure) may have changed; told to the listener by number, else noted in `moves`."""
+        # every module call runs this twice: all of it inlined (bench_module_hooks.py)
         optimizer = self._optimizer_depth > self._closure_depth
         module = self._stack[-1][0] if self._stack else ""
-        phase = ("backward" if self._backward_depth > 0 else "optimizer" if optimizer
-                 else "forward" if module else "other")
-        self.moves.append((_now(), phase, module))
+        state = ("backward" if self._backward_depth > 0 else "optimizer" if optimizer
+                 else "forward" if module else "other", module, optimizer)
+        number = self._numbers.get(state)
+        if number is None:
+            number = self._number(state)
         if self.listener is not None:
-            self.listener((optimizer, module))
+            self.listener(number)
+        else:
+            self.moves.append((_now(), number))
+
+    def _number(self, state: tuple[str, str, bool]) -> int:
+        """A new state's number: under a lock, as an optimizer may step on another thread than the main one."""
+        with self._numbering:
+            number = self._numbers.get(state)
+            if number is None:
+                self.states.append(state)
+                number = self._numbers[state] = len(self.states) - 1
+            return number
 
     @staticmethod
     def phase_of(backward: bool, optimizer: bool, region: str) -> tuple[str, str]:
@@ -281,7 +299,8 @@ class JobContext:
         return ("forward" if region else "other"), region
 
     def phase(self) -> str:
-        return self.phase_of(torch._C._current_graph_task_id() != -1, self.state()[0], self.region())[0]
+        return self.phase_of(torch._C._current_graph_task_id() != -1, self._optimizer_depth > self._closure_depth,
+                             self.region())[0]
 
     def region(self) -> str:
         return self._stack[-1][0] if self._stack and threading.get_ident() == self._main else ""

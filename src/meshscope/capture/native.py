@@ -83,30 +83,24 @@ class NativeRecorder:
     """Records every collective of this process in C++ while active (a context manager); `drain`
     returns the calls since the last drain.
 
-    `context` (a `JobContext`) tells the kernel where the job is: it calls `set_context` with
-    (in optimizer, innermost module) whenever that changes; the kernel stamps each call with it."""
+    `context` (a `JobContext`) tells the kernel where the job is: at each of its moves it calls `move`
+    with its state's number (`JobContext.states`); the kernel notes the move's time and stamps each call
+    after it with that number. Its listener from `__enter__` to `__exit__`; one JobContext at a time (the
+    kernel's state is the process's)."""
 
     def __init__(self, module, context):
         self.module, self.context = module, context
-        self._states: dict[tuple, int] = {}
-        self._state_of: list[tuple] = []
         self._names = comm_ops()  # every c10d op that moves data: those without a decoder are counted
         self._dtypes: dict[int, torch.dtype] = {}
         self._decoded: dict[tuple, tuple] = {}
         self._step = 0
-
-    def _publish(self, state: tuple) -> None:
-        index = self._states.get(state)
-        if index is None:
-            index = self._states[state] = len(self._state_of)
-            self._state_of.append(state)
-        self.module.set_context(index)
+        module.moves()  # what an earlier recorder in this process noted and nobody took: not this job's
 
     def __enter__(self) -> NativeRecorder:
         dispatch.uninstall()  # one kernel per op and key: the Python one would shadow this one
         self.module.install(self._names)
-        self._publish(self.context.state())
-        self.context.listener = self._publish
+        self.context.listener = self.module.move
+        self.context.moved()  # the state the calls start in: not active yet, so not noted as a move of the job's
         self.module.set_active(True)
         return self
 
@@ -185,7 +179,7 @@ class NativeRecorder:
                 if call is None:
                     continue
                 seen[key] = call
-            optimizer, module = self._state_of[state]
+            _, module, optimizer = self.context.states[state]
             phase, region = self.context.phase_of(backward, optimizer, module if main else "")
             out.append((*call, phase, region, self._step, t, call_id))
         return out
@@ -194,6 +188,12 @@ class NativeRecorder:
         """(call id, t) of every call timed on the GPU (native_recorder.cpp's CUDA events), and how many
         were left without one; waits up to `wait_s` for the GPU to pass the last. Once, at the end."""
         return self.module.gpu_arrivals(wait_s)
+
+    def moves(self) -> tuple[float, str, str] | None:
+        """The job's moves since the last time asked, as the flight log's ``"x"`` line has them: (the first
+        one's time, each one's microseconds after it joined by commas, their state numbers joined by
+        commas), None without any: made in C++, with no Python object per move."""
+        return self.module.moves()
 
     def completions(self) -> list[tuple[int, float]]:
         """(call id, t) of every call whose work completed since the last time asked (drain first: a

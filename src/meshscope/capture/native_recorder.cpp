@@ -10,8 +10,10 @@
 // so there is one decoding of every c10d schema, in capture/dispatch.py.
 //
 // Context the kernel cannot know (step, optimizer, module) is set from Python as a small integer
-// when it changes (`set_context`); whether the call is inside the autograd engine is asked of
-// autograd here, on the calling thread, as the Python kernel does.
+// at each of the job's moves (`move`: capture/job_context.py numbers its states), whose time is noted
+// here too, so that a move costs no Python object, and a drain of them one string
+// (docs/trace.md, "Time"); whether the call is inside the autograd engine is asked of autograd here,
+// on the calling thread, as the Python kernel does.
 //
 // Each call's completion: a c10d op returns its Work among its outputs (Ops.cpp, torch 2.13:
 // `(Tensor[], Work)` or `Work`), and the kernel adds a callback to the Work's future, which notes
@@ -84,7 +86,7 @@ constexpr int32_t MARK = -1, UNKNOWN = -2, UNSUMMARISED = -3;
 struct Record {
   int64_t id;         // the call's number in this process (its completion names it)
   int32_t op;         // index into `names`, or MARK (a step mark), UNKNOWN, UNSUMMARISED
-  int32_t context;    // set_context's value when the call was issued
+  int32_t context;    // the state number of the job's last move when the call was issued
   bool backward;      // inside the autograd engine
   bool main_thread;   // issued on the thread that installed the recorder
   int8_t cuda = -1;   // the CUDA device of its first tensor on one, else -1
@@ -100,6 +102,8 @@ struct Record {
 std::mutex mutex;
 std::vector<Record> buffer;
 std::vector<std::pair<int64_t, int64_t>> completed;  // (call id, steady-clock ns), under `mutex`
+std::mutex moves_mutex;
+std::vector<std::pair<int64_t, int32_t>> moves;  // (steady-clock ns, state number), under `moves_mutex`
 std::vector<std::string> names;
 std::vector<std::unique_ptr<torch::Library>> libraries;
 std::atomic<bool> active{false};
@@ -308,7 +312,15 @@ void uninstall() {
 
 bool installed() { return !libraries.empty(); }
 void set_active(bool on) { active = on; }
-void set_context(int32_t value) { context.store(value, std::memory_order_relaxed); }
+// One of the job's moves (capture/job_context.py): the calls after it are stamped with `state`; the
+// move is noted while the recorder is active (its first state, set as it starts, is no move).
+void move(int32_t state) {
+  const int64_t t = now_ns();
+  context.store(state, std::memory_order_relaxed);
+  if (!active.load(std::memory_order_relaxed)) return;
+  std::lock_guard<std::mutex> lock(moves_mutex);
+  moves.emplace_back(t, state);
+}
 
 // A step mark, in order with the calls around it.
 void mark(int64_t step) {
@@ -498,6 +510,38 @@ PyObject* completions(PyObject*, PyObject*) {
   return out;
 }
 
+// The moves since the last call as the flight log's "x" line holds them (trace/recording.py): (the
+// first one's time in seconds, the microseconds of each after it and the state numbers, each joined
+// by commas), or None.
+PyObject* py_moves(PyObject*, PyObject*) {
+  std::vector<std::pair<int64_t, int32_t>> taken;
+  {
+    std::lock_guard<std::mutex> lock(moves_mutex);
+    taken.swap(moves);
+    moves.reserve(taken.size());  // as many as last time: a step repeats its moves
+  }
+  if (taken.empty()) Py_RETURN_NONE;
+  const int64_t t0 = taken.front().first;
+  std::string after, states;
+  after.reserve(taken.size() * 8);
+  states.reserve(taken.size() * 3);
+  for (const auto& [t, state] : taken) {
+    if (!states.empty()) {
+      after += ',';
+      states += ',';
+    }
+    after += std::to_string((t - t0 + 500) / 1000);  // to the microsecond, rounded
+    states += std::to_string(state);
+  }
+  PyObject* a = PyUnicode_FromStringAndSize(after.data(), static_cast<Py_ssize_t>(after.size()));
+  PyObject* b = a ? PyUnicode_FromStringAndSize(states.data(), static_cast<Py_ssize_t>(states.size())) : nullptr;
+  if (b == nullptr) {
+    Py_XDECREF(a);
+    return nullptr;
+  }
+  return Py_BuildValue("(dNN)", static_cast<double>(t0) * 1e-9, a, b);
+}
+
 PyObject* py_uninstall(PyObject*, PyObject*) {
   uninstall();
   Py_RETURN_NONE;
@@ -510,10 +554,10 @@ PyObject* py_set_active(PyObject*, PyObject* on) {
   Py_RETURN_NONE;
 }
 
-PyObject* py_set_context(PyObject*, PyObject* value) {
-  long v = PyLong_AsLong(value);
+PyObject* py_move(PyObject*, PyObject* state) {
+  long v = PyLong_AsLong(state);
   if (v == -1 && PyErr_Occurred()) return nullptr;
-  set_context(static_cast<int32_t>(v));
+  move(static_cast<int32_t>(v));
   Py_RETURN_NONE;
 }
 
@@ -529,7 +573,8 @@ PyMethodDef methods[] = {
     {"uninstall", py_uninstall, METH_NOARGS, nullptr},
     {"installed", py_installed, METH_NOARGS, nullptr},
     {"set_active", py_set_active, METH_O, nullptr},
-    {"set_context", py_set_context, METH_O, nullptr},
+    {"move", py_move, METH_O, nullptr},
+    {"moves", py_moves, METH_NOARGS, nullptr},
     {"mark", py_mark, METH_O, nullptr},
     {"drain", drain, METH_NOARGS, nullptr},
     {"completions", completions, METH_NOARGS, nullptr},

@@ -1,8 +1,8 @@
 """Where a rank's time went between two instants: its moves between phases and modules, summed.
 
 A traced rank notes every change of (phase, module) on its main thread with its time
-(`capture.job_context.JobContext.moves`, written to its flight log and read back by
-`capture.flightlog.read_flight`). Between two instants, each (phase, module) gets the time the rank
+(`capture.job_context.JobContext.moved`: in the C++ recorder, or in Python's list without it; written
+to its flight log and read back by `capture.flightlog.read_flight`). Between two instants, each (phase, module) gets the time the rank
 was in it: the state at the start is the last move before it (``other``, no module, before any).
 A segment before a call is what the rank did from its previous completion on the call's group to
 the call's issue (`before`): what made it late, when it was. The group's, not any call's: a call

@@ -5,7 +5,7 @@ A call is recorded as a tuple (by the C++ recorder where it is built, `capture.n
 Python kernel, `capture.dispatch`), with a number that its completion (a callback on its Work's future)
 names later; streamed to ``flight/rank<R>.jsonl`` by a thread that writes twice a second (so a killed
 rank still leaves all but its last half second), with the job's moves between phases and modules
-(`JobContext.moves`) and its step marks, and at the end written as ``ledgers/rank<R>.jsonl`` (every
+(`JobContext.moves`, or the C++ recorder's) and its step marks, and at the end written as ``ledgers/rank<R>.jsonl`` (every
 event with its step) and ``ranks/rank<R>.json`` (`RankEnd`, with this rank's place on the common
 clock: `clock`).
 """
@@ -97,7 +97,7 @@ class RankTrace:
         self._ids = itertools.count()
         self._by_id: dict[int, int] = {}  # call id -> index in `calls`, until it completed
         self._early: dict[int, float] = {}  # completions drained before their call's record
-        self._states: dict[tuple[str, str], int] = {}  # (phase, module) -> its number in the flight log
+        self._states_written = 0  # how many of the job's states (`JobContext.states`) the flight log names
         self.gpu_ms: dict[int, float] = {}
         """Index in `calls` -> the call's time on the GPU (NCCL: `fr_dump.gpu_durations`, at the rank's end)."""
         self.gpu_at: dict[int, float] = {}
@@ -174,7 +174,8 @@ class RankTrace:
         else:
             completions = self.completed[:]
             del self.completed[: len(completions)]
-        moves = self.context.moves[:]
+        native_moves = self.native.moves() if self.native is not None else None
+        moves = self.context.moves[:]  # those made while the C++ recorder was not listening
         del self.context.moves[: len(moves)]
         wall = self.wall0 - self.t0
         for rec in new:
@@ -211,18 +212,30 @@ class RankTrace:
             call = self.calls[index]
             call[-1] = t
             lines.append(f'["d",{wall + t!r},{json.dumps(call[0])},{call[1]}]')
-        if moves:  # one line for all of them (`capture.flightlog`'s "x"), times to the microsecond
-            numbers = []
-            for _, phase, module in moves:
-                state = self._states.get((phase, module))
-                if state is None:
-                    state = self._states[(phase, module)] = len(self._states)
-                    lines.append(json.dumps(["s", state, phase, module]))
-                numbers.append(state)
-            t0 = moves[0][0]
-            after = ",".join([str(round((t - t0) * 1e6)) for t, _, _ in moves])
-            lines.append(f'["x",{wall + t0!r},[{after}],{numbers}]')
+        # the states numbered since the last drain, before the moves into them (taken above: each names
+        # a state numbered by then), as `capture.flightlog`'s "s" lines
+        states, end = self.context.states, len(self.context.states)  # it grows meanwhile: its length once
+        for number in range(self._states_written, end):
+            phase, module, _ = states[number]
+            lines.append(json.dumps(["s", number, phase, module]))
+        self._states_written = end
+        # one "x" line per source, times to the microsecond: the C++ recorder's listened from its start to
+        # its end, so the others came before or after all of them (a move the C++ recorder noted after its
+        # moves were taken here, before it ended, comes in the next flush: the reader orders them by time)
+        before = [m for m in moves if native_moves is None or m[0] < native_moves[0]]
+        for t0, after, numbers in (self._moves_line(before), native_moves or (0.0, "", ""),
+                                   self._moves_line(moves[len(before):])):
+            if after:
+                lines.append(f'["x",{wall + t0!r},[{after}],[{numbers}]]')
         return lines
+
+    @staticmethod
+    def _moves_line(moves: list[tuple[float, int]]) -> tuple[float, str, str]:
+        """(first time, microseconds after it and state numbers, each joined by commas), as
+        `NativeRecorder.moves` gives them."""
+        t0 = moves[0][0] if moves else 0.0
+        return (t0, ",".join([str(round((t - t0) * 1e6)) for t, _ in moves]),
+                ",".join([str(n) for _, n in moves]))
 
     def _complete(self, index: int, t: float) -> str:
         call = self.calls[index]
