@@ -2,7 +2,8 @@
 bandwidth per call; its defaults, and the intra-node class measured by a saved `meshscope sweep`.
 
 Kept apart from the solver (`advisor`) so that the command line reads the defaults for its flags without
-the solver's numpy (about 15 MiB and 75 ms in every ``meshscope`` process, the fake world's launcher too).
+the solver's numpy (about 15 MiB resident and 0.1 s in every ``meshscope`` process, the fake world's
+launcher too).
 """
 
 from __future__ import annotations

@@ -219,12 +219,10 @@ class RankTrace:
             phase, module, _ = states[number]
             lines.append(json.dumps(["s", number, phase, module]))
         self._states_written = end
-        # one "x" line per source, times to the microsecond: the C++ recorder's listened from its start to
-        # its end, so the others came before or after all of them (a move the C++ recorder noted after its
-        # moves were taken here, before it ended, comes in the next flush: the reader orders them by time)
-        before = [m for m in moves if native_moves is None or m[0] < native_moves[0]]
-        for t0, after, numbers in (self._moves_line(before), native_moves or (0.0, "", ""),
-                                   self._moves_line(moves[len(before):])):
+        # one "x" line per source, times to the microsecond; the two sources' moves interleave around the
+        # C++ recorder's start and end, and a flush may take one's before the other's earlier ones: the
+        # reader orders them by time (`flightlog.read_flight`)
+        for t0, after, numbers in (self._moves_line(moves), native_moves or (0.0, "", "")):
             if after:
                 lines.append(f'["x",{wall + t0!r},[{after}],[{numbers}]]')
         return lines
