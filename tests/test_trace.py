@@ -256,14 +256,15 @@ def test_inside_the_users_own_torchrun(tmp_path):
     assert (tmp_path / "run" / "report.md").exists() and (tmp_path / "run" / "trace.json").exists()
 
 
-@pytest.mark.parametrize("name", ["ddp", "fsdp_tp", "1f1b"])
+@pytest.mark.parametrize("name", ["ddp", "fsdp_tp", "1f1b", "compiled"])
 def test_a_fake_world_issues_what_gloo_did(traced, tmp_path, name):
     """The same job with every rank on the fake backend issues what its gloo trace above issued, call
     for call (`meshscope diff`: same). DDP: its built-in hook asserts on the fake work's empty future,
     so meshscope's hook issues the same bucket all-reduces, and the first step's single bucket and the
     second step's rebuild broadcasts stay as on gloo. FSDP2 x TP at world 4. Pipelining with static
     shapes: every stage votes 'static' in the warm-up, which each fake rank takes alone
-    (`trace.fake.pipeline.vote_alone`)."""
+    (`trace.fake.pipeline.vote_alone`). torch.compile (fullgraph): the CUDA mapping's stand-in streams and
+    `is_available()` True must leave the compiled frames' calls as gloo's (docs/trace.md, "Frameworks")."""
     nproc, _, (script, *args) = RUNS[name]
     proc, doc = trace_json(tmp_path / "fake", "--fake-world", nproc, "--ranks", ",".join(map(str, range(nproc))),
                            [str(JOBS / script), *args])

@@ -269,7 +269,13 @@ def watch(out, call_id: int, done) -> None:
                 future = Work.unbox(value).get_future()
             except RuntimeError:  # a backend whose Work has no future: its completion stays unknown
                 return
-            if future is not None:  # NCCL sets none inside a coalescing block
+            if future is None:  # NCCL sets none inside a coalescing block
+                return
+            # NCCL's is complete at enqueue: noted now rather than by a callback, which Python's binding
+            # runs after a CUDA synchronisation and a record_stream of every output (native_recorder.cpp)
+            if future.done():
+                done(call_id, time.perf_counter())
+            else:
                 future.add_done_callback(lambda _: done(call_id, time.perf_counter()))
             return
 

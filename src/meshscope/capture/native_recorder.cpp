@@ -148,6 +148,12 @@ const c10::TypePtr& work_type() {
 // what the trace added to bench_trace.py's FSDP2 x TP step (benchmarks/bench_instructions.py).
 thread_local std::vector<std::type_index> without_future;
 
+void complete(int64_t id) {
+  const int64_t t = now_ns();
+  std::lock_guard<std::mutex> lock(mutex);
+  completed.emplace_back(id, t);
+}
+
 // After the op returned: the Work among the stack's top `outputs` values gets a completion callback.
 void watch(const torch::jit::Stack& stack, size_t outputs, int64_t id) {
   for (size_t i = stack.size() - std::min(outputs, stack.size()); i < stack.size(); ++i) {
@@ -165,13 +171,16 @@ void watch(const torch::jit::Stack& stack, size_t outputs, int64_t id) {
       return;
     }
     // NCCL leaves a work's future unset inside a coalescing block (ProcessGroupNCCL.cpp, torch 2.11)
-    if (future) {
-      future->addCallback([id](c10::ivalue::Future&) {
-        const int64_t t = now_ns();
-        std::lock_guard<std::mutex> lock(mutex);
-        completed.emplace_back(id, t);
-      });
+    if (!future) return;
+    // NCCL's is complete already (marked at enqueue): noted now, as a callback added now would be at once,
+    // but without what such a callback costs on a CUDA future: a stream of the pool made to wait for the
+    // work and a caching-allocator record_stream of every output on it (ivalue_inl.h, invokeCallback,
+    // torch 2.13), by which the trace would change when the job's memory may be reused
+    if (future->completed()) {
+      complete(id);
+      return;
     }
+    future->addCallback([id](c10::ivalue::Future&) { complete(id); }, /*uses_future=*/false);  // reads no value
     return;
   }
 }
