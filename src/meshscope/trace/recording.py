@@ -114,6 +114,7 @@ class RankTrace:
         self._seq: dict[str, int] = {}
         self._open: dict[str, int] = {}  # group name -> index in `calls` of its last, unfinished call
         self._text: dict[tuple, str] = {}  # a call's JSON fields (all but time, seq, step), made once
+        self._quoted: dict[str, str] = {}  # a group's name as JSON, made once (its completions' lines)
         run_dir.flight(rank).parent.mkdir(parents=True, exist_ok=True)
         self._flight = open(run_dir.flight(rank), "w", buffering=1)
         self._flight.write(json.dumps({"t": self.wall0, "kind": "start", "rank": rank}) + "\n")  # its times' origin
@@ -211,7 +212,7 @@ class RankTrace:
             self._early.pop(call_id, None)
             call = self.calls[index]
             call[-1] = t
-            lines.append(f'["d",{wall + t!r},{json.dumps(call[0])},{call[1]}]')
+            lines.append(f'["d",{wall + t!r},{self._quote(call[0])},{call[1]}]')
         # the states numbered since the last drain, before the moves into them (taken above: each names
         # a state numbered by then), as `capture.flightlog`'s "s" lines
         states, end = self.context.states, len(self.context.states)  # it grows meanwhile: its length once
@@ -238,7 +239,13 @@ class RankTrace:
     def _complete(self, index: int, t: float) -> str:
         call = self.calls[index]
         call[-2] = t
-        return f'["c",{self.wall0 - self.t0 + t!r},{json.dumps(call[0])},{call[1]}]'
+        return f'["c",{self.wall0 - self.t0 + t!r},{self._quote(call[0])},{call[1]}]'
+
+    def _quote(self, name: str) -> str:
+        quoted = self._quoted.get(name)
+        if quoted is None:
+            quoted = self._quoted[name] = json.dumps(name)
+        return quoted
 
     def _complete_all(self, t: float) -> list[str]:
         return [self._complete(self._open.pop(name), t) for name in list(self._open)]
