@@ -271,8 +271,9 @@ def watch(out, call_id: int, done) -> None:
                 return
             if future is None:  # NCCL sets none inside a coalescing block
                 return
-            # NCCL's is complete at enqueue: noted now rather than by a callback, which Python's binding
-            # runs after a CUDA synchronisation and a record_stream of every output (native_recorder.cpp)
+            # NCCL's is complete at enqueue: noted now rather than by a callback, which Python's binding (it
+            # has no `uses_future`) runs after a CUDA synchronisation and a record_stream of every output
+            # (native_recorder.cpp)
             if future.done():
                 done(call_id, time.perf_counter())
             else:

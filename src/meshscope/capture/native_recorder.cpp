@@ -170,17 +170,12 @@ void watch(const torch::jit::Stack& stack, size_t outputs, int64_t id) {
       without_future.push_back(type);
       return;
     }
-    // NCCL leaves a work's future unset inside a coalescing block (ProcessGroupNCCL.cpp, torch 2.11)
-    if (!future) return;
-    // NCCL's is complete already (marked at enqueue): noted now, as a callback added now would be at once,
-    // but without what such a callback costs on a CUDA future: a stream of the pool made to wait for the
-    // work and a caching-allocator record_stream of every output on it (ivalue_inl.h, invokeCallback,
-    // torch 2.13), by which the trace would change when the job's memory may be reused
-    if (future->completed()) {
-      complete(id);
-      return;
-    }
-    future->addCallback([id](c10::ivalue::Future&) { complete(id); }, /*uses_future=*/false);  // reads no value
+    // NCCL leaves a work's future unset inside a coalescing block (ProcessGroupNCCL.cpp, torch 2.11).
+    // The callback reads no value (`uses_future` false): on a CUDA future a callback that does runs after
+    // a stream of the pool is made to wait for the work and every output is record_stream'ed on it
+    // (ivalue_inl.h, invokeCallback, torch 2.13), by which the trace would change when the job's memory
+    // may be reused. NCCL's future is complete at enqueue, so the callback runs at once, here.
+    if (future) future->addCallback([id](c10::ivalue::Future&) { complete(id); }, /*uses_future=*/false);
     return;
   }
 }
