@@ -65,17 +65,19 @@ def _job(slow: int | None, ranks=(0, 1, 2), steps=6, groups=None):
     return events, clocks, moves, ends
 
 
-def test_a_flushs_moves_are_one_flight_log_line_read_back_as_moves_in_order(tmp_path):
-    """A traced rank writes the moves of one flush as one ``"x"`` line: the first move's wall time, each
+@pytest.mark.parametrize("first", [("500000", "1000000"), ("1000.5", "1001.0")], ids=["microseconds", "wall seconds"])
+def test_a_flushs_moves_are_one_flight_log_line_read_back_as_moves_in_order(tmp_path, first):
+    """A traced rank writes the moves of one flush as one ``"x"`` line: the first move's time (whole
+    microseconds after the start line's; wall-clock seconds in a log written before 2026-12-05), each
     move's microseconds after it and its state's number (states named once, by ``"s"`` lines); the
     reader gives one move per entry, on the rank's clock. A torn last line (a killed rank) is skipped."""
     log = tmp_path / "rank0.jsonl"
     log.write_text("\n".join([
         json.dumps({"t": 1000.0, "kind": "start", "rank": 0}),
         '["s",0,"other",""]', '["s",1,"forward","mlp"]',
-        '["x",1000.5,[0,1500,250000],[0,1,0]]',
-        '["s",2,"backward",""]', '["x",1001.0,[0,7],[2,1]]',
-        '["x",1002.0,[0,3]']) + "\n")
+        f'["x",{first[0]},[0,1500,250000],[0,1,0]]',
+        '["s",2,"backward",""]', f'["x",{first[1]},[0,7],[2,1]]',
+        '["x",2000000,[0,3]']) + "\n")
     flight = flightlog.read_flight(log, 0)
     assert [(round(t, 6), phase, module) for t, phase, module in flight.moves] == [
         (0.5, "other", ""), (0.5015, "forward", "mlp"), (0.75, "other", ""), (1.0, "backward", ""),

@@ -178,7 +178,9 @@ class RankTrace:
         native_moves = self.native.moves() if self.native is not None else None
         moves = self.context.moves[:]  # those made while the C++ recorder was not listening
         del self.context.moves[: len(moves)]
-        wall = self.wall0 - self.t0
+        # a compact line's time in whole microseconds after the start line's, not an epoch float's repr:
+        # `capture.flightlog`'s "Times" says what that cost
+        wall, t0 = self.wall0 - self.t0, self.t0
         for rec in new:
             if rec[0] == "#step":
                 lines += self._complete_all(rec[2])
@@ -203,7 +205,7 @@ class RankTrace:
             text = self._text.get(what)
             if text is None:  # a step repeats its calls: their JSON is made once
                 text = self._text[what] = json.dumps(what)[1:-1]
-            lines.append(f'["i",{wall + t!r},{self.rank},{seq},{step},{text}]')
+            lines.append(f'["i",{round((t - t0) * 1e6)},{self.rank},{seq},{step},{text}]')
         for call_id, t in (*self._early.items(), *completions):
             index = self._by_id.pop(call_id, None)
             if index is None:  # its record comes in a later drain (or was not decoded)
@@ -212,7 +214,7 @@ class RankTrace:
             self._early.pop(call_id, None)
             call = self.calls[index]
             call[-1] = t
-            lines.append(f'["d",{wall + t!r},{self._quote(call[0])},{call[1]}]')
+            lines.append(f'["d",{round((t - t0) * 1e6)},{self._quote(call[0])},{call[1]}]')
         # the states numbered since the last drain, before the moves into them (taken above: each names
         # a state numbered by then), as `capture.flightlog`'s "s" lines
         states, end = self.context.states, len(self.context.states)  # it grows meanwhile: its length once
@@ -223,9 +225,9 @@ class RankTrace:
         # one "x" line per source, times to the microsecond; the two sources' moves interleave around the
         # C++ recorder's start and end, and a flush may take one's before the other's earlier ones: the
         # reader orders them by time (`flightlog.read_flight`)
-        for t0, after, numbers in (self._moves_line(moves), native_moves or (0.0, "", "")):
+        for first, after, numbers in (self._moves_line(moves), native_moves or (0.0, "", "")):
             if after:
-                lines.append(f'["x",{wall + t0!r},[{after}],[{numbers}]]')
+                lines.append(f'["x",{round((first - t0) * 1e6)},[{after}],[{numbers}]]')
         return lines
 
     @staticmethod
@@ -239,7 +241,7 @@ class RankTrace:
     def _complete(self, index: int, t: float) -> str:
         call = self.calls[index]
         call[-2] = t
-        return f'["c",{self.wall0 - self.t0 + t!r},{self._quote(call[0])},{call[1]}]'
+        return f'["c",{round((t - self.t0) * 1e6)},{self._quote(call[0])},{call[1]}]'
 
     def _quote(self, name: str) -> str:
         quoted = self._quoted.get(name)
