@@ -22,6 +22,7 @@ import pytest
 
 from meshscope.capture import flightlog
 from meshscope.core.clock import Clock, offsets
+from meshscope.core.errors import UsageError
 from meshscope.core.events import CommEvent
 from meshscope.doctor import diagnose
 from meshscope.timing import stragglers
@@ -82,6 +83,28 @@ def test_a_flushs_moves_are_one_flight_log_line_read_back_as_moves_in_order(tmp_
     assert [(round(t, 6), phase, module) for t, phase, module in flight.moves] == [
         (0.5, "other", ""), (0.5015, "forward", "mlp"), (0.75, "other", ""), (1.0, "backward", ""),
         (1.000007, "forward", "mlp")]
+
+
+def test_a_calls_lines_read_back_on_the_ranks_clock_from_microseconds_after_the_start(tmp_path):
+    """A traced rank's "i", "c" and "d" lines carry whole microseconds after its start line's wall time; the
+    reader gives the call's issue, the time the rank went past it and its completion in seconds since the
+    rank's start (as its ledger), and `issued_at` in wall-clock seconds. A compact line before any start
+    line is not a flight log."""
+    start = 1764912345.25
+    group = {"t": start + 0.001, "kind": "group", "axis": "dp", "ranks": [0, 1], "index": 0, "name": "1", "desc": ""}
+    log = tmp_path / "rank0.jsonl"
+    log.write_text("\n".join([
+        json.dumps({"t": start, "kind": "start", "rank": 0}), json.dumps(group),
+        '["i",1500,0,0,0,"1","all_reduce","backward","float32",64,64,"",null,null,null]',
+        '["d",1750,"1",0]', '["c",2000000,"1",0]']) + "\n")
+    flight = flightlog.read_flight(log, 0)
+    (call,) = flight.issued
+    assert (round(call.t_issue, 6), round(call.t_complete, 6), round(call.t_done, 6)) == (0.0015, 0.00175, 2.0)
+    assert flight.issued_at[("dp", (0, 1), 0)] == pytest.approx(start + 0.0015, abs=1e-6)
+    bad = tmp_path / "rank1.jsonl"
+    bad.write_text("\n".join([json.dumps(group), '["d",1750,"1",0]', json.dumps({"t": start, "kind": "start"})]))
+    with pytest.raises(UsageError, match="line 2 is not a flight-log record"):
+        flightlog.read(bad)
 
 
 def test_spent_splits_an_interval_by_the_moves_before_and_inside_it():

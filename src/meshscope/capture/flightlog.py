@@ -17,7 +17,7 @@ bytes_out, region, input_splits, output_splits, peer]`` for an issued call, ``["
 seq]`` once the rank went past it (its next call on the group, or its step's end), ``["d", t, group
 name, seq]`` when its work completed (its Work's future), the group named by an earlier ``group``
 line (which then carries ``name``); ``["x", t, [us, ...], [n, ...]]`` for moves of one flush, the
-k-th at ``t`` plus the k-th number of microseconds, into the (phase, module) that an earlier ``["s", n,
+k-th at ``t`` plus the k-th number of microseconds (``t`` as every compact line's: "Times" below), into the (phase, module) that an earlier ``["s", n,
 phase, module]`` names with the k-th number (a line per flush and source, the C++ recorder's or the
 Python list's, not per move: a step of a job with module hooks moves dozens of times, and its flusher
 holds the job's GIL; a flush may write one source's moves after another's later ones); a ``start`` line first (its
@@ -29,7 +29,8 @@ plus its monotonic clock since then, so the lines of one rank are in order even 
 stepped); a compact line's is whole microseconds after the ``start`` line's instead, which `read`
 turns into wall-clock seconds (the repr of an epoch float, the shortest that reads back, takes Python's
 big-number conversion: 409 ns against 125 ns for an int's on the box, and 0.85 M of the 4.56 M
-instructions the trace added to bench_trace.py's FSDP2 x TP step, whose 45 calls make 135 timed lines).
+instructions per step the trace added to bench_trace.py's FSDP2 x TP step, whose 45 calls make 135 timed
+lines: benchmarks/bench_instructions.py, 2026-12-05).
 A traced rank's ledger counts seconds from its start instead (``CommEvent.t_issue``), and
 Flight Recorder dumps epoch seconds. `read_flight` is the one reader of a rank's log that keeps both:
 every time in its `Flight` is seconds since the rank's start (as the ledger's), and `Flight.start`
