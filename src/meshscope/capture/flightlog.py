@@ -11,31 +11,30 @@ group, op, group, phase, dtype, bytes, splits, peer, region, microbatch), ``comp
 and seq of the issued call that returned),
 ``mark`` (free-form progress, e.g. an experiment starting).
 
-A traced job (`trace.recording`) writes its calls as compact JSON arrays instead, since its flusher
-runs inside the user's job: ``["i", t, rank, seq, step, group name, op, phase, dtype, bytes_in,
-bytes_out, region, input_splits, output_splits, peer]`` for an issued call, ``["c", t, group name,
-seq]`` once the rank went past it (its next call on the group, or its step's end), ``["d", t, group
-name, seq]`` when its work completed (its Work's future), the group named by an earlier ``group``
-line (which then carries ``name``); ``["x", t, [us, ...], [n, ...]]`` for moves of one flush, the
-k-th at ``t`` plus the k-th number of microseconds (``t`` as every compact line's: "Times" below), into the (phase, module) that an earlier ``["s", n,
-phase, module]`` names with the k-th number (a line per flush and source, the C++ recorder's or the
-Python list's, not per move: a step of a job with module hooks moves dozens of times, and its flusher
-holds the job's GIL; a flush may write one source's moves after another's later ones); a ``start`` line first (its
-``t`` is the trace's start), and step marks with their ``step``. `read` returns them as the dict lines above, so readers
-see one format.
+A traced job (`trace.recording`) writes its calls as compact JSON arrays instead, since its flusher runs
+inside the user's job: ``["i", t, rank, seq, step, group name, op, phase, dtype, bytes_in, bytes_out, region,
+input_splits, output_splits, peer]`` for an issued call, ``["c", t, group name, seq]`` once the rank went past
+it (its next call on the group, or its step's end), ``["d", t, group name, seq]`` when its work completed (its
+Work's future), the group named by an earlier ``group`` line (which then carries ``name``);
+``["x", t, [us, ...], [n, ...]]`` for moves of one flush, the k-th at ``t`` plus the k-th number of microseconds (``t`` as
+every compact line's: "Times" below), into the (phase, module) that an earlier ``["s", n, phase, module]``
+names with the k-th number (a line per flush and source, the C++ recorder's or the Python list's, not per
+move: a step of a job with module hooks moves dozens of times, and its flusher holds the job's GIL; a flush
+may write one source's moves after another's later ones); a ``start`` line first (its ``t`` is the trace's
+start), and step marks with their ``step``. `read` returns them as the dict lines above, so readers see one
+format.
 
-**Times.** A line's ``t`` is wall-clock seconds (the process's ``time.time()`` at its trace's start
-plus its monotonic clock since then, so the lines of one rank are in order even if the wall clock is
-stepped); a compact line's is whole microseconds after the ``start`` line's instead, which `read`
-turns into wall-clock seconds (the repr of an epoch float, the shortest that reads back, takes Python's
-big-number conversion: 409 ns against 125 ns for an int's on the box, and 0.85 M of the 4.56 M
-instructions per step the trace added to bench_trace.py's FSDP2 x TP step, whose 45 calls make 135 timed
-lines: benchmarks/bench_instructions.py, 2026-12-05).
-A traced rank's ledger counts seconds from its start instead (``CommEvent.t_issue``), and
-Flight Recorder dumps epoch seconds. `read_flight` is the one reader of a rank's log that keeps both:
-every time in its `Flight` is seconds since the rank's start (as the ledger's), and `Flight.start`
-turns them back into wall-clock time. It reads a file once per process while the file is unchanged:
-the trace's assembly and the doctor's rules share one reading.
+**Times.** A line's ``t`` is wall-clock seconds (the process's ``time.time()`` at its trace's start plus its
+monotonic clock since then, so the lines of one rank are in order even if the wall clock is stepped); a
+compact line's is whole microseconds after the ``start`` line's instead, which `read` turns into wall-clock
+seconds (the repr of an epoch float, the shortest that reads back, takes Python's big-number conversion: 409
+ns against 125 ns for an int's on the box, and 0.85 M of the 4.56 M instructions per step the trace added to
+bench_trace.py's FSDP2 x TP step, whose 45 calls make 135 timed lines: benchmarks/bench_instructions.py,
+2026-12-05). A traced rank's ledger counts seconds from its start instead (``CommEvent.t_issue``), and Flight
+Recorder dumps epoch seconds. `read_flight` is the one reader of a rank's log that keeps both: every time in
+its `Flight` is seconds since the rank's start (as the ledger's), and `Flight.start` turns them back into
+wall-clock time. It reads a file once per process while the file is unchanged: the trace's assembly and the
+doctor's rules share one reading.
 """
 
 from __future__ import annotations
