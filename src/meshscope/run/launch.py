@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core.rundir import RunDir
+from . import zygote
 
 PROGRESS_PREFIX = "[meshscope] "
 """Lines a rank writes to stderr with this prefix are progress; the launcher shows them (defined here,
@@ -77,8 +78,8 @@ def launch(run_dir: Path, nproc: int, timeout_s: float | None, on_progress=None,
     child_env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                  "PYTHONUNBUFFERED": "1", **(env or {})}
     log = open(run_dir.launcher_log, "w")
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env,
-                            start_new_session=True, text=True, bufsize=1)
+    proc = zygote.start(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=child_env,
+                        start_new_session=True, text=True, bufsize=1)
     last_activity = [time.monotonic()]
 
     def pump():

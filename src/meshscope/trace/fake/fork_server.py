@@ -42,7 +42,7 @@ import sys
 from ...core.errors import UsageError
 from ...core.rundir import RunDir, write_atomic
 from ...core.trace_result import exit_code
-from ...run import agent
+from ...run import agent, zygote
 from ..options import RankOptions
 from ..script_frames import LIBRARY_ROOTS
 from . import files
@@ -74,8 +74,8 @@ class ForkServer:
                 str(self._replies_fd), *options.to_argv()]
         try:
             with open(self.log_path, "w") as log:
-                self.proc = subprocess.Popen(args, stdin=subprocess.PIPE, stdout=log, stderr=log, text=True,
-                                             env=env, pass_fds=(self._replies_fd,), start_new_session=True)
+                self.proc = zygote.start(args, stdin=subprocess.PIPE, stdout=log, stderr=log, text=True,
+                                         env=env, pass_fds=(self._replies_fd,), start_new_session=True)
         except BaseException:
             os.close(read)
             raise
