@@ -43,6 +43,22 @@ SCRIPTS = ["ddp-tutorial-series/multigpu_torchrun.py", "tensor_parallelism/tenso
            "FSDP2/example.py"]
 """The scripts tests/test_pytorch_examples.py traces, under the checkout's ``distributed/``."""
 DURATION = re.compile(r"^\s*([\d.]+)s (setup|call|teardown)\s+(\S+)")
+STACKS = ("torch", "megatron-core", "lightning", "torchtitan", "deepspeed", "torchrec", "fbgemm-gpu-cpu",
+          "transformers", "accelerate", "torchtune", "nanotron", "colossalai")
+"""The distributions whose code the cases trace: each one's installed version is printed (or "not
+installed": its cases skip, saying which release they read)."""
+
+
+def describe_stacks() -> None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    print("stacks: " + ", ".join(f"{name} {installed(name)}" for name in STACKS))
 
 
 def describe_checkout(examples: Path) -> None:
@@ -88,6 +104,7 @@ def main() -> None:
     else:
         print("no pytorch/examples checkout (--examples or MESHSCOPE_PYTORCH_EXAMPLES): its cases are skipped")
     print(f"machine: {os.cpu_count()} CPUs ({cpu_model()}), Python {platform.python_version()}")
+    describe_stacks()
 
     start = os.getloadavg()[0]
     sampler = LoadSampler()

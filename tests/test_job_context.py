@@ -182,3 +182,81 @@ def test_a_closure_is_the_jobs_own_code_inside_the_optimizers_step():
     job = [("forward", "1"), ("other", ""), ("backward", "")]
     assert seen == [("optimizer", ""), *job, ("optimizer", "")] * 2 + job
     assert steps == [1, 2]  # Owning is the boundary: one per outermost step, its inner SGD step included
+
+
+def test_the_boundary_is_the_first_optimizer_that_steps_not_the_first_created():
+    """TorchRec creates SGD objects that its fused updates replace and never steps them, then steps Adam
+    (torchrec 1.8 ``apply_optimizer_in_backward``, ``CombinedOptimizer``): Adam's steps are the boundaries."""
+    steps = []
+    ctx = JobContext(on_step=steps.append)
+    ctx.install()
+    try:
+        w = nn.Parameter(torch.ones(2))
+        never = torch.optim.SGD([w], lr=0.1)  # noqa: F841 - created first, never stepped
+        adam = torch.optim.Adam([w])
+        for _ in range(3):
+            w.grad = torch.ones(2)
+            adam.step()
+    finally:
+        ctx.remove()
+    assert steps == [1, 2, 3] and ctx.stepped == {"Adam": 3} and ctx.boundary_note() is None
+
+
+def test_which_optimizer_makes_the_boundaries_is_said_when_it_was_a_choice():
+    w = nn.Parameter(torch.ones(2))
+    for named, expect_steps, note in [
+            (None, 2, "step boundaries: the outermost steps in which SGD stepped, the first optimizer that stepped "
+                      "(--step-optimizer names another); optimizers that stepped: Adam (2 steps), SGD (2 steps)"),
+            ("Adam", 2, None),
+            ("DeepSpeedZeroOptimizer", 0, "--step-optimizer DeepSpeedZeroOptimizer: no optimizer of that class stepped "
+                                          "on this rank, so every call is in step 0; the ones that stepped: Adam (2 "
+                                          "steps), SGD (2 steps)")]:
+        ctx = JobContext(step_optimizer=named)
+        ctx.install()
+        try:
+            sgd, adam = torch.optim.SGD([w], lr=0.1), torch.optim.Adam([w])
+            for _ in range(2):
+                w.grad = torch.ones(2)
+                sgd.step()
+                adam.step()
+        finally:
+            ctx.remove()
+        assert (ctx.step, ctx.boundary_note()) == (expect_steps, note)
+
+
+def test_a_frameworks_own_step_is_the_optimizers_phase_and_ends_the_step(tmp_path, monkeypatch):
+    """A step around a torch optimizer's, as DeepSpeed's ``engine.step()`` all-gathers the updated partitions
+    after its inner optimizer returns (`capture.steppers`): wrapped when its module is imported, its calls
+    after the inner step are phase optimizer of the step it ends; a step that steps no optimizer (gradient
+    accumulation) is no boundary."""
+    from meshscope.capture.steppers import Stepper, Wrapped
+
+    (tmp_path / "ms_engine.py").write_text(
+        "class Engine:\n"
+        "    def __init__(self, opt, probe):\n"
+        "        self.opt, self.probe = opt, probe\n"
+        "    def step(self, boundary=True):\n"
+        "        if boundary:\n"
+        "            self.opt.step()\n"
+        "        self.probe()  # the all-gather of the updated partitions\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen, steps = [], []
+    ctx = JobContext(on_step=steps.append)
+    ctx.install()
+    wrapped = Wrapped(ctx, (Stepper("ms_engine", "Engine", "step", "a test's engine", "none"),))
+    wrapped.install()
+    try:
+        import ms_engine
+
+        w = nn.Parameter(torch.ones(2))
+        engine = ms_engine.Engine(torch.optim.SGD([w], lr=0.1), lambda: seen.append((ctx.phase(), ctx.step)))
+        w.grad = torch.ones(2)
+        engine.step(boundary=False)
+        engine.step()
+        engine.step()
+    finally:
+        wrapped.remove()
+        ctx.remove()
+        sys.modules.pop("ms_engine", None)
+    assert seen == [("optimizer", 0), ("optimizer", 0), ("optimizer", 1)] and steps == [1, 2]
+    assert not getattr(ms_engine.Engine.step, "__meshscope_stepper__", False)  # unwrapped by remove

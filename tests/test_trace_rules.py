@@ -9,6 +9,7 @@ from meshscope.core.axes import axis_of, is_mesh_axis
 from meshscope.core.events import CommEvent
 from meshscope.core.mesh import Layout
 from meshscope.core.mesh_fit import dims, fit_layout
+from meshscope.core.steady import of_ranks
 from meshscope.trace import checks
 from meshscope.trace.assemble import layout_section
 
@@ -180,16 +181,18 @@ def test_a2a_mirror_catches_splits_computed_differently():
 def test_steady_steps_report_a_change_and_accept_routing():
     def step(k, b=64, ins=(1, 1)):
         return [_e(0, 2 * k, "all_reduce", step=k, b=b), _e(0, 2 * k + 1, "all_to_all", step=k, ins=ins, outs=ins)]
-    same = step(2) + step(3) + step(4)
-    assert checks.steady_steps(same, {0: 5}).passed
-    routed = step(2) + step(3, ins=(2, 0)) + step(4)
-    c = checks.steady_steps(routed, {0: 5})
-    assert c.passed and "routing" in c.detail
-    grown = step(2) + step(3, b=128) + step(4)
-    c = checks.steady_steps(grown, {0: 5})
+    def check(events, complete):
+        return checks.steady_steps(events, of_ranks(events, {0: complete}))
+    same = step(1) + step(2) + step(3) + step(4)
+    assert check(same, 5).passed
+    routed = step(1) + step(2) + step(3, ins=(2, 0)) + step(4)
+    c = check(routed, 5)
+    assert c.passed and "routing" in c.detail and "steps [3]" in c.detail
+    grown = step(1) + step(2) + step(3, b=128) + step(4)
+    c = check(grown, 5)
     assert c.failed and "step 3 call 0" in c.detail
-    short = checks.steady_steps(step(2), {0: 3})
-    assert short.status == "not_checked" and "comparing needs steps 2 and 3" in short.detail
+    short = check(step(1) + step(2, b=128), 3)
+    assert short.status == "not_checked" and "trace more steps" in short.detail
 
 
 def test_axes_partition_catches_overlap_and_a_gap():

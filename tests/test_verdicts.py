@@ -23,6 +23,7 @@ from meshscope.core.events import CommEvent
 from meshscope.core.findings import Finding
 from meshscope.core.result import Check
 from meshscope.core.rundir import RunDir
+from meshscope.core.steady import of_ranks
 from meshscope.core.trace_result import (EXIT_CODES, GroupUse, RankEnd, TraceError, TraceResult, TraceSpec,
                                          exit_code)
 from meshscope.doctor.ends import blocked, order, script_errors
@@ -170,8 +171,8 @@ def _steps(rank: int, n: int) -> list[CommEvent]:
 
 
 def test_a_check_with_nothing_to_compare_is_not_checked():
-    three = _steps(0, 3) + _steps(1, 3)
-    check = steady_steps(three, {0: 3, 1: 3})
+    three = [call(r, k, step=k, b_in=16 * k, b_out=16 * k) for r in (0, 1) for k in range(3)]  # no step repeats
+    check = steady_steps(three, of_ranks(three, {0: 3, 1: 3}))
     assert check.status == "not_checked" and "trace more" in check.detail
     assert p2p_pairs(three, {0, 1}).status == "not_checked"
     assert a2a_mirror(three, {0, 1}).status == "not_checked"
@@ -181,10 +182,10 @@ def test_a_check_with_nothing_to_compare_is_not_checked():
 
 
 def test_steady_steps_count_steps_per_rank_not_rank_step_pairs():
-    """16 steps on each of 4 ranks: steps 2-15 are the steady ones (was "52 steps compared")."""
+    """16 steps on each of 4 ranks: steps 1-15 are the steady ones (was "52 steps compared")."""
     events = [e for r in range(4) for e in _steps(r, 16)]
-    check = steady_steps(events, {r: 16 for r in range(4)})
-    assert check.passed and check.detail.startswith("steady steps 2-15 on each of 4 ranks")
+    check = steady_steps(events, of_ranks(events, {r: 16 for r in range(4)}))
+    assert check.passed and check.detail.startswith("steady steps 1-15 on each of 4 ranks")
 
 
 def test_the_verdict_line_names_the_checks_that_did_not_run():

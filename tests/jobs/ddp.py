@@ -71,6 +71,7 @@ def parse_args():
     p.add_argument("--bucket-cap-mb", type=float, default=0.2)
     p.add_argument("--lr", type=float, default=0.01)
     p.add_argument("--print-buckets", action="store_true")
+    p.add_argument("--static-graph", action="store_true")
     delays.add_arguments(p, module="net.2")
     return p.parse_args()
 
@@ -115,6 +116,7 @@ def main():
         model,
         device_ids=[device.index] if device.type == "cuda" else None,
         bucket_cap_mb=args.bucket_cap_mb,
+        static_graph=args.static_graph,
     )
     opt = torch.optim.SGD(ddp.parameters(), lr=args.lr)
 

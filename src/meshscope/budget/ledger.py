@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from ..core.errors import UsageError
 from ..core.events import P2P, WORLD, CommEvent, orders_members
 from ..core.trace_result import TraceResult
-from ..core.steady import needed, steady_steps
+from ..core.steady import Steady
 from ..trace.fake.classes import place
 
 ROUTED = "routed"
@@ -160,10 +160,11 @@ def observe(result: TraceResult, steady: int = 2, axes: tuple[str, ...] | None =
         seen: dict[int, dict[Key, Counter]] = {}
         routed: set[Key] = set()
         for rank in ranks:
-            steps = steady_steps(ends[rank].steps)
+            steps = result.steady[rank].steps
             if len(steps) < steady:
-                raise UsageError(f"rank {rank} completed {ends[rank].steps} step(s): a budget needs {steady} steady "
-                                 f"steps (steps 2 and on), so trace at least {needed(steady)} optimizer steps")
+                raise UsageError(f"rank {rank} completed {ends[rank].steps} step(s), {_steady_brief(result.steady[rank])}: "
+                                 f"a budget needs {steady} steady steps, so trace at least "
+                                 f"{result.steady[rank].needed(steady)} optimizer steps")
             per_step = [_step_entries(cls, by_rank[rank].get(s, [])) for s in steps]
             routed |= _steady_or_routed(rank, steps, per_step)
             seen[rank] = per_step[-1]
@@ -175,9 +176,14 @@ def observe(result: TraceResult, steady: int = 2, axes: tuple[str, ...] | None =
                                  f"for this job, so no budget by class can be written")
         for key, sizes in seen[first].items():
             entries[key] = _as_parts(sizes, key in routed)
-        rep_steps[first] = steady_steps(ends[first].steps)
+        rep_steps[first] = result.steady[first].steps
         last_calls[cls] = by_rank[first].get(rep_steps[first][-1], [])
     return Observed(classes, entries, rep_steps, last_calls)
+
+
+def _steady_brief(s: Steady) -> str:
+    return (f"steady from step {s.first}" if s.first is not None
+            else "no two steps in a row after step 0 issuing the same calls")
 
 
 def _shape(entries: dict[Key, Counter], routed: set[Key]) -> dict:

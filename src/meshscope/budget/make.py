@@ -23,7 +23,7 @@ from .record import Budget, read, write
 from .template import Vary, check_names, grid, match, point_name, substitute
 
 STEADY = 2
-"""Steady steps every point needs (all equal): steps 2 and 3 of a 4-step run at least."""
+"""Steady steps every point needs (all equal; `core.steady` finds where they start)."""
 
 
 def _torch_version() -> str:

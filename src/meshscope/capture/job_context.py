@@ -4,10 +4,12 @@ A traced script is not meshscope's code, so nothing labels its calls; torch's gl
 
 - steps: ``torch.optim.optimizer.register_optimizer_step_pre_hook`` / ``_post_hook`` fire for every
   ``torch.optim`` optimizer. Only the outermost call counts (an optimizer wrapping another, such as
-  ``ZeroRedundancyOptimizer``, is one boundary), and only the boundary optimizer: the first one
-  created (``Optimizer.__init__`` is wrapped to number them), or the class the user names. Step k
-  is what the rank issued after its k-th ``step()`` returned, up to the end of the next, so step 0
-  includes set-up (DDP's broadcast, DTensor's distribution);
+  ``ZeroRedundancyOptimizer``, is one boundary; so does a framework's own step around a torch one,
+  `steppers`), and only the boundary optimizer: the first one that steps, or the class the user
+  names. Not the first one created: TorchRec creates ``SGD`` objects that its fused updates replace
+  and never steps them, and steps ``Adam`` through ``CombinedOptimizer``. Step k is what the rank
+  issued after its k-th ``step()`` returned, up to the end of the next, so step 0 includes set-up
+  (DDP's broadcast, DTensor's distribution);
 - phase: ``backward`` inside the autograd engine (``torch._C._current_graph_task_id() != -1``, also
   on autograd's device threads), ``optimizer`` inside any optimizer's ``step`` but outside the
   closure it was given (``step(closure)``: LBFGS, Lightning's automatic optimisation, which runs the
@@ -46,6 +48,8 @@ import weakref
 import torch
 from torch.utils.hooks import RemovableHandle
 
+from .steppers import Wrapped
+
 _now = time.perf_counter
 
 WRAPPER_PREFIXES = re.compile(r"(^|\.)(module|_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod)(?=\.|$)")
@@ -81,7 +85,10 @@ class JobContext:
         self.step_optimizer = step_optimizer
         self.on_step = on_step
         self.optimizers_seen = 0
-        self._created: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self.stepped: dict[str, int] = {}
+        """Optimizer class name -> its ``step()`` calls that returned (each optimizer, nested ones too)."""
+        self.stepped_outer: dict[str, int] = {}
+        """The same for the frameworks' own steps around them (`steppers`)."""
         self._boundary = None
         self._optimizer_depth = 0
         self._closure_depth = 0
@@ -106,15 +113,6 @@ class JobContext:
 
     # -- hooks -----------------------------------------------------------------------------------
     def install(self) -> None:
-        original_init = torch.optim.Optimizer.__init__
-        created = self._created
-
-        def numbered_init(opt, *args, **kwargs):
-            original_init(opt, *args, **kwargs)
-            created.setdefault(opt, len(created))
-
-        torch.optim.Optimizer.__init__ = numbered_init
-        self._restore_init = original_init
         from torch.nn.modules import module as nn_module
         from torch.optim import optimizer as optim
 
@@ -126,6 +124,8 @@ class JobContext:
             self._handles += [nn_module.register_module_forward_pre_hook(self._pre_forward),
                               nn_module.register_module_forward_hook(self._post_forward, always_call=True)]
         self._wrap_engine()
+        self._steppers = Wrapped(self)
+        self._steppers.install()
 
     def _wrap_engine(self) -> None:
         graph = torch.autograd.graph
@@ -150,8 +150,9 @@ class JobContext:
         self._handles, self._stale = [], []
         self._names.clear()
         self._stack.clear()
-        if hasattr(self, "_restore_init"):
-            torch.optim.Optimizer.__init__ = self._restore_init
+        if hasattr(self, "_steppers"):
+            self._steppers.remove()
+            del self._steppers
         if hasattr(self, "_restore_engine"):
             torch.autograd.graph._engine_run_backward = torch.autograd._engine_run_backward = self._restore_engine
             del self._restore_engine
@@ -160,9 +161,26 @@ class JobContext:
         if self.step_optimizer is not None:
             return type(opt).__name__ == self.step_optimizer
         if self._boundary is None or self._boundary() is None:
-            first = min(self._created.items(), key=lambda kv: kv[1], default=(opt, 0))[0]
-            self._boundary = weakref.ref(first)
+            self._boundary = weakref.ref(opt)  # the first that steps (again, once it was freed)
+            self.boundary_class = type(opt).__name__
         return self._boundary() is opt
+
+    boundary_class: str | None = None
+    """The class of the optimizer whose steps are the boundaries, once one stepped (`step_optimizer` aside)."""
+
+    def boundary_note(self) -> str | None:
+        """Which optimizer's steps made the boundaries, where that was a choice: several classes stepped, or
+        the class the user named never did."""
+        stepped = ", ".join(f"{name} ({n} steps)" for name, n in sorted({**self.stepped, **self.stepped_outer}.items()))
+        if self.step_optimizer is not None:
+            if self.step_optimizer in self.stepped or self.step_optimizer in self.stepped_outer:
+                return None
+            return (f"--step-optimizer {self.step_optimizer}: no optimizer of that class stepped on this rank, so "
+                    f"every call is in step 0; the ones that stepped: {stepped or 'none'}")
+        if len(self.stepped) > 1:
+            return (f"step boundaries: the outermost steps in which {self.boundary_class} stepped, the first optimizer "
+                    f"that stepped (--step-optimizer names another); optimizers that stepped: {stepped}")
+        return None
 
     def _pre_step(self, opt, args, kwargs):
         """Enter the optimizer; a closure it was given (``step(closure)``: ``args`` holds the optimizer
@@ -193,12 +211,33 @@ class JobContext:
         self._optimizer_depth -= 1
         self.moved()
         self.optimizers_seen += 1
+        name = type(opt).__name__
+        self.stepped[name] = self.stepped.get(name, 0) + 1
         self._boundary_stepped = self._boundary_stepped or self._is_boundary(opt)
+        self._maybe_boundary()
+
+    def _maybe_boundary(self) -> None:
+        """The outermost step returned with the boundary optimizer stepped inside it: the next step begins."""
         if self._optimizer_depth == 0 and self._boundary_stepped:
             self._boundary_stepped = False
             self.step += 1
             if self.on_step is not None:
                 self.on_step(self.step)
+
+    def enter_step(self, stepper) -> None:
+        """A framework's own step around a torch optimizer's begins (`steppers`): the optimizer's phase."""
+        self._optimizer_depth += 1
+        self.moved()
+
+    def leave_step(self, stepper) -> None:
+        """It returns: a boundary if the boundary optimizer stepped inside it (or ``--step-optimizer`` names
+        its class); never one by itself, which would make it the boundary on a step that steps no optimizer."""
+        self._optimizer_depth -= 1
+        self.moved()
+        name = type(stepper).__name__
+        self.stepped_outer[name] = self.stepped_outer.get(name, 0) + 1
+        self._boundary_stepped = self._boundary_stepped or name == self.step_optimizer
+        self._maybe_boundary()
 
     def _pre_forward(self, module, args) -> None:
         # Dynamo traces global module hooks into a compiled module's graph (the module torch.compile

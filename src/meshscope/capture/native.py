@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import signal
 import sys
 
 import torch
@@ -188,6 +189,15 @@ class NativeRecorder:
         """(call id, t) of every call timed on the GPU (native_recorder.cpp's CUDA events), and how many
         were left without one; waits up to `wait_s` for the GPU to pass the last. Once, at the end."""
         return self.module.gpu_arrivals(wait_s)
+
+    FATAL = (signal.SIGSEGV, signal.SIGABRT, signal.SIGBUS, signal.SIGFPE, signal.SIGILL)
+    """The signals the C++ recorder watches (native_recorder.cpp's ``FATAL``)."""
+
+    def watch_fatal(self, wake: int, answer: int, end_path: str, ends: dict[int, str]) -> None:
+        """On a fatal signal, write its number to fd `wake` and wait (2 s at most) for a byte on fd
+        `answer`; without one, write ``ends[signal]`` to `end_path`; then the process ends as it would
+        have (native_recorder.cpp, "a fatal signal")."""
+        self.module.watch_fatal((wake, answer, end_path, {int(s): text for s, text in ends.items()}))
 
     def moves(self) -> tuple[float, str, str] | None:
         """The job's moves since the last time asked, as the flight log's ``"x"`` line has them: (the first

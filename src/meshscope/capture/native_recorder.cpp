@@ -52,6 +52,13 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/library.h>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -477,6 +484,81 @@ PyObject* dtype_of(PyObject*, PyObject* scalar_type) {
   return Py_NewRef(reinterpret_cast<PyObject*>(torch::getTHPDtype(static_cast<at::ScalarType>(st))));
 }
 
+// -- a fatal signal: the calls so far written before the rank dies ------------------------------------
+// A rank that dies in native code (abort() in a C++ kernel, a segfault in one that corrupted the heap)
+// runs no Python again, so the flusher's last half second of calls was lost and the rank read as one
+// that never communicated. The handler, installed for the signals that end a process with a core,
+// wakes the trace's flusher through a pipe (write and poll are async-signal-safe: signal-safety(7)),
+// waits at most `FATAL_WAIT_MS` for it to write the calls and the rank's end and answer on a second
+// pipe, then puts back the handler it replaced (Python's faulthandler, which torch's elastic agent
+// enables in its workers: elastic/multiprocessing/errors/error_handler.py, torch 2.13; or the
+// default) and raises the signal again, so the process ends as it would have. The flusher can answer
+// only if the dying thread does not hold the GIL (torch releases it around its ops, ctypes around
+// foreign calls); otherwise the wait runs out, and the handler writes the rank's end itself, made
+// ready in Python at `watch_fatal` (open, write and rename are async-signal-safe too): failed, with
+// the signal as its exit and what was not flushed named as unknown.
+// A second fatal signal (the flusher itself crashing on the corrupted heap) goes straight on.
+constexpr int FATAL[] = {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL};
+constexpr int FATAL_WAIT_MS = 2000;
+int fatal_wake = -1, fatal_ack = -1;
+std::atomic<int> fatal_entered{0};
+struct sigaction fatal_previous[NSIG];
+std::string fatal_end_path, fatal_end_temp, fatal_end[NSIG];  // set before the handler is installed
+
+void on_fatal(int sig, siginfo_t*, void*) {
+  if (fatal_entered.fetch_add(1) == 0 && fatal_wake >= 0) {
+    const unsigned char byte = static_cast<unsigned char>(sig);
+    struct pollfd answer = {fatal_ack, POLLIN, 0};
+    const bool answered = write(fatal_wake, &byte, 1) == 1 && poll(&answer, 1, FATAL_WAIT_MS) == 1;
+    const std::string& end = fatal_end[sig];
+    if (!answered && !end.empty()) {
+      const int fd = open(fatal_end_temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd >= 0) {
+        const bool whole = write(fd, end.data(), end.size()) == static_cast<ssize_t>(end.size());
+        close(fd);
+        if (whole) rename(fatal_end_temp.c_str(), fatal_end_path.c_str());
+      }
+    }
+  }
+  sigaction(sig, &fatal_previous[sig], nullptr);
+  raise(sig);  // blocked in this handler: delivered to the previous one as this returns
+}
+
+// watch_fatal((wake fd, answer fd, end path, {signal: end record})): install the handler; the flusher
+// reads the signal's number from the wake pipe and writes a byte to the answer pipe when it is done;
+// where it does not, the handler writes the signal's end record to the end path.
+PyObject* watch_fatal(PyObject*, PyObject* args) {
+  int wake = -1, ack = -1;
+  const char* path = nullptr;
+  PyObject* ends = nullptr;
+  if (!PyArg_ParseTuple(args, "iisO!", &wake, &ack, &path, &PyDict_Type, &ends)) return nullptr;
+  for (int sig : FATAL) {
+    PyObject* key = PyLong_FromLong(sig);
+    PyObject* text = key != nullptr ? PyDict_GetItemWithError(ends, key) : nullptr;  // borrowed
+    Py_XDECREF(key);
+    const char* utf8 = text != nullptr ? PyUnicode_AsUTF8(text) : nullptr;
+    if (PyErr_Occurred()) return nullptr;
+    fatal_end[sig] = utf8 != nullptr ? utf8 : "";
+  }
+  fatal_end_path = path;
+  fatal_end_temp = fatal_end_path + ".fatal";
+  fatal_wake = wake;
+  fatal_ack = ack;
+  struct sigaction action = {};
+  action.sa_sigaction = on_fatal;
+  action.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigemptyset(&action.sa_mask);
+  for (int sig : FATAL) {
+    struct sigaction before = {};
+    sigaction(sig, nullptr, &before);
+    if (before.sa_sigaction != on_fatal) {  // installed once per process (the fork server's ranks fork it)
+      fatal_previous[sig] = before;
+      sigaction(sig, &action, nullptr);
+    }
+  }
+  Py_RETURN_NONE;
+}
+
 // -- the module: thin wrappers of the functions above in Python's calling convention --------------
 PyObject* py_install(PyObject*, PyObject* list) {
   PyObject* items = PySequence_Fast(list, "install takes a list of op names");
@@ -584,6 +666,7 @@ PyMethodDef methods[] = {
     {"completions", completions, METH_NOARGS, nullptr},
     {"gpu_arrivals", gpu_arrivals, METH_O, nullptr},
     {"dtype_of", dtype_of, METH_O, nullptr},
+    {"watch_fatal", watch_fatal, METH_O, nullptr},
     {nullptr, nullptr, 0, nullptr}};
 PyModuleDef module = {PyModuleDef_HEAD_INIT, "meshscope_native_recorder", nullptr, -1, methods,
                       nullptr, nullptr, nullptr, nullptr};

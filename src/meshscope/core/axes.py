@@ -11,7 +11,8 @@ by meshscope, so their axis comes from ``ProcessGroup.group_desc``:
   (``tp-pp``), the ``_GLOO`` and ``_AG`` twins their axis, hierarchical and partial sub-groups the
   axis they split;
 - a group described by an axis name alone (``new_group(ranks, group_desc="tp")``) is that axis;
-- the default group is ``world``; anything else is ``group`` (kept with its ranks).
+- the default group is ``world``; anything else is ``group`` (kept with its ranks), until
+  `core.mesh_infer` recovers the mesh axes of the groups a job created without any name.
 
 `is_mesh_axis` tells whether a label is a mesh axis whose groups must partition the world, which a
 named non-mesh group (Megatron's embedding groups, a hierarchical level) need not.
@@ -73,7 +74,10 @@ MEGATRON = {
 LAYOUT_AXES = ("tp", "cp", "ep", "etp", "dp", "edp", "pp")
 """Axis names a plain ``new_group(..., group_desc=NAME)`` may carry (meshscope layout's axes)."""
 
-NON_MESH = {"world", "group", "embedding", "position_embedding"}
+GROUP = "group"
+"""The label of a group whose description names no axis meshscope knows (`axis_of`)."""
+
+NON_MESH = {"world", GROUP, "embedding", "position_embedding"}
 """Labels whose groups need not partition the world."""
 
 _HIERARCHICAL = re.compile(r"^HIERARCHICAL_(?P<base>.+?)(?:_GLOO)?_L(?P<level>\d+)$")
@@ -95,7 +99,7 @@ def axis_of(group_desc: str, is_default: bool = False) -> str:
         return f"{axis_of(m['base'])}.l{m['level']}"
     if m := _HYBRID.match(group_desc):
         return f"dp-cp.hybrid{m['size']}"
-    return "group"
+    return GROUP
 
 
 def is_mesh_axis(label: str) -> bool:

@@ -195,6 +195,22 @@ def _brief(e: CommEvent) -> str:
     return f"{e.op} {e.phase} {e.bytes_in}->{e.bytes_out} B{extra}"
 
 
+def rank_ranges(ranks) -> str:
+    """[0, 1, 2, 5] -> '0-2,5'."""
+    out, start, prev = [], None, None
+    for r in sorted(ranks):
+        if start is None:
+            start = prev = r
+        elif r == prev + 1:
+            prev = r
+        else:
+            out.append(f"{start}-{prev}" if prev > start else str(start))
+            start = prev = r
+    if start is not None:
+        out.append(f"{start}-{prev}" if prev > start else str(start))
+    return ",".join(out)
+
+
 def human_bytes(n: int) -> str:
     """1024-based size as the chapter writes it: 64 KiB, 1 MiB."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):

@@ -1,6 +1,7 @@
 """The layout behind the groups a job created: from observed groups back to sizes and an order.
 
-A traced job tells us only its process groups (axis label -> member ranks). `fit` reconstructs the
+A traced job tells us only its process groups (axis label -> member ranks; groups it named none of
+are labelled by `mesh_infer` first, ``axis0``... or a convention's names). `fit` reconstructs the
 layout from the axes that are the job's mesh dims: atomic mesh axes (not joined like Megatron's
 ``tp-pp``, not named groups) with groups of two or more ranks (a 1-rank group joins nobody: torchtitan
 builds every dim of size 1 too). Two reconstructions:
@@ -74,7 +75,7 @@ def fit(world: int, axes: dict[str, list[list[int]]]) -> Fit:
     return dims(world, found)
 
 
-def _progression(group: list[int]) -> int | None:
+def progression(group: list[int]) -> int | None:
     """The stride of a sorted group that is an arithmetic progression, else None."""
     if len(group) < 2:
         return None
@@ -91,7 +92,7 @@ def dims(world: int, axes: dict[str, list[list[int]]]) -> Fit:
     shapes: dict[tuple[int, int], list[str]] = {}
     for name, groups in axes.items():
         first = sorted(next((g for g in groups if 0 in g), groups[0]))
-        stride = _progression(first)
+        stride = progression(first)
         if stride is not None and first[0] == 0:
             shapes.setdefault((stride, len(first)), []).append(name)
     named = {"/".join(sorted(names)): shape for shape, names in shapes.items()}

@@ -26,6 +26,7 @@ from .clock import Clock
 from .events import CommEvent
 from .findings import Diagnosis
 from .result import Check
+from .steady import Steady, of_ranks
 from .time_result import TimeSection
 
 OUTCOMES = ("passed", "failed", "empty", "incomplete")
@@ -184,6 +185,9 @@ class RankEnd:
     recorder: str = ""
     clock: Clock | None = None
     """Its place on the common clock (`trace.clock`); None in a fake world or before a default group."""
+    unflushed: bool = False
+    """Its flight log lacks what it issued after its last flush: it died of a signal its flusher could not
+    answer (the C++ recorder wrote this record: ``trace.recording``)."""
 
     @property
     def ended(self) -> bool:
@@ -376,6 +380,9 @@ class TraceResult:
     """c10d op -> calls of it, over every rank, that no decoder reads (`RankEnd.undecoded`): not in `events`."""
     time: TimeSection | None = None
     """Where the time went: waits per axis, waits each rank caused, stragglers (`timing.stragglers`)."""
+    steady: dict[int, Steady] = field(default_factory=dict)
+    """Traced rank -> its steady steps, found once from its calls (`core.steady`): what the checks, the
+    time section, the budgets and ``place --from-trace`` read."""
 
     @property
     def outcome(self) -> str:
@@ -435,18 +442,23 @@ class TraceResult:
             doc["fake_world"] = self.fake_world.to_json()
         if self.time is not None:
             doc["time"] = self.time.to_json()
+        doc["steady"] = {str(r): s.to_json() for r, s in sorted(self.steady.items())}
         return doc
 
     @classmethod
     def from_json(cls, d: dict) -> TraceResult:
         events = [CommEvent.from_json(e) for r in d["per_rank"] for s in r["steps"] for e in s["events"]]
+        ranks = [RankEnd.from_json(r) for r in d.get("ranks", [])]
+        # a result written before the steady steps were recorded: found from its calls as `assemble` does
+        steady = ({int(r): Steady.from_json(s) for r, s in d["steady"].items()} if "steady" in d
+                  else of_ranks(events, {r.rank: r.steps for r in ranks if r.status != "missing"}))
         return cls(world=d["world"], command=d.get("command", []), events=events, axes=d["axes"], layout=d["layout"],
                    checks=[Check.from_json(c) for c in d["checks"]],
-                   ranks=[RankEnd.from_json(r) for r in d.get("ranks", [])], run_dir=d.get("run_dir", ""),
+                   ranks=ranks, run_dir=d.get("run_dir", ""),
                    notes=d.get("notes", []), expected=d.get("expected", 0),
                    error=TraceError.from_json(d["failure"]) if "failure" in d else None,
                    last_lines=LastLines.from_json(d["last_lines"]) if d.get("last_lines") else None,
                    doctor=Diagnosis.from_json(d["doctor"]) if d.get("doctor") else None,
                    fake_world=FakeWorld.from_json(d["fake_world"]) if d.get("fake_world") else None,
                    undecoded=dict(d.get("undecoded", {})),
-                   time=TimeSection.from_json(d["time"]) if d.get("time") else None)
+                   time=TimeSection.from_json(d["time"]) if d.get("time") else None, steady=steady)

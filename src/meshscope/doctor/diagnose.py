@@ -16,6 +16,7 @@ from ..core.findings import Diagnosis, Finding, RankError
 from ..core.mesh import Layout
 from ..core.result import RunResult, SuiteResult
 from ..core.rundir import RunDir
+from ..core.time_result import TimeSection
 from .collective import collectives, group_order
 from .ends import blocked, ends, order, script_errors
 from .evidence import load
@@ -119,10 +120,11 @@ def _sources(job: FrJob | None, logged: bool) -> dict:
     return out
 
 
-def diagnose(run_dir: Path | RunDir) -> Diagnosis:
+def diagnose(run_dir: Path | RunDir, time: TimeSection | None = None) -> Diagnosis:
     """The diagnosis of a run directory, a trace directory, or a directory or prefix of Flight Recorder
     dumps: its ranks, the rank errors, and the findings, the likely root cause first (`ends.order`);
-    ``healthy`` when there is neither an error nor a finding."""
+    ``healthy`` when there is neither an error nor a finding. `time`: the trace's own time section, where
+    the caller assembled it already (else it is analysed here from the flight logs)."""
     run_dir = run_dir if isinstance(run_dir, RunDir) else RunDir(run_dir)
     logged = bool(run_dir.ranks_with("flight"))
     job = load_job(run_dir.path, _trace_groups(run_dir) if logged else None)
@@ -133,7 +135,8 @@ def diagnose(run_dir: Path | RunDir) -> Diagnosis:
     findings, errors, stuck = _flight_log_findings(run_dir, ranks) if logged else ([], [], [])
     if job is not None:
         findings = _merge(findings, diagnose_job(job))
-    time = time_of(run_dir, ranks, ends(run_dir)) if logged else None
+    if time is None and logged:
+        time = time_of(run_dir, ranks, ends(run_dir))
     performance = [straggler(s, time.step_ms) for s in time.stragglers] if time is not None else []
     return Diagnosis(str(run_dir), sorted(set(ranks) | set(job.dumps if job else ())), order(findings, stuck), errors,
                      {r: ranks[r].last_mark for r in sorted(ranks)}, _sources(job, logged), performance=performance,

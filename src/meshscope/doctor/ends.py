@@ -70,7 +70,10 @@ def script_errors(ended: list[RankEnd], run_dir: RunDir) -> list[Finding]:
         at = f" at {where}" if where else ""
         raised = f" (raised in {first.origin})" if first.origin and first.origin != where else ""
         log = run_dir.log(first.rank)
-        said = f"; its traceback is in {log}" if log.exists() else ""
+        # a negative exit is a signal (torchrun's convention): the rank died in native code, and what its
+        # threads ran then is Python's faulthandler dump, not a traceback (`trace.recording`'s `_fatal`)
+        dump = "what each of its threads ran then (faulthandler)" if (first.exit_code or 0) < 0 else "its traceback"
+        said = f"; {dump} is in {log}" if log.exists() else ""
         out.append(Finding("script-error", "", [], sorted(e.rank for e in group), f"{error}{at}{raised}",
                            f"the script itself failed on {'this rank' if len(group) == 1 else 'these ranks'} "
                            f"(exit code {first.exit_code}), outside any collective{said}", first.time,

@@ -36,6 +36,9 @@ class RankLog:
     """A traced rank's group creations in order (`flightlog.read_creations`), None where the directory has none."""
     marked: dict[int, float] | None = None
     """A traced rank's ``step N done`` marks: N -> when, in wall-clock seconds."""
+    cut: bool = False
+    """A traced rank killed without an end record, or dead of a signal its flusher could not answer
+    (`RankEnd.unflushed`): its log lacks what it issued after its last flush (`trace.recording`)."""
 
     @property
     def steps_done(self) -> int:
@@ -72,6 +75,8 @@ def load(run_dir: RunDir | Path) -> dict[int, RankLog]:
         created = run_dir.groups(r)
         if created.exists():
             ranks[r].created = read_creations(created).creations
+            end = run_dir.read_end(r)
+            ranks[r].cut = end.status == "missing" or end.unflushed
     return ranks
 
 
@@ -85,11 +90,13 @@ def brief(e: CommEvent) -> str:
 
 def last_call(info: RankLog) -> str:
     """Where a rank is: its last call and whether it returned."""
+    unknown = (" in its flight log, which lacks what it issued in its last half second (killed, or dead in "
+               "native code while holding the GIL)") if info.cut else ""
     if not info.issued:
-        return "no collective at all"
+        return f"no collective at all{unknown}"
     e = info.issued[-1]
     state = "completed" if key(e) in info.completed else "still waiting"
-    return f"{brief(e)} on {e.axis}{list(e.group)} ({state})"
+    return f"{brief(e)} on {e.axis}{list(e.group)} ({state}){unknown}"
 
 
 def pending(ranks, e: CommEvent) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ..core.findings import Finding
 from ..core.rundir import RunDir
+from ..core.steady import of_ranks
 from ..core.time_result import Straggler, TimeSection
 from ..core.trace_result import RankEnd
 from ..timing.stragglers import of_trace
@@ -21,7 +22,8 @@ def time_of(run_dir: RunDir, logs: dict[int, RankLog], ended: list[RankEnd]) -> 
     if run_dir.kind() != "trace" or not ended:
         return None
     events = [e for log in logs.values() for e in log.issued]
-    return of_trace(run_dir, events, ended, run_dir.trace_spec().fake_world)
+    steady = of_ranks(events, {e.rank: e.steps for e in ended if e.status != "missing"})
+    return of_trace(run_dir, events, ended, steady, run_dir.trace_spec().fake_world)
 
 
 def finding(s: Straggler, step_ms: float) -> Finding:

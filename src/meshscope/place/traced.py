@@ -1,7 +1,7 @@
 """A trace directory as `place` reads it: the layout it reconstructed and each traced rank's steady step.
 
-The steady step is the last complete step of `core.steady` (from step 2 on: step 0 holds set-up,
-step 1 warm-up such as DDP's bucket rebuild; `trace.checks` compares the same steps). Its calls, grouped by axis, op,
+The steady step is the last of the rank's steady steps (`TraceResult.steady`, found from its calls by
+`core.steady`: after step 0's set-up and the warm-up the calls show; `trace.checks` compares the same steps). Its calls, grouped by axis, op,
 phase and size, are the same `Traffic` records the analytic model (`volume.stage_traffic`) gives,
 so the advisor can rank placements from what a job really issued (`place --from-trace`) and the
 model can be held against it (`compare`). Sizes follow nccl-tests (`alpha_beta.model_bytes`).
@@ -24,7 +24,7 @@ from ..core.mesh import Layout
 from ..core.trace_result import TraceResult
 from ..predict.alpha_beta import model_bytes
 from ..predict.volume import Traffic
-from ..core.steady import FIRST_STEADY, needed, steady_steps
+from ..core.steady import MIN_RUN
 from .node_crossing import AXIS_MEMBERS
 
 
@@ -80,11 +80,11 @@ def load(run_dir: Path, flag: str) -> Trace:
     rename = {"dp_cp": "dp-cp", **({"world": "dp"} if set(result.layout.get("sizes", {})) <= {"world"} else {})}
     ranks, skipped = [], set()
     for end in result.ranks:
-        steady = steady_steps(end.steps)
-        if not steady:
-            raise UsageError(f"{flag} {run_dir}: rank {end.rank} completed {end.steps} step(s), so no steady step "
-                             f"(steps {FIRST_STEADY} and on); trace at least {needed(1)} optimizer steps")
-        step = steady[-1]
+        found = result.steady.get(end.rank)
+        if found is None or not found.steps:
+            raise UsageError(f"{flag} {run_dir}: rank {end.rank} completed {end.steps} step(s) and no {MIN_RUN} in a row "
+                             f"after step 0 issued the same calls, so no steady step; trace more optimizer steps")
+        step = found.steps[-1]
         events = [e for e in result.events if e.rank == end.rank and e.step == step]
         axes = {e: rename.get(e.axis, e.axis) for e in events}
         skipped |= {a for a in axes.values() if a not in AXIS_MEMBERS}

@@ -30,7 +30,6 @@ from ..core.events import CommEvent
 from ..core.trace_result import TraceResult
 from ..trace.launch import TraceOptions
 from ..trace.launch import trace as run_trace
-from ..core.steady import steady_steps
 
 __all__ = ["Traced", "TraceFailed", "check", "trace"]
 
@@ -57,9 +56,11 @@ class Traced:
     @property
     def steady_step(self) -> int:
         """The last steady step every traced rank completed (`core.steady`); ValueError if none did."""
-        last = min((steady_steps(r.steps) or [-1])[-1] for r in self.result.ranks)
+        last = min(((self.result.steady[r.rank].steps if r.rank in self.result.steady else []) or [-1])[-1]
+                   for r in self.result.ranks)
         if last < 0:
-            raise ValueError("no steady step (steps 2 and on): trace at least 3 optimizer steps")
+            raise ValueError("no steady step (no two steps in a row after step 0 issued the same calls): trace more "
+                             "optimizer steps")
         return last
 
     def calls(self, *, step: int | None = None, rank: int | None = None, cls: str | None = None,

@@ -35,7 +35,7 @@ from ..capture.flightlog import read_flight
 from ..core.clock import Clock, crowded, offsets, truth
 from ..core.events import CommEvent
 from ..core.rundir import RunDir
-from ..core.steady import steady_steps
+from ..core.steady import Steady, common
 from ..core.time_result import GPU_QUEUE, AxisTime, Straggler, TimeSection
 from ..core.trace_result import RankEnd
 from .waits import Instance, instances, per_step
@@ -112,15 +112,16 @@ def analyse(events: list[CommEvent], clocks: dict[int, Clock | None], moves: dic
                        _axes(by_step, steps, events), _caused(by_step, steps), stragglers)
 
 
-def of_trace(run_dir: RunDir, events: list[CommEvent], ends: list[RankEnd], fake_world: bool) -> TimeSection:
+def of_trace(run_dir: RunDir, events: list[CommEvent], ends: list[RankEnd], steady: dict[int, Steady],
+             fake_world: bool) -> TimeSection:
     """`analyse` of a trace directory: its ranks' moves and step ends from their flight logs, their clocks
-    from their ends, the steady steps every traced rank completed."""
+    from their ends, the steps steady on every traced rank (`core.steady`)."""
     flights = [read_flight(run_dir.flight(r), r) for r in run_dir.ranks_with("flight")]
     traced = [e for e in ends if e.status != "missing"]
-    complete = min((e.steps for e in traced), default=0)
     return analyse(events, {e.rank: e.clock for e in traced}, {f.rank: f.moves for f in flights},
                    {f.rank: {step: t for t, _, step in f.marks if step is not None} for f in flights},
-                   steady_steps(complete), fake_world, {f.rank: f.queued for f in flights})
+                   common(steady[e.rank] for e in traced if e.rank in steady), fake_world,
+                   {f.rank: f.queued for f in flights})
 
 
 def _step_ms(step_ends: dict[int, dict[int, float]], steps: list[int]) -> dict[int, float]:

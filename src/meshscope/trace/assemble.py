@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 from ..capture.flightlog import read_creations, read_flight
-from ..core.axes import axis_of, is_mesh_axis
+from ..core.axes import GROUP, axis_of, is_mesh_axis
 from ..core.events import WORLD, CommEvent
 from ..core.findings import Diagnosis
 from ..core.mesh_fit import fit
+from ..core.mesh_infer import Inferred, infer
 from ..core.rundir import RunDir
+from ..core.steady import of_ranks, warmup_note
 from ..core.trace_result import FakeWorld, LastLines, RankEnd, TraceError, TraceResult
 from ..timing.stragglers import of_trace
 from .checks import run_all
@@ -42,19 +45,24 @@ def created_groups(run_dir: RunDir) -> list[tuple[str, list[int]]]:
     return [(c["desc"], c["ranks"]) for c in read_creations(path).creations] if path.exists() else []
 
 
-def layout_section(world: int, axes: dict[str, list[list[int]]]) -> dict:
-    """The layout the groups imply, as `meshscope layout` names it where it can (`core.mesh_fit`)."""
+def layout_section(world: int, axes: dict[str, list[list[int]]], inferred: Inferred = Inferred()) -> dict:
+    """The layout the groups imply, as `meshscope layout` names it where it can (`core.mesh_fit`); where
+    `inferred` named axes the job left unnamed (`core.mesh_infer`), the line says so, and ``inferred``
+    says whose names they are."""
     if set(axes) <= {WORLD}:
         text = (f"world {world}: every call is on the default group, so there is no mesh axis to reconstruct" if axes
                 else f"world {world}: no collective was issued, so there is no layout to reconstruct")
         return {"fits": True, "order": None, "sizes": {WORLD: world}, "text": text}
     found = fit(world, axes)
+    named = {"inferred": inferred.convention} if inferred.note() and set(inferred.labels.values()) & set(axes) else {}
+    said = f"; {inferred.note()}" if named else ""
     if not found.ok:
-        return {"fits": False, "order": None, "sizes": {}, "text": found.reason}
+        return {"fits": False, "order": None, "sizes": {}, "text": found.reason + said, **named}
     if found.layout is not None:
-        return {"fits": True, "order": found.layout.order, "sizes": found.sizes, "text": found.describe(),
-                "layout": found.layout.brief()}
-    return {"fits": True, "order": "-".join(found.order), "sizes": found.sizes, "text": found.describe()}
+        return {"fits": True, "order": found.layout.order, "sizes": found.sizes, "text": found.describe() + said,
+                "layout": found.layout.brief(), **named}
+    return {"fits": True, "order": "-".join(found.order), "sizes": found.sizes, "text": found.describe() + said,
+            **named}
 
 
 def _process_group_note(run_dir: RunDir, ranks: list[int]) -> str:
@@ -102,21 +110,31 @@ def assemble(run_dir: Path | RunDir, account: str | None = None, fake_world: Fak
     listed = sorted(present | set(spec.expected or ()))
     ranks = [run_dir.read_end(r) for r in listed]
     events = [e for r in listed for e in rank_events(run_dir, r)]
+    created = created_groups(run_dir)
+    # groups the job named none of (picotron's, DeepSpeed's) read `group` on the ranks: their members
+    # say which mesh axis each is, so that each axis's calls are a row of their own
+    inferred = infer(world, created, {e.group for e in events if e.axis == GROUP})
+    if inferred.labels:
+        events = [replace(e, axis=inferred.labels.get(e.group, GROUP)) if e.axis == GROUP else e for e in events]
     axes: dict[str, set] = {}
     for e in events:
         if e.op not in ("send", "recv") or e.axis != "world":
             axes.setdefault(e.axis, set()).add(e.group)
-    for desc, members in created_groups(run_dir) if spec.fake_world else ():  # its rank 0 saw every group created
+    for desc, members in created if spec.fake_world else ():  # its rank 0 saw every group created
         axis = axis_of(desc)
+        if axis == GROUP and not desc:
+            axis = inferred.labels.get(tuple(members), GROUP)
         # a mesh axis of 1-rank groups joins nobody (torchtitan builds its dims of size 1 too): it is
         # listed only where the job called on it, and then whole
-        if axis not in (WORLD, "group") and (len(members) > 1 or axis in axes or not is_mesh_axis(axis)):
+        if axis not in (WORLD, GROUP) and (len(members) > 1 or axis in axes or not is_mesh_axis(axis)):
             axes.setdefault(axis, set()).add(tuple(members))
     axes_sorted = {a: sorted(map(list, gs)) for a, gs in sorted(axes.items())}
     traced = {r.rank for r in ranks if r.status != "missing"}
-    checks = run_all(events, axes_sorted, traced, world, {r.rank: r.steps for r in ranks if r.status != "missing"},
-                     {r.rank for r in ranks if r.ended})
+    steady = of_ranks(events, {r.rank: r.steps for r in ranks if r.status != "missing"})
+    checks = run_all(events, axes_sorted, traced, world, steady, {r.rank for r in ranks if r.ended})
     notes = sorted({r.note for r in ranks if r.note})
+    if warmup_note(steady):
+        notes.append(warmup_note(steady))
     mapped = list(dict.fromkeys(call for r in ranks for call in r.mapped))  # one note for all ranks
     if mapped:
         notes.append(devices.note(mapped))
@@ -133,10 +151,10 @@ def assemble(run_dir: Path | RunDir, account: str | None = None, fake_world: Fak
     # holds at least that many
     expected = len(spec.expected) if spec.expected is not None else spec.traced
     result = TraceResult(world=world, command=list(spec.command), events=events, axes=axes_sorted,
-                         layout=layout_section(world, axes_sorted), checks=checks, ranks=ranks,
+                         layout=layout_section(world, axes_sorted, inferred), checks=checks, ranks=ranks,
                          run_dir=str(run_dir), notes=notes, expected=expected, fake_world=fake_world,
                          undecoded=dict(sorted(undecoded.items())),
-                         time=of_trace(run_dir, events, ranks, spec.fake_world))
+                         time=of_trace(run_dir, events, ranks, steady, spec.fake_world), steady=steady)
     if result.outcome in ("failed", "incomplete"):
         result.error = _error(ranks, run_dir, account)
     if result.outcome != "passed":
@@ -180,15 +198,15 @@ def conclude(run_dir: RunDir, result: TraceResult) -> TraceResult:
     """A job that failed or did not finish gets the doctor's findings (gloo lets some faults through
     silently, so a failed check is diagnosed too); then result.json is written and the marker removed."""
     if result.outcome in ("failed", "incomplete"):
-        result.doctor = _doctor(run_dir)
+        result.doctor = _doctor(run_dir, result)
     run_dir.conclude(result.to_json())
     return result
 
 
-def _doctor(run_dir: RunDir) -> Diagnosis:
+def _doctor(run_dir: RunDir, result: TraceResult) -> Diagnosis:
     from ..doctor import diagnose
 
     try:
-        return diagnose(run_dir.path)
+        return diagnose(run_dir.path, result.time)
     except Exception as exc:  # noqa: BLE001 - the job already failed; the diagnosis is a bonus
         return Diagnosis(str(run_dir), [], failure=f"could not diagnose: {type(exc).__name__}: {exc}".splitlines()[0])

@@ -7,9 +7,10 @@
   and size (pipeline P2P order, a stage that skips its gradient);
 - ``all-to-all splits mirror``: what member i sends to j is what j receives from i, per call (split
   sizes computed differently on two ranks); splits a side assumed (a fake world's) are not checked;
-- ``steady steps repeat``: from step 2 on (step 0 holds set-up, step 1 warm-up such as DDP's bucket
-  rebuild), every complete step issues what the previous one did; all-to-all splits that change are
-  reported as routing, anything else as the first divergent call;
+- ``steady steps repeat``: from the first steady step on (`core.steady`: after step 0's set-up and the
+  warm-up the calls show, such as DDP's bucket rebuild), every complete step issues what that step
+  did; all-to-all splits that change are reported as routing, anything else as the first divergent
+  call; steps that never repeat twice in a row, over enough steps to tell, fail it;
 - ``mesh axes partition the world``: the groups of each mesh axis are disjoint and cover the ranks
   traced (named non-mesh groups such as Megatron's embedding groups are exempt).
 
@@ -27,7 +28,7 @@ from ..core.agreement import disagreement
 from ..core.axes import is_mesh_axis
 from ..core.events import P2P, CommEvent, by_group
 from ..core.result import Check
-from ..core.steady import FIRST_STEADY, needed, steady_steps as steady_of
+from ..core.steady import MIN_RUN, WARMUP_LIMIT, Steady, same_call
 
 
 def _brief(e: CommEvent) -> str:
@@ -140,44 +141,48 @@ def a2a_mirror(events, traced: set[int]) -> Check:
     return Check(name, True, f"{calls} all_to_all calls, every pair's splits mirror")
 
 
-def _signature(e: CommEvent) -> tuple:
-    return (e.op, e.axis, e.group, e.phase, e.dtype, e.bytes_in, e.bytes_out, e.input_splits, e.output_splits,
-            e.peer, e.region)
-
-
-def steady_steps(events, complete_steps: dict[int, int]) -> Check:
-    """`complete_steps`: rank -> number of steps it finished (step k < that is complete)."""
+def steady_steps(events, steady: dict[int, Steady]) -> Check:
+    """Every rank's steady steps (`core.steady`, found from its calls) issue what its first steady step
+    did, call for call; `steady`: rank -> its steady steps."""
     name = "steady steps repeat"
-    routing, compared = [], {}  # rank -> True once one of its steps was compared
-    for rank, n in sorted(complete_steps.items()):
-        steps: dict[int, list[CommEvent]] = defaultdict(list)
-        for e in events:
-            if e.rank == rank and e.step is not None and e.step < n:
-                steps[e.step].append(e)
-        for k in steady_of(n)[1:]:
-            prev, cur = steps.get(k - 1, []), steps.get(k, [])
-            compared[rank] = True
-            for i in range(max(len(prev), len(cur))):
-                if i >= len(prev) or i >= len(cur):
-                    extra = cur[i] if i < len(cur) else prev[i]
-                    return Check(name, False, f"rank {rank} step {k} issued {len(cur)} calls, step {k - 1} {len(prev)}; "
-                                              f"first unmatched: {_brief(extra)}")
-                a, b = _signature(prev[i]), _signature(cur[i])
-                if a != b:
-                    if a[0] == b[0] == "all_to_all" and a[:5] == b[:5]:
-                        routing.append(k)
-                        continue
-                    return Check(name, False, f"rank {rank} step {k} call {i} is {_brief(cur[i])} where step {k - 1} "
-                                              f"issued {_brief(prev[i])}")
+    per_rank: dict[int, dict[int, list[CommEvent]]] = {r: defaultdict(list) for r in steady}
+    for e in events:
+        if e.rank in per_rank and e.step is not None:
+            per_rank[e.rank][e.step].append(e)
+    routing, compared = [], []
+    for rank, s in sorted(steady.items()):
+        steps = per_rank[rank]
+        if s.first is None:
+            if s.decided:
+                sizes = ", ".join(str(len(steps.get(k, []))) for k in range(1, min(s.complete, 9)))
+                return Check(name, False, f"rank {rank}'s steps never repeat: of its {s.complete} complete steps, no "
+                                          f"{MIN_RUN} in a row after step 0 issued the same calls (calls in steps 1 on: "
+                                          f"{sizes}{', ...' if s.complete > 9 else ''})")
+            continue
+        compared.append(rank)
+        ref = steps.get(s.first, [])
+        for k in s.steps[1:]:
+            cur = steps.get(k, [])
+            for i in range(max(len(ref), len(cur))):
+                if i >= len(ref) or i >= len(cur):
+                    extra = cur[i] if i < len(cur) else ref[i]
+                    return Check(name, False, f"rank {rank} step {k} issued {len(cur)} calls, steady step {s.first} "
+                                              f"{len(ref)}; first unmatched: {_brief(extra)}")
+                if same_call(ref[i]) != same_call(cur[i]):
+                    return Check(name, False, f"rank {rank} step {k} call {i} is {_brief(cur[i])} where steady step "
+                                              f"{s.first} issued {_brief(ref[i])}")
+                if ref[i].op == "all_to_all" and (ref[i].input_splits, ref[i].output_splits, ref[i].bytes_in) != (
+                        cur[i].input_splits, cur[i].output_splits, cur[i].bytes_in):
+                    routing.append(k)
     if not compared:
-        most = max(complete_steps.values(), default=0)
-        return Check.not_checked(name, f"{most} complete steps; comparing needs steps {FIRST_STEADY} and "
-                                       f"{FIRST_STEADY + 1} at least ({needed(2)} steps: trace more)")
+        most = max((s.complete for s in steady.values()), default=0)
+        return Check.not_checked(name, f"{most} complete steps, and no {MIN_RUN} in a row after step 0 issued the same "
+                                       f"calls: trace more steps (a warm-up of up to {WARMUP_LIMIT} steps is skipped)")
     why = f"; all_to_all splits changed with the routing in steps {sorted(set(routing))}" if routing else ""
-    last = sorted({complete_steps[r] - 1 for r in compared})
-    upto = str(last[0]) if len(last) == 1 else f"{last[0]}..{last[-1]}"
-    return Check(name, True, f"steady steps {FIRST_STEADY}-{upto} on each of {len(compared)} ranks: each issued the "
-                             f"same calls as the step before{why}")
+    spans = sorted({(steady[r].first, steady[r].complete - 1) for r in compared})
+    span = ", ".join(f"{a}-{b}" for a, b in spans)
+    return Check(name, True, f"steady steps {span} on each of {len(compared)} ranks: each issued the same calls as its "
+                             f"first steady step{why}")
 
 
 def axes_partition(axes: dict[str, list[list[int]]], traced: set[int], world: int) -> Check:
@@ -201,7 +206,7 @@ def axes_partition(axes: dict[str, list[list[int]]], traced: set[int], world: in
                  + (f"; not mesh axes: {', '.join(exempt)}" if exempt else ""))
 
 
-def run_all(events, axes, traced: set[int], world: int, complete_steps: dict[int, int],
+def run_all(events, axes, traced: set[int], world: int, steady: dict[int, Steady],
             finished: set[int] | None = None) -> list[Check]:
     return [group_agreement(events, traced, finished), p2p_pairs(events, traced), a2a_mirror(events, traced),
-            steady_steps(events, complete_steps), axes_partition(axes, traced, world)]
+            steady_steps(events, steady), axes_partition(axes, traced, world)]

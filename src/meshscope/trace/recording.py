@@ -15,6 +15,8 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import select
+import signal
 import sys
 import threading
 import time
@@ -119,7 +121,8 @@ class RankTrace:
         self._flight = open(run_dir.flight(rank), "w", buffering=1)
         self._flight.write(json.dumps({"t": self.wall0, "kind": "start", "rank": rank}) + "\n")  # its times' origin
         self._lock = threading.Lock()
-        self._stop = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()  # a byte: 0 the finish, else a fatal signal's number
+        self._answer_r, self._answer_w = os.pipe()
         self._flusher = threading.Thread(target=self._flush_loop, name="meshscope-trace-flush", daemon=True)
 
     @staticmethod
@@ -279,8 +282,34 @@ class RankTrace:
 
     # -- writing -----------------------------------------------------------------------------------
     def _flush_loop(self) -> None:
-        while not self._stop.wait(FLUSH_S):
+        """Every `FLUSH_S` (streaming) until the finish wakes it; on a fatal signal, the rank's last words
+        (`_fatal`)."""
+        while True:
+            woken, _, _ = select.select([self._wake_r], [], [], FLUSH_S if self.stream else None)
+            if woken:
+                byte = os.read(self._wake_r, 1)
+                if byte and byte[0]:
+                    self._fatal(byte[0])
+                return
             self.flush()
+
+    def _fatal(self, number: int) -> None:
+        """The rank is dying of a signal in native code (the C++ recorder's handler waits for this): its
+        calls so far, a mark naming the signal, and its end as failed, with the signal as its exit status
+        (negative, as torchrun reports a worker killed by a signal)."""
+        error = _killed(number)
+        try:
+            with self._lock:
+                lines = self._drain()
+                lines.append(json.dumps({"t": time.time(), "kind": "mark", "text": error, "step": None}))
+                self._flight.write("\n".join(lines) + "\n")
+                self._flight.flush()
+            self.run_dir.write_end(RankEnd(self.rank, "error", steps=self.context.step, error=error,
+                                           exit_code=-number, events=len(self.calls),
+                                           optimizer_steps=self.context.optimizers_seen, time=time.time(),
+                                           recorder=self.recorder))
+        finally:
+            os.write(self._answer_w, b"\1")
 
     def flush(self) -> None:
         with self._lock:
@@ -290,14 +319,23 @@ class RankTrace:
                 self._flight.flush()
 
     def start(self) -> None:
-        if self.stream:  # --cheap writes everything at the end instead
+        """The flusher, which also writes the calls of a rank dying of a fatal signal where the C++
+        recorder watches for one; under ``--cheap`` it writes only then (the rest at the end)."""
+        if self.native is not None:
+            ends = {number: json.dumps(RankEnd(
+                self.rank, "error", exit_code=-number, error=f"{_killed(number)}; what it issued after its flight "
+                f"log's last flush (up to {FLUSH_S:g} s) is not known: its flusher could not run",
+                time=time.time(), recorder=self.recorder, unflushed=True).to_json()) for number in self.native.FATAL}
+            self.run_dir.rank_end(self.rank).parent.mkdir(parents=True, exist_ok=True)
+            self.native.watch_fatal(self._wake_w, self._answer_r, str(self.run_dir.rank_end(self.rank)), ends)
+        if self.stream or self.native is not None:
             self._flusher.start()
 
     def finish(self, status: str, code: int, failure: dict | None = None, note: str | None = None,
                record: dict | None = None) -> None:
         """Last flush, the ledger and how the rank ended (`failure`: the `RankEnd` fields of what failed;
         `record`: the mode's own, such as the CUDA calls a fake world mapped and the patches it applied)."""
-        self._stop.set()
+        os.write(self._wake_w, b"\0")  # the flusher ends
         self._run_queue.close()
         with self._lock:
             lines = self._drain()
@@ -312,7 +350,7 @@ class RankTrace:
                     if events and not self.context.optimizers_seen and status != "error" else None)
         untimed = (f"{untimed} calls on the GPU have no arrival there (not reached within {GPU_WAIT_S:g} s of the end, "
                    f"captured into a CUDA graph, on a second device, or past {MAX_MARKS:,})" if untimed else None)
-        note = "; ".join(n for n in (note, stepless, untimed, self.recorder_note) if n)
+        note = "; ".join(n for n in (note, stepless, self.context.boundary_note(), untimed, self.recorder_note) if n)
         self.run_dir.ledger(self.rank).parent.mkdir(exist_ok=True)
         write_atomic(self.run_dir.ledger(self.rank), "".join(json.dumps(e.to_json()) + "\n" for e in events))
         self.run_dir.write_end(RankEnd(
@@ -321,6 +359,10 @@ class RankTrace:
             groups=tuple(GroupUse(g.name, g.desc, self.axis(g), g.ranks) for g in self.groups.values()),
             decode_errors=tuple(decode_errors[:10]), undecoded=dict(undecoded), time=time.time(), recorder=self.recorder,
             clock=self.clock.result(wait=0.0 if status == "terminated" else CLOCK_WAIT_S), **(failure or {})))
+
+
+def _killed(number: int) -> str:
+    return f"killed by {signal.Signals(number).name} (signal {number}) in native code"
 
 
 def flushed_first(trace: RankTrace, destroy):

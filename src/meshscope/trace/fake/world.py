@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import sys
 
+from ...core.events import rank_ranges
 from ...core.rundir import RunDir
 from ...core.trace_result import Answered, FakeDevice, FakeWorld, RankClass, RankEnd, TraceResult, TraceSpec
 from ..assemble import assemble, conclude, created_groups, rank_events
@@ -81,7 +82,7 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
     ends = [run_dir.read_end(r) for r in traced]
     patched = tuple(dict.fromkeys(row for end in ends for row in end.patched))
     section = FakeWorld(world, tuple(traced), tuple(
-        RankClass(_representative(m, codes), _ranges(m), len(m)) for m in sorted(classes.values(), key=min))
+        RankClass(_representative(m, codes), rank_ranges(m), len(m)) for m in sorted(classes.values(), key=min))
         if classes else None,
         f"one rank per class of rank 0's group creations: ranks in the same place of every kind of group (its "
         f"size, and whether first member or not; first, odd or even middle, or last member "
@@ -200,19 +201,3 @@ def _ordered_text(ordered: set[str] | str) -> str:
 def _representative(members: list[int], traced) -> int:
     """A class's traced rank: one already traced if any, else its lowest."""
     return next((r for r in members if r in traced), min(members))
-
-
-def _ranges(ranks: list[int]) -> str:
-    """[0, 1, 2, 5] -> '0-2,5'."""
-    out, start, prev = [], None, None
-    for r in sorted(ranks):
-        if start is None:
-            start = prev = r
-        elif r == prev + 1:
-            prev = r
-        else:
-            out.append(f"{start}-{prev}" if prev > start else str(start))
-            start = prev = r
-    if start is not None:
-        out.append(f"{start}-{prev}" if prev > start else str(start))
-    return ",".join(out)
