@@ -69,7 +69,7 @@ def cli_here(*args) -> subprocess.CompletedProcess:
     other tests make with `cli` (the launched ranks are processes of their own either way). An exception
     meshscope lets escape fails the test here, as its traceback would fail `cli`'s one-line checks."""
     from meshscope.cli.parser import main
-    from meshscope.core.trace_result import exit_code
+    from meshscope.core.rank_end import exit_code
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):

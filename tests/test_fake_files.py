@@ -12,7 +12,7 @@ import traceback
 
 import pytest
 
-from meshscope.core.trace_result import RankEnd
+from meshscope.core.rank_end import RankEnd
 from meshscope.trace.fake import files
 
 from .helpers import ROOT, trace_json

@@ -11,7 +11,8 @@ import pytest
 
 from meshscope.budget.ledger import rank_classes
 from meshscope.core.rundir import RunDir
-from meshscope.core.trace_result import RankEnd, TraceResult
+from meshscope.core.rank_end import RankEnd
+from meshscope.core.trace_result import TraceResult
 from meshscope.trace.fake import fork_server
 from meshscope.trace.fake.world import retrace
 from meshscope.trace.options import RankOptions

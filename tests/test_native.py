@@ -30,7 +30,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode, UnsupportedOperatorExc
 from meshscope.capture import dispatch, native
 from meshscope.capture.job_context import JobContext
 from meshscope.core.rundir import RunDir
-from meshscope.core.trace_result import TraceSpec
+from meshscope.core.trace_spec import TraceSpec
 from meshscope.trace.assemble import assemble
 from meshscope.trace.recording import RankTrace
 

@@ -24,8 +24,9 @@ from meshscope.core.findings import Finding
 from meshscope.core.result import Check
 from meshscope.core.rundir import RunDir
 from meshscope.core.steady import of_ranks
-from meshscope.core.trace_result import (EXIT_CODES, GroupUse, RankEnd, TraceError, TraceResult, TraceSpec,
-                                         exit_code)
+from meshscope.core.rank_end import GroupUse, RankEnd, exit_code
+from meshscope.core.trace_result import EXIT_CODES, TraceError, TraceResult
+from meshscope.core.trace_spec import TraceSpec
 from meshscope.doctor.ends import blocked, order, script_errors
 from meshscope.report.trace import bytes_figure, layout_lines, verdict_lines
 from meshscope.trace.assemble import assemble

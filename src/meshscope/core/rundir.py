@@ -31,7 +31,8 @@ import shutil
 from pathlib import Path
 
 from .errors import UsageError
-from .trace_result import RankEnd, TraceSpec
+from .rank_end import RankEnd
+from .trace_spec import TraceSpec
 
 ARTEFACTS = ("spec.json", "flight", "errors", "traces", "records", "figures", "result.json", "report.md",
              "launcher.log", "failure.txt", "ledgers", "ranks", "trace.json", "INCOMPLETE",

@@ -1,6 +1,6 @@
-"""The typed records of a traced job: what was asked (`TraceSpec`, ``spec.json``), how each rank ended
-(`RankEnd`, ``ranks/rank<R>.json``) and the one verdict (`TraceResult`, ``result.json`` and ``trace
---json``), each with one writer and one reader.
+"""The one verdict of a traced job (`TraceResult`, ``result.json`` and ``trace --json``, one writer and one
+reader), with why it did not pass (`TraceError`, `LastLines`). What was asked is `core.trace_spec`, how
+each rank ended `core.rank_end`, a fake world's section `core.fake_world`.
 
 The verdict is decided here only (`TraceResult.outcome`), from the ranks' ends and the checks:
 
@@ -19,224 +19,18 @@ bad input).
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
-from .clock import Clock
 from .events import CommEvent
+from .fake_world import FakeWorld
 from .findings import Diagnosis
+from .rank_end import RankEnd
 from .result import Check
 from .steady import Steady, of_ranks
 from .time_result import TimeSection
 
 OUTCOMES = ("passed", "failed", "empty", "incomplete")
 EXIT_CODES = {"passed": 0, "failed": 1, "incomplete": 1, "empty": 3}
-
-RANK_STATUSES = ("ok", "stopped", "error", "terminated", "missing")
-
-TIMED_OUT = re.compile(r"timed out|timeout|watchdog", re.IGNORECASE)
-"""An error of a collective that waited until its timeout: gloo's ``Timed out waiting ... for recv
-operation`` (torch 2.13, third_party/gloo/gloo/transport/tcp/unbound_buffer.cc), the store's ``wait
-timeout``, NCCL's watchdog."""
-
-COLLECTIVE_FAILURE = re.compile(
-    r"connection (closed|reset) by peer|abort|nccl error|ncclInternalError|ProcessGroup.*(shut ?down|destroyed)",
-    re.IGNORECASE)
-"""An error of a collective cut off by its peers (gloo's ``Connection closed by peer``, ``Connection reset
-by peer`` when a peer's process ended; NCCL's communicator aborts): a consequence, not the script's
-own logic, and not a wait either."""
-
-DIST_ERRORS = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
-"""torch.distributed's own exception types (torch/distributed/__init__.py, torch 2.13)."""
-
-
-def exit_code(exc: SystemExit) -> int:
-    """The process exit status of a `SystemExit`, as the interpreter maps it: ``sys.exit()`` and
-    ``sys.exit(None)`` 0, an int itself, anything else (a message) 1."""
-    if exc.code is None:
-        return 0
-    return exc.code if isinstance(exc.code, int) else 1
-
-
-@dataclass(frozen=True)
-class TraceSpec:
-    """What a trace directory was asked to hold (``spec.json``): written by `RunDir.begin` before any
-    rank starts, read by the assembler and the doctor."""
-
-    world: int
-    command: tuple[str, ...]
-    """The script (or ``-m MODULE``) and its arguments."""
-    traced: int
-    """Ranks this directory should hold (one node's workers; a fake world's chosen ranks)."""
-    expected: tuple[int, ...] | None = None
-    """Which ranks those are, where known before they start (None: a node of several, whose global ranks
-    the rendezvous assigns)."""
-    nproc_per_node: int = 1
-    nnodes: int = 1
-    steps: int | None = None
-    timeout: float | None = None
-    fake_world: bool = False
-    ranks: str | None = None
-    """A fake world's ``--ranks`` as given (``auto`` or a list)."""
-
-    def to_json(self) -> dict:
-        doc = {"kind": "trace", **{f.name: getattr(self, f.name) for f in fields(self)}}
-        doc["command"] = list(self.command)
-        doc["expected"] = list(self.expected) if self.expected is not None else None
-        return doc
-
-    @classmethod
-    def from_json(cls, d: dict) -> TraceSpec:
-        values = {f.name: d[f.name] for f in fields(cls) if f.name in d}
-        values["command"] = tuple(d.get("command", ()))
-        values["expected"] = tuple(d["expected"]) if d.get("expected") is not None else None
-        values.setdefault("traced", d.get("world", 1))
-        return cls(**values)
-
-
-@dataclass(frozen=True)
-class GroupUse:
-    """A process group a rank issued calls on."""
-
-    name: str
-    desc: str
-    axis: str
-    ranks: tuple[int, ...]
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "desc": self.desc, "axis": self.axis, "ranks": list(self.ranks)}
-
-
-@dataclass(frozen=True)
-class Answered:
-    """Value reads a ``--fake-tensors`` rank answered without data, by where they were read
-    (``trace.fake.values``)."""
-
-    at: str
-    """``file:line`` of the frame that read (a library's, from its package: ``torch/nn/init.py:119``; or the
-    script's own)."""
-    script: str
-    """``file:line`` of the script's own line that led there (the same as `at` for a read of the script's)."""
-    answer: str
-    """What the reads were given (``1.0``, ``False (a check that finds nothing)``, ``saved without data``)."""
-    count: int
-    sized: int = 0
-    """Calls the function that read this integer issued after the read (an all-to-all: while it ran): their
-    sizes are marked assumed (`CommEvent.assumed`)."""
-
-    def to_json(self) -> dict:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
-
-
-@dataclass(frozen=True)
-class RankEnd:
-    """How one rank of a traced job ended (``ranks/rank<R>.json``, written once by the rank itself;
-    a rank without that file is ``missing``)."""
-
-    rank: int
-    status: str
-    """``ok`` (the script returned), ``stopped`` (``--steps`` reached), ``error`` (it failed on its own),
-    ``terminated`` (SIGTERM from outside: another rank failed, the watchdog, the user) or ``missing``
-    (no record: killed before it could write one, or never started)."""
-    steps: int = 0
-    """Step boundaries (outermost ``optimizer.step()`` returns) the rank passed."""
-    error: str = ""
-    """One line: what failed (``ValueError: bad batch``, ``the script exited with code 2``)."""
-    exit_code: int | None = None
-    """The status the rank's process exits with (None: unknown, a missing rank)."""
-    exception: str = ""
-    """The exception's type name, for a rank that raised."""
-    where: str = ""
-    """``file:line`` of the script's own innermost frame (not torch's, not a library's) when it raised."""
-    origin: str = ""
-    """``file:line`` of the frame that raised (inside a library, possibly)."""
-    note: str = ""
-    mapped: tuple[str, ...] = ()
-    """A fake world's CUDA calls mapped to the CPU on this rank (``trace.fake.devices``)."""
-    patched: tuple[str, ...] = ()
-    """A fake world's changes to torch active on this rank (the rows of ``trace.fake.patches``)."""
-    files: str = ""
-    """A fake world's rank: ``own`` when what it wrote below the working directory was its own
-    (``trace.fake.files``), else why its files were shared with the other ranks."""
-    wrote: tuple[str, ...] = ()
-    """What that rank created, changed or removed in its own layer (discarded at its end), at most 20."""
-    device: str = ""
-    """A fake world's stand-in GPU on this rank where CUDA was mapped (a ``trace.fake.gpu.GPUS`` name), else empty."""
-    device_calls: tuple[str, ...] = ()
-    """The device and memory queries the stand-in GPU answered on this rank (``torch.cuda.get_device_name``...)."""
-    answered: tuple[Answered, ...] = ()
-    """Value reads this ``--fake-tensors`` rank answered without data."""
-    stood_in: int = 0
-    """A fake world's object collectives that got a stand-in for a rank not traced before (``trace.fake.objects``):
-    the sizes of the calls they issued are assumed."""
-    unheard: tuple[str, ...] = ()
-    """The records (paths under the run directory, ``*`` for any rank) a fake world's rank looked for in a P2P
-    object message and did not find (``trace.fake.objects``): a rank that then failed is traced again once
-    one of them has been written (``trace.fake.world``)."""
-    events: int = 0
-    optimizer_steps: int = 0
-    groups: tuple[GroupUse, ...] = ()
-    decode_errors: tuple[tuple[str, str], ...] = ()
-    undecoded: dict[str, int] = field(default_factory=dict)
-    """c10d op -> calls of it no decoder of this meshscope reads (a newer torch's op): they ran, and are not in
-    `events` (`capture.dispatch.undecoded`)."""
-    time: float = 0.0
-    """When the rank wrote its end (wall clock): the first failure is the earliest."""
-    recorder: str = ""
-    clock: Clock | None = None
-    """Its place on the common clock (`trace.clock`); None in a fake world or before a default group."""
-    unflushed: bool = False
-    """Its flight log lacks what it issued after its last flush: it died of a signal its flusher could not
-    answer (the C++ recorder wrote this record: ``trace.recording``)."""
-
-    @property
-    def ended(self) -> bool:
-        return self.status in ("ok", "stopped")
-
-    @property
-    def timed_out(self) -> bool:
-        """Its error is a collective's timeout (`TIMED_OUT`): it was blocked, waiting for peers that never
-        came."""
-        return self.status == "error" and bool(TIMED_OUT.search(self.error))
-
-    @property
-    def collective_failure(self) -> bool:
-        """Its error came from a collective, not from its script: one that timed out, or one its peers cut
-        off (`COLLECTIVE_FAILURE`), or any of torch.distributed's own errors."""
-        return self.status == "error" and (self.timed_out or self.exception in DIST_ERRORS
-                                           or bool(COLLECTIVE_FAILURE.search(self.error)))
-
-    @property
-    def script_error(self) -> bool:
-        """It failed on its own, outside any collective: the script's exception or non-zero exit."""
-        return self.status == "error" and not self.collective_failure
-
-    def to_json(self) -> dict:
-        doc = {f.name: getattr(self, f.name) for f in fields(self)}
-        for name in ("mapped", "patched", "wrote", "device_calls"):
-            doc[name] = list(getattr(self, name))
-        doc["answered"] = [a.to_json() for a in self.answered]
-        doc["groups"] = [g.to_json() for g in self.groups]
-        doc["decode_errors"] = [list(e) for e in self.decode_errors]
-        doc["unheard"] = list(self.unheard)
-        doc["undecoded"] = dict(self.undecoded)
-        doc["clock"] = self.clock.to_json() if self.clock is not None else None
-        return doc
-
-    @classmethod
-    def from_json(cls, d: dict) -> RankEnd:
-        values = {f.name: d[f.name] for f in fields(cls) if f.name in d}
-        for name in ("mapped", "patched", "wrote", "device_calls"):
-            values[name] = tuple(d.get(name, ()))
-        values["answered"] = tuple(Answered(**a) for a in d.get("answered", ()))
-        values["groups"] = tuple(GroupUse(g["name"], g["desc"], g["axis"], tuple(g["ranks"])) for g in d.get("groups", ()))
-        values["decode_errors"] = tuple(tuple(e) for e in d.get("decode_errors", ()))
-        values["unheard"] = tuple(d.get("unheard", ()))
-        values["undecoded"] = dict(d.get("undecoded", {}))
-        values["clock"] = Clock.from_json(d["clock"]) if d.get("clock") else None
-        if values["status"] not in RANK_STATUSES:
-            raise ValueError(f"rank status {values['status']!r} is not one of {', '.join(RANK_STATUSES)}")
-        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -281,70 +75,6 @@ class LastLines:
     @classmethod
     def from_json(cls, d: dict) -> LastLines:
         return cls(d["rank"], d.get("exit_code"), d["log"], tuple(d["lines"]), d.get("total", len(d["lines"])))
-
-
-@dataclass(frozen=True)
-class RankClass:
-    """A fake world's class of ranks that issue the same ledger up to relabelling."""
-
-    representative: int
-    ranks: str
-    """The members as ranges: ``0-7,16``."""
-    size: int
-
-    def to_json(self) -> dict:
-        return {"representative": self.representative, "ranks": self.ranks, "size": self.size}
-
-
-@dataclass(frozen=True)
-class FakeDevice:
-    """The stand-in GPU a fake world's torch.cuda answered as (``--fake-device``), where CUDA was mapped."""
-
-    key: str
-    """Its ``--fake-device`` name (``H100``)."""
-    name: str
-    """As ``torch.cuda.get_device_name`` says it (``NVIDIA H100 80GB HBM3``)."""
-    total_memory: int
-    major: int
-    minor: int
-    multi_processor_count: int
-    answered: tuple[str, ...] = ()
-    """The device and memory queries it answered on any traced rank; memory statistics are zeros."""
-
-    def to_json(self) -> dict:
-        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "answered": list(self.answered)}
-
-    @classmethod
-    def from_json(cls, d: dict) -> FakeDevice:
-        values = {f.name: d[f.name] for f in fields(cls) if f.name in d}
-        return cls(**{**values, "answered": tuple(d.get("answered", ()))})
-
-
-@dataclass(frozen=True)
-class FakeWorld:
-    """What a fake world traced of its N ranks, and why those (``fake_world`` of the result)."""
-
-    world: int
-    traced: tuple[int, ...]
-    classes: tuple[RankClass, ...] | None
-    """One per class of rank 0's group creations (``--ranks auto``); None for the ranks given."""
-    how: str
-    patched: tuple[str, ...] = ()
-    """The changes to torch active on any traced rank (the rows of ``trace.fake.patches``)."""
-    device: FakeDevice | None = None
-    """The stand-in GPU, where CUDA was mapped to the CPU; None on a machine whose torch has CUDA."""
-
-    def to_json(self) -> dict:
-        return {"world": self.world, "traced": list(self.traced), "how": self.how,
-                "classes": [c.to_json() for c in self.classes] if self.classes is not None else None,
-                "patched": list(self.patched), "device": self.device.to_json() if self.device else None}
-
-    @classmethod
-    def from_json(cls, d: dict) -> FakeWorld:
-        classes = d.get("classes")
-        return cls(d["world"], tuple(d["traced"]), tuple(RankClass(**c) for c in classes) if classes is not None else None,
-                   d.get("how", ""), tuple(d.get("patched", ())),
-                   FakeDevice.from_json(d["device"]) if d.get("device") else None)
 
 
 @dataclass

@@ -2,7 +2,7 @@
 which comes first, it or the collectives' findings.
 
 A rank is **blocked** when it waited in a collective that its peers were never going to join: its
-error is a collective's timeout (`core.trace_result.RankEnd.timed_out`: gloo's "Timed out waiting",
+error is a collective's timeout (`core.rank_end.RankEnd.timed_out`: gloo's "Timed out waiting",
 the store's "wait timeout", NCCL's watchdog), or it was still inside a call when the job ended (it
 failed there, or was stopped from outside) while a peer that never issued that call had gone past
 it: the peer finished the step the call belongs to, or issued a different call at that position of
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from ..core.findings import Finding
 from ..core.rundir import RunDir
-from ..core.trace_result import RankEnd
+from ..core.rank_end import RankEnd
 from .evidence import RankLog, blocked_in
 
 

@@ -12,7 +12,7 @@ from ..core.findings import Finding
 from ..core.rundir import RunDir
 from ..core.steady import of_ranks
 from ..core.time_result import Straggler, TimeSection
-from ..core.trace_result import RankEnd
+from ..core.rank_end import RankEnd
 from ..timing.stragglers import of_trace
 from .evidence import RankLog
 

@@ -37,7 +37,7 @@ from ..core.events import CommEvent
 from ..core.rundir import RunDir
 from ..core.steady import Steady, common
 from ..core.time_result import GPU_QUEUE, AxisTime, Straggler, TimeSection
-from ..core.trace_result import RankEnd
+from ..core.rank_end import RankEnd
 from .waits import Instance, instances, per_step
 from .where import Completions, Moves, before
 

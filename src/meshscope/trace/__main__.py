@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from ..core.rundir import RunDir
-from ..core.trace_result import TraceSpec
+from ..core.trace_spec import TraceSpec
 from . import rank
 from .options import RECORDER_ENV, RankOptions
 

@@ -24,7 +24,9 @@ from ..core.mesh_fit import fit
 from ..core.mesh_infer import Inferred, infer
 from ..core.rundir import RunDir
 from ..core.steady import of_ranks, warmup_note
-from ..core.trace_result import FakeWorld, LastLines, RankEnd, TraceError, TraceResult
+from ..core.fake_world import FakeWorld
+from ..core.rank_end import RankEnd
+from ..core.trace_result import LastLines, TraceError, TraceResult
 from ..timing.stragglers import of_trace
 from .checks import run_all
 from .fake import devices

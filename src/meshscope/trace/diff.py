@@ -48,7 +48,7 @@ class Side:
     world: int
     events: list[CommEvent]
     status: dict[int, str]
-    """Rank -> how it ended (`core.trace_result.RankEnd.status`; a finished run's ranks are ``ok``)."""
+    """Rank -> how it ended (`core.rank_end.RankEnd.status`; a finished run's ranks are ``ok``)."""
 
     @property
     def held(self) -> set[int]:

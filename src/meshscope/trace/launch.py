@@ -20,7 +20,8 @@ from pathlib import Path
 
 from ..core.errors import UsageError
 from ..core.rundir import RunDir, check_timeout
-from ..core.trace_result import TraceResult, TraceSpec
+from ..core.trace_result import TraceResult
+from ..core.trace_spec import TraceSpec
 from ..run.launch import launch
 from .assemble import assemble, conclude
 from .fake import gpu

@@ -92,5 +92,5 @@ class RealMode:
             self.trace.gpu_ms = fr_dump.gpu_durations([(call[0], call[2]) for call in self.trace.calls], self.rank)
 
     def record(self) -> dict:
-        """What this mode adds to the rank's end (`core.trace_result.RankEnd`)."""
+        """What this mode adds to the rank's end (`core.rank_end.RankEnd`)."""
         return {}

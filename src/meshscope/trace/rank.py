@@ -15,7 +15,7 @@ runs the same inside a launch the user already has. Read top to bottom, it
 3. runs the script as ``__main__`` with its own ``sys.argv``;
 4. with ``--steps K``, once every rank has finished K steps, ends the rank cleanly, skipping the rest
    of the script (`stopping`);
-5. records how the rank ended (`core.trace_result.RankEnd`: its exit code, the script's error with
+5. records how the rank ended (`core.rank_end.RankEnd`: its exit code, the script's error with
    the script's file and line) and its ledger, then exits with the status the script would have.
 
 A script that raises gets its own traceback printed (without meshscope's frames) and the rank exits
@@ -35,7 +35,7 @@ from pathlib import Path
 
 from ..capture.job_context import JobContext
 from ..core.rundir import RunDir
-from ..core.trace_result import exit_code
+from ..core.rank_end import exit_code
 from . import script_frames
 from .created import note_creations
 from .entry_points import wrap

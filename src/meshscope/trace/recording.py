@@ -29,7 +29,7 @@ from ..capture.job_context import JobContext
 from ..core.axes import axis_of
 from ..core.events import CommEvent
 from ..core.rundir import RunDir, write_atomic
-from ..core.trace_result import GroupUse, RankEnd
+from ..core.rank_end import GroupUse, RankEnd
 from . import mesh_dims
 from .clock import Estimator
 

@@ -8,7 +8,7 @@ import signal
 import threading
 import time
 
-from ..core.trace_result import exit_code
+from ..core.rank_end import exit_code
 from .recording import RankTrace
 
 class StopTrace(BaseException):

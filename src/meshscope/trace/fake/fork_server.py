@@ -41,7 +41,7 @@ import sys
 
 from ...core.errors import UsageError
 from ...core.rundir import RunDir, write_atomic
-from ...core.trace_result import exit_code
+from ...core.rank_end import exit_code
 from ...run import agent, zygote
 from ..options import RankOptions
 from ..script_frames import LIBRARY_ROOTS

@@ -25,7 +25,7 @@ the calls (`capture.dispatch.ModeRecorder`) answers those reads with a placehold
   are sized by parameters, not by the read, and are not marked. A size returned to a caller that
   allocates a buffer for a collective of its own is not followed.
 
-Every answer is counted by where it was read (`core.trace_result.Answered`: the frame that read it,
+Every answer is counted by where it was read (`core.rank_end.Answered`: the frame that read it,
 a library's file and line or the script's own, and the script's line that led there), in the rank's
 end and the result's note. What FakeTensorMode answers itself (a tensor made from a Python number
 keeps its value) is not counted.
@@ -52,7 +52,7 @@ from torch._subclasses.fake_tensor import DataDependentOutputException
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ...capture.dispatch import ModeRecorder
-from ...core.trace_result import Answered
+from ...core.rank_end import Answered
 from ..script_frames import MESHSCOPE, own, short
 
 _TORCH = os.path.dirname(torch.__file__) + os.sep

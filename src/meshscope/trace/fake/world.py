@@ -18,7 +18,10 @@ import sys
 
 from ...core.events import rank_ranges
 from ...core.rundir import RunDir
-from ...core.trace_result import Answered, FakeDevice, FakeWorld, RankClass, RankEnd, TraceResult, TraceSpec
+from ...core.fake_world import FakeDevice, FakeWorld, RankClass
+from ...core.rank_end import Answered, RankEnd
+from ...core.trace_result import TraceResult
+from ...core.trace_spec import TraceSpec
 from ..assemble import assemble, conclude, created_groups, rank_events
 from . import files, gpu
 from .classes import ORDERED, ordered_kinds, rank_classes
