@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 from rich.console import Console
+from rich.text import Text
 
 from ..core.environment import header
 from ..core.events import OPS, human_bytes
@@ -154,7 +155,7 @@ def print_terminal(doc: SuiteResult, console: Console | None = None) -> None:
         print_table(console, title, head, rows, title_justify="left")
     failed = [(label, c) for label, r in doc.results.items() for c in r.checks if not c.passed]
     for label, c in failed:
-        console.print(f"[red]FAILED[/] {label}: {c.name}: {c.detail}")
+        console.print(Text.assemble(("FAILED", "red"), f" {label}: {c.name}: {c.detail}"))
     console.print(doc.summary["line"])
 
 

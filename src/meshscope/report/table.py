@@ -15,6 +15,8 @@ that can no longer be read. Every printer therefore builds its tables here, the 
   the parts line up;
 - the one thing that still folds (continues on the next line, never behind an ellipsis) is a word
   wider than what the terminal leaves beside the key columns, such as a long token in a detail text.
+
+Every console and every cell here prints text as it is, never as rich markup (`make_console`).
 """
 
 from __future__ import annotations
@@ -39,19 +41,30 @@ _RULE = 1
 
 def make_console() -> Console:
     """The console of every printer: the terminal's width, or COLUMNS where it is set (for a pipe
-    too: a width asked for is kept), else `PIPE_WIDTH`."""
+    too: a width asked for is kept), else `PIPE_WIDTH`.
+
+    Markup and emoji codes are off. Most of what meshscope prints came from a job: a rank's error, the
+    lines it printed, its script and run directory, its mesh dim, group and module names, check details
+    and notes. rich would read them as markup (``rich.markup.render``, rich 13-15): gloo's
+    ``[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer``
+    opens with what reads as a closing tag, so ``MarkupError`` ended the command where its verdict was
+    due (issue 42); ``[bold]``, or a budget entry's rank class ``[dp=first, tp=other]``, reads as a style
+    and vanishes. Emoji codes are a separate switch (rich replaces ``:smile:`` even in text printed with
+    markup off). A printer that wants a colour prints a `Text` with a style."""
     wide = not Console().is_terminal and "COLUMNS" not in os.environ
-    return Console(highlight=False, width=PIPE_WIDTH if wide else None)
+    return Console(highlight=False, markup=False, emoji=False, width=PIPE_WIDTH if wide else None)
 
 
 def print_table(console: Console, title: str, head: Sequence[str], rows: Iterable[Sequence], *,
                 key: int = 1, whole: Iterable[str] = (), title_justify: str = "center") -> None:
     """Print `rows` under `head` within the console's width (module docstring: how, and why)."""
-    head = list(head)
-    cells = [[c if isinstance(c, Text) else Text.from_markup(str(c)) for c in row] for row in rows]
+    # Text, not str, for every cell, head and title: the table then prints them as they are on any console,
+    # one made elsewhere with markup on included (`make_console`: why)
+    head = [Text(str(h)) for h in head]
+    cells = [[c if isinstance(c, Text) else Text(str(c)) for c in row] for row in rows]
     whole = set(whole)
     need, want = [], []
-    for i, name in enumerate(head):
+    for i, name in enumerate(h.plain for h in head):
         column = [row[i].plain for row in cells]
         need.append(max([_longest_word(name), *map(_longest_line if name in whole else _longest_word, column)]))
         want.append(max([_longest_line(name), *map(_longest_line, column)]))
@@ -62,7 +75,8 @@ def print_table(console: Console, title: str, head: Sequence[str], rows: Iterabl
         room = console.width - (_PAD + _RULE) * len(part) - _RULE
         # the first part carries the whole title, the others its head (up to the first parenthesis)
         label = title if n == 0 else f"{title.split(' (')[0]} (continued, {n + 1} of {len(parts)})"
-        table = Table(title=label, title_justify=title_justify, expand=False)
+        # rich styles a str title "table.title" itself, and a Text title not at all
+        table = Table(title=Text(label, style="table.title"), title_justify=title_justify, expand=False)
         for i, width in zip(part, _fit([need[i] for i in part], [want[i] for i in part], room)):
             table.add_column(head[i], width=width, overflow="fold")
         for row in cells:

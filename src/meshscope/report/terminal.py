@@ -7,6 +7,7 @@ it shows at a given width can be rendered and read back.
 from __future__ import annotations
 
 from rich.console import Console
+from rich.text import Text
 
 from ..core.events import OPS, counts, human_bytes
 from ..core.mesh import COORD_AXES, GROUP_NAMES, Layout
@@ -80,10 +81,10 @@ def print_counts(ledgers: dict, world: int, console: Console | None = None) -> N
 
 def print_result(result: RunResult, run_dir, console: Console | None = None) -> None:
     console = console or CONSOLE
-    status = "[green]PASSED[/]" if result.passed else "[red]FAILED[/]"
-    console.print(f"{result.experiment} on {result.backend}, world {result.world}: {status}")
+    status = ("PASSED", "green") if result.passed else ("FAILED", "red")
+    console.print(Text.assemble(f"{result.experiment} on {result.backend}, world {result.world}: ", status))
     print_table(console, "checks", ["check", "ok", "detail"],
-                [[c.name, "yes" if c.passed else "[red]NO[/]", c.detail] for c in result.checks])
+                [[c.name, "yes" if c.passed else Text("NO", style="red"), c.detail] for c in result.checks])
     per_rank = result.per_rank()
     ops = [op for op in OPS if any(op in r["predicted"] or op in r["captured"] for r in per_rank)]
     print_table(console, "collectives per rank per step", ["rank", *(f"{op} pred/capt" for op in ops)],

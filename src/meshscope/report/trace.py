@@ -145,7 +145,7 @@ def print_trace(result: TraceResult, console: Console | None = None) -> None:
     if rows:
         print_table(console, "time per rank and steady step", head, rows)
     for line in time_lines(result):
-        console.print(line, highlight=False, markup=False)
+        console.print(line, highlight=False)
     print_table(console, "checks", ["check", "ok", "detail"], check_rows(result))
     for r in result.ranks:
         if not r.ended:
@@ -153,7 +153,7 @@ def print_trace(result: TraceResult, console: Console | None = None) -> None:
     for note in result.notes:
         console.print(f"note: {note}", highlight=False)
     for line in verdict_lines(result):
-        console.print(line, highlight=False, markup=False)
+        console.print(line, highlight=False)
 
 
 def chrome_trace(result: TraceResult) -> dict:
