@@ -120,6 +120,39 @@ def load_to_cuda():
     return [torch.load(path, map_location=where)["w"].device.type for where in ("cuda:1", gpu)]
 
 
+def record_stream():  # DeepSpeed 0.19.8 ZeRO-1/2's overlap_comm (stage_1_and_2.py:1531), ZeRO-3's parameter gather
+    side = torch.cuda.Stream()
+    x = torch.ones(4, device="cuda")
+    x.record_stream(side)
+    x.record_stream(torch.cuda.current_stream())
+    torch.ops.aten.record_stream(x, side)
+    return x.device.type
+
+
+def sharded_on_cuda():  # TorchRec 1.8.0's sharded tables: ShardedTensors of shards placed rank:R/cuda:L
+    import torch.distributed as dist
+    from torch.distributed._shard import sharded_tensor
+    from torch.distributed._shard.metadata import ShardMetadata
+    from torch.distributed._shard.sharded_tensor import Shard, ShardedTensor, ShardedTensorMetadata, TensorProperties
+    from torch.distributed._shard.sharded_tensor.utils import build_metadata_from_local_shards
+    from torch.distributed._shard.sharding_spec import ChunkShardingSpec
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=1, world_size=2)
+    try:
+        placed = ["rank:0/cuda:0", "rank:1/cuda:1"]
+        built = sharded_tensor.empty(ChunkShardingSpec(dim=0, placements=placed), 8, 4)  # its shard made on cuda:1
+        shards = [ShardMetadata([0, 0], [4, 4], placed[0]), ShardMetadata([4, 0], [4, 4], placed[1])]
+        local = [Shard(torch.zeros(4, 4, device=gpu), shards[1])]
+        build_metadata_from_local_shards(local, torch.Size([8, 4]), 1, dist.group.WORLD)
+        metadata = ShardedTensorMetadata(shards, torch.Size([8, 4]), TensorProperties(dtype=torch.float32))
+        torchrec = ShardedTensor._init_from_local_shards_and_global_metadata(local, metadata)  # TorchRec's TBE
+        return [[str(t.local_shards()[0].metadata.placement), t.local_shards()[0].tensor.device.type]
+                for t in (built, torchrec)]
+    finally:
+        dist.destroy_process_group()
+
+
 IDIOMS = {
     "accelerator gate": lambda: torch.accelerator.is_available() and torch.accelerator.device_count() >= 2,
     "model.to(local_rank)": lambda: nn.Linear(2, 2).to(1)(torch.ones(1, 2).to(1)).device.type,
@@ -135,6 +168,8 @@ IDIOMS = {
     "reset_peak_memory_stats": lambda: torch.cuda.reset_peak_memory_stats(),
     "memory_stats": lambda: {k: torch.cuda.memory_stats(gpu)[k] for k in (  # what torchtitan reads of it
         "active_bytes.all.peak", "reserved_bytes.all.peak", "num_alloc_retries", "num_ooms")},
+    "record_stream": record_stream,
+    "_shard placement on cuda": sharded_on_cuda,
 }
 answers = {}
 for name, idiom in IDIOMS.items():
@@ -168,15 +203,18 @@ ANSWERS = [
     ("get_device_properties", 85_520_809_984),
     ("reset_peak_memory_stats", None),
     ("memory_stats", {"active_bytes.all.peak": 0, "reserved_bytes.all.peak": 0, "num_alloc_retries": 0, "num_ooms": 0}),
+    ("record_stream", "cpu"),  # DeepSpeed ZeRO-1/2 with overlap_comm, ZeRO-3 (issue 42): a no-op, whatever the stream
+    # ShardedTensor.__init__ and TorchRec's path: the placement stays as written, its shard on the CPU (issue 42)
+    ("_shard placement on cuda", [["rank:1/cuda:1", "cpu"], ["rank:1/cuda:1", "cpu"]]),
 ]
 """Each idiom of `IDIOMS` and its answer, with where a framework relies on it."""
 
 
 @pytest.mark.parametrize("idiom, answer", ANSWERS, ids=[idiom for idiom, _ in ANSWERS])
 def test_each_cuda_idiom_of_the_frameworks_is_answered_on_its_own(idioms, idiom, answer):
-    """Issue 25's idioms one by one, each with the answer a machine of one stand-in GPU (NVIDIA's H100, the
-    default: capability 9.0, 85,520,809,984 B) per local rank gives, its tensors on the CPU: the whole-job test
-    above stops at the first idiom that fails, these name each."""
+    """Issue 25's idioms (and issue 42's: record_stream, _shard placements) one by one, each with the answer a
+    machine of one stand-in GPU (NVIDIA's H100, the default: capability 9.0, 85,520,809,984 B) per local rank
+    gives, its tensors on the CPU: the whole-job test above stops at the first idiom that fails, these name each."""
     assert idioms[idiom] == ["answered", answer], idioms[idiom]
 
 

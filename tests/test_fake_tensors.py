@@ -73,6 +73,47 @@ def test_functional_collectives_under_fake_tensors_decode_as_their_c10d_calls(tm
 
 
 
+SCRIPTED = r"""
+import json
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from meshscope.trace.fake import patches
+patches.apply({patches.FAKE_TENSORS})
+import torch.distributed.optim  # scripts its functional optimizers at import, which call torch.tensor
+
+
+@torch.jit.script
+def scaled(x: torch.Tensor, s: float) -> torch.Tensor:
+    return x * torch.tensor(s) + torch.as_tensor([1.0, 2.0])
+
+
+with FakeTensorMode():
+    stacked = torch.tensor([torch.ones(()), torch.ones(())])  # the wrapper still answers a list of fakes
+print(json.dumps({"scripted": scaled(torch.ones(2), 3.0).tolist(), "graph": "aten::tensor" in str(scaled.graph),
+                  "stacked": [type(stacked).__name__, list(stacked.shape)],
+                  "optimizer": torch.jit._state._get_script_class(torch.distributed.optim.functional_adam._FunctionalAdam)
+                  is not None}))
+"""
+
+
+def test_torchscript_sees_torch_tensor_as_the_builtin_it_wraps(tmp_path):
+    """Issue 42: ``import torch.distributed.optim`` (TorchRec's apply_optimizer_in_backward imports it) scripts
+    functional optimizers that call ``torch.tensor``; TorchScript compiled the fake world's wrapper of it from
+    source and failed ("... was expected, got builtin_function_or_method"). It compiles; a scripted function of
+    the script's own calling torch.tensor and torch.as_tensor holds torch's op (aten::tensor) and computes
+    1 * 3 + [1, 2] (by hand); the wrapper still stacks a list of 0-dim FakeTensors. (Not run under fake mode:
+    torch 2.13 itself segfaults there, TorchScript's constant propagation writing a constant aten::tensor into a
+    FakeTensor's missing storage, with or without meshscope.)"""
+    script = tmp_path / "scripted.py"  # TorchScript reads the source of what it compiles
+    script.write_text(SCRIPTED)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert doc == {"scripted": [4.0, 5.0], "graph": True, "stacked": ["FakeTensor", [2]],
+                   "optimizer": True}, doc
+
+
 def _counts(doc, rank: int, step: int) -> Counter:
     steps = {s["step"]: s["events"] for r in doc["per_rank"] if r["rank"] == rank for s in r["steps"]}
     return Counter((e["axis"], e["op"]) for e in steps[step])

@@ -9,7 +9,8 @@ the script alone on torch's fake process-group backend, one mechanism per file:
 - `patches`: the one declared table of what a fake world changes in torch, applied by the mode;
 - `backend` (the fake backend for every group), `objects` (what object collectives receive: what the
   ranks traced before sent), `devices` (CUDA devices mapped to the CPU), `cuda_api` (torch.cuda and
-  torch.accelerator answered as one GPU per local rank), `gpu` (the stand-in GPU: ``--fake-device``),
+  torch.accelerator answered as one GPU per local rank), `placements` (``torch.distributed._shard``
+  placements on CUDA), `gpu` (the stand-in GPU: ``--fake-device``),
   `attention` (DTensor's rule for the CPU's flash attention), `tensors` (``--fake-tensors``: tensors
   without data): the installers the table names.
 """

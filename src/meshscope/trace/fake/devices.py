@@ -33,6 +33,15 @@ tensor lives). torch.cuda and torch.accelerator answer as one GPU per local rank
 - pinned memory, which needs an accelerator's allocator: ``Tensor.pin_memory()`` (DataLoader's
   ``pin_memory=True``, in its pinning thread too) returns the tensor itself and factories'
   ``pin_memory=True`` is dropped;
+- ``Tensor.record_stream(stream)``, which tells CUDA's caching allocator that a side stream still uses
+  a tensor (DeepSpeed 0.19.8's ZeRO-1/2 with ``overlap_comm`` on every reduced bucket,
+  runtime/zero/stage_1_and_2.py:1531, and ZeRO-3 on every gathered parameter,
+  runtime/zero/partition_parameters.py:327): the CPU has no kernel for it (``aten::record_stream``),
+  so one that does nothing is registered for the CPU at the dispatcher, for every caller on every
+  thread and under ``--fake-tensors`` alike: the CPU's memory is not given back early, and a fake
+  world's streams order nothing;
+- ``torch.distributed._shard`` placements (``ShardMetadata(placement="rank:0/cuda:0")``, TorchRec's
+  sharded tables): `placements`;
 - a ``DeviceMesh`` of type ``cuda`` (``init_device_mesh("cuda", ...)``) is built as a CPU mesh, so
   FSDP2 and DTensor on it take their CPU path (no CUDA streams);
 - DDP is built without ``device_ids`` / ``output_device`` (which it accepts only for GPU modules);
@@ -253,6 +262,26 @@ def unpinned_memory() -> None:
         return self
 
     torch.Tensor.pin_memory = pin_memory
+
+
+_libraries: list = []  # a torch.library registration lasts as long as its Library object
+
+
+@functools.cache
+def streamless_tensors() -> None:
+    """``Tensor.record_stream`` does nothing on the CPU: torch 2.13 registers ``aten::record_stream`` for CUDA
+    (and Meta) only, so a CPU tensor standing for a CUDA one raised NotImplementedError ("Could not run
+    'aten::record_stream' with arguments from the 'CPU' backend"). A kernel at the dispatcher, not a method
+    replaced on ``torch.Tensor``: it answers ``torch.ops.aten.record_stream`` and C++ callers too, on any
+    thread, and FakeTensorMode runs it as it is."""
+    import torch
+
+    def record_stream(tensor, stream) -> None:
+        mark("Tensor.record_stream")
+
+    library = torch.library.Library("aten", "IMPL")
+    library.impl("record_stream", record_stream, "CPU")
+    _libraries.append(library)
 
 
 @functools.cache

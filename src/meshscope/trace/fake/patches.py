@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..entry_points import resolve
-from . import attention, backend, cuda_api, devices, objects, pipeline, tensors
+from . import attention, backend, cuda_api, devices, objects, pipeline, placements, tensors
 
 FAKE_WORLD = "fake-world"
 """Every rank of a fake world."""
@@ -127,6 +127,19 @@ PATCHES = (
     Patch("pinned memory unpinned", ("torch.Tensor.pin_memory",),
           "pinning needs an accelerator's allocator: Tensor.pin_memory() returns the tensor (DataLoader pins in a "
           "thread of its own)", "2.13", CUDA_MAP, devices.unpinned_memory),
+    Patch("record_stream on the CPU", ("torch.Tensor.record_stream", "torch.ops.aten.record_stream.default",
+                                       "torch.library.Library"),
+          "aten::record_stream has kernels for CUDA and Meta only, so a CPU tensor standing for a CUDA one raised "
+          "NotImplementedError (DeepSpeed 0.19.8 ZeRO-1/2 with overlap_comm, runtime/zero/stage_1_and_2.py:1531; "
+          "ZeRO-3's parameter gather, runtime/zero/partition_parameters.py:327); the CPU's kernel does nothing (a "
+          "fake world's streams order nothing and its memory is not reused early)", "2.13", CUDA_MAP,
+          devices.streamless_tensors),
+    Patch("_shard placements on CUDA checked as the CPU", (
+              "torch.distributed.remote_device._remote_device.device", *placements.SHARD_CHECKS),
+          "torch checks a shard's tensor's device against its placement's ('Local shard tensor device does not match "
+          "with local Shard's placement': TorchRec 1.8.0's sharded tables, placed rank:R/cuda:L); inside those checks "
+          "a CUDA placement reads as the CPU, elsewhere it stays cuda (TorchRec picks kernels by its device type)",
+          "2.13", CUDA_MAP, placements.cpu_shard_placements),
     Patch("CUDA checkpoints on the CPU", ("torch.serialization.register_package",
                                           "torch.serialization.default_restore_location"),
           "torch.load's storages tagged or mapped to cuda (map_location='cuda:N', a cuda device, a GPU's checkpoint) "
@@ -195,9 +208,12 @@ PATCHES = (
           "Tensor.__format__ formats a 0-dim tensor's item() but leaves a subclass to object.__format__ (a "
           "TypeError for f'{loss:.3f}'); the read is answered like .item()", "2.13", FAKE_TENSORS,
           tensors.format_answers),
-    Patch("torch.tensor of FakeTensors", ("torch.tensor", "torch.as_tensor"),
+    Patch("torch.tensor of FakeTensors", ("torch.tensor", "torch.as_tensor", "torch.jit._builtins._find_builtin",
+                                          "torch.jit._builtins._register_builtin"),
           "a list of 0-dim FakeTensors is read element by element ('data is not allocated yet'; Megatron's grad "
-          "norm without Apex, megatron/core/utils.py:1206): it is their stack", "2.13", FAKE_TENSORS,
+          "norm without Apex, megatron/core/utils.py:1206): it is their stack; each wrapper is registered in "
+          "TorchScript's table of builtins as the op it wraps, which TorchScript resolves by identity (else it "
+          "compiles the wrapper from source and fails: import torch.distributed.optim)", "2.13", FAKE_TENSORS,
           tensors.tensor_of_fakes),
     Patch("deepcopy of FakeTensors", ("torch._subclasses.fake_tensor.FakeTensor", "torch.Tensor.__deepcopy__"),
           "Tensor.__deepcopy__ copies a constant FakeTensor's storage, which fails (torch/_tensor.py:174; "

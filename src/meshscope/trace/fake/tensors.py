@@ -219,9 +219,19 @@ def format_answers() -> None:
 @functools.cache
 def tensor_of_fakes() -> None:
     """``torch.tensor`` / ``torch.as_tensor`` of (nested) sequences of FakeTensors: their stack, with the dtype,
-    device and grad torch would give (torch 2.13 reads each element's storage: "data is not allocated yet")."""
+    device and grad torch would give (torch 2.13 reads each element's storage: "data is not allocated yet").
+
+    TorchScript still sees the builtins: it resolves a function a scripted one calls by its identity in
+    ``torch.jit._builtins``' table (``_find_builtin``, asked by the compiler for every global it meets), built
+    from ``dir(torch)`` when torch is imported (torch 2.13 jit/_script.py:1799 registers into it), so a wrapper
+    put in their place later is a Python function it compiles from source, which fails: its source is the
+    builtin's (``__wrapped__``; "module, class, method, function, ... was expected, got builtin_function_or_method"
+    at ``import torch.distributed.optim``, whose functional optimizers are scripted at import and call
+    ``torch.tensor``). Each wrapper is registered as the op the original is (``aten::tensor``,
+    ``aten::as_tensor``), so scripted code compiles as it does without the wrapper and runs torch's own op."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensor
+    from torch.jit._builtins import _find_builtin, _register_builtin
 
     def make(original):
         @functools.wraps(original)
@@ -233,6 +243,7 @@ def tensor_of_fakes() -> None:
                 return original(data, *args, **kwargs)
             return _stacked(original, data, kwargs.get("dtype", args[0] if args else None),
                             kwargs.get("device", args[1] if len(args) > 1 else None), kwargs.get("requires_grad", False))
+        _register_builtin(build, _find_builtin(original))
         return build
 
     torch.tensor, torch.as_tensor = make(torch.tensor), make(torch.as_tensor)
