@@ -33,3 +33,11 @@ def test_zero_2_steady_step_and_its_step_is_the_optimizers(tmp_path):
         assert steady(doc, rank) == {("all_reduce", "other", 3232): 1, ("all_reduce", "optimizer", 4): 1,
                                      ("all_gather", "optimizer", 1616): 1}
     assert [r["steps"] for r in doc["ranks"]] == [4, 4]  # one boundary per engine.step(), through its Adam
+
+
+def test_zero_2_with_overlap_comm_fake_world_equals_gloo(tmp_path):
+    """``overlap_comm: true`` (a common config) records each reduced bucket's stream on the CPU tensor that
+    stands for a CUDA one (``Tensor.record_stream``, stage_1_and_2.py:1531): the fake world of 2 issues what
+    gloo does, call for call."""
+    doc = fake_equals_real(tmp_path, 2, [str(JOB), "--stage", "2", "--overlap-comm", "--steps", "4"])
+    assert doc["outcome"] == "passed" and steady(doc, 1)[("all_gather", "optimizer", 1616)] == 1
