@@ -3,7 +3,7 @@
 Each entry's formulas are evaluated at the re-trace's variables and compared with what its rank class
 issued in a steady step: the count, and each part's bytes per call in and out (``routed`` and
 ``assumed`` sizes are not compared). A call kind the budget does not list is a violation; so is an
-entry with no call, and a change in the order of group creation. The verdict (`VERDICTS`):
+entry with no call, and a change in the order of group creation. The verdict (`Verdict`):
 
 - ``holds``: every entry held at every point re-traced (exit 0);
 - ``violated``: a table of what moved (exit 1): the entry, expected, got, and the first call of that
@@ -19,16 +19,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..core.errors import UsageError
-from ..core.events import CommEvent, human_bytes
-from ..core.trace_result import TraceResult
+from ..core.events import CommEvent, Word, human_bytes
+from ..core.trace_result import Outcome, TraceResult
 from ..trace.fake.classes import OTHER
 from .formula import FormulaError
 from .ledger import ASSUMED, ROUTED, Key, Observed, Part, module_key, observe
 from .points import creation_order, variables
 from .record import Budget, Entry
 
-VERDICTS = ("holds", "violated", "not_passed")
-EXIT_CODES = {"holds": 0, "violated": 1, "not_passed": 3}
+class Verdict(Word):
+    HOLDS = "holds"
+    VIOLATED = "violated"
+    NOT_PASSED = "not_passed"
+
+
+EXIT_CODES = {Verdict.HOLDS: 0, Verdict.VIOLATED: 1, Verdict.NOT_PASSED: 3}
 
 
 @dataclass(frozen=True)
@@ -55,7 +60,7 @@ class PointCheck:
     values: dict[str, int]
     run_dir: str
     outcome: str
-    """The re-trace's outcome (`core.trace_result.OUTCOMES`)."""
+    """The re-trace's outcome (`core.trace_result.Outcome`)."""
     violations: list[Violation] = field(default_factory=list)
 
     def to_json(self) -> dict:
@@ -72,10 +77,10 @@ class BudgetCheck:
     warnings: list[str] = field(default_factory=list)
 
     @property
-    def verdict(self) -> str:
-        if any(p.outcome != "passed" for p in self.points):
-            return "not_passed"
-        return "violated" if any(p.violations for p in self.points) else "holds"
+    def verdict(self) -> Verdict:
+        if any(p.outcome != Outcome.PASSED for p in self.points):
+            return Verdict.NOT_PASSED
+        return Verdict.VIOLATED if any(p.violations for p in self.points) else Verdict.HOLDS
 
     @property
     def exit_code(self) -> int:
@@ -130,7 +135,7 @@ def compare(budget: Budget, result: TraceResult, values: dict[str, int], name: s
     """One re-trace held to the budget (`values`: the point's ``--vary`` values, its variables are
     added from the trace)."""
     point = PointCheck(name, values, result.run_dir, result.outcome)
-    if result.outcome != "passed":
+    if result.outcome != Outcome.PASSED:
         return point
     seen = variables(result, values)
     point.values = seen

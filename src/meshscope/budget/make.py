@@ -15,7 +15,8 @@ from pathlib import Path
 
 from .. import __version__
 from ..core.errors import UsageError
-from .check import BudgetCheck, PointCheck, compare
+from ..core.trace_result import Outcome
+from .check import BudgetCheck, PointCheck, Verdict, compare
 from .fit import fit, moved
 from .ledger import class_axes, observe
 from .points import creation_order, parse_trace_options, trace_point, variables
@@ -50,7 +51,7 @@ def make(trace_tokens: list[str], command: list[str], varies: list[Vary], out: P
     for i, values in enumerate(points, 1):
         say(f"meshscope budget: point {i}/{len(points)} {point_name(values)}\n")
         result = trace_point(trace_tokens, command, values, out, echo)
-        if result.outcome != "passed":
+        if result.outcome != Outcome.PASSED:
             raise UsageError(f"point {point_name(values)}: the trace is {result.outcome} "
                              f"({result.error.line() if result.error else 'see its report'}; {result.run_dir}): a "
                              f"budget is fitted from passed traces only")
@@ -99,13 +100,13 @@ def check(path: Path, trace_tokens: list[str] | None, command: list[str] | None,
     for i, values in enumerate(runs, 1):
         say(f"meshscope check: point {i}/{len(runs)} {point_name(values)}\n")
         traced = trace_point(trace_template, job_template, values, out, echo)
-        point = compare(budget, traced, values, point_name(values)) if not update or traced.outcome != "passed" \
+        point = compare(budget, traced, values, point_name(values)) if not update or traced.outcome != Outcome.PASSED \
             else PointCheck(point_name(values), values, traced.run_dir, traced.outcome)
         result.points.append(point)
-        if update and traced.outcome == "passed":
+        if update and traced.outcome == Outcome.PASSED:
             observed.append((variables(traced, values), observe(traced, budget.steady, budget.class_axes),
                              traced.run_dir, creation_order(traced)))
-    if update and result.verdict != "not_passed":
+    if update and result.verdict != Verdict.NOT_PASSED:
         head = Budget(__version__, torch, budget.command, budget.trace, budget.steady, observed[0][3], budget.vary,
                       budget.class_axes)
         fresh = fit(head, [o[:3] for o in observed])

@@ -34,6 +34,7 @@ def cmd_budget(args) -> int:
 
 def cmd_check(args) -> int:
     from ..budget.make import check
+    from ..core.trace_result import Outcome
     from ..report.table import make_console, print_table
 
     result = check(args.file, args.trace_tokens, args.job or None, _out(args, "check"), update=args.update)
@@ -44,7 +45,7 @@ def cmd_check(args) -> int:
         return result.exit_code
     console = make_console()
     for p in result.points:
-        if p.outcome != "passed":
+        if p.outcome != Outcome.PASSED:
             console.print(f"{p.name}: the re-trace is {p.outcome} ({p.run_dir}): a budget holds only a passed trace",
                           highlight=False)
         elif p.violations:

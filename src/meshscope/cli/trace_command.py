@@ -46,7 +46,7 @@ def cmd_diff(args) -> int:
     """`meshscope diff A B`: exit 0 same, 1 differ, 3 not comparable (`trace.diff.EXIT_CODES`)."""
     from ..core.events import human_bytes
     from ..report.table import make_console, print_table
-    from ..trace.diff import diff
+    from ..trace.diff import Verdict, diff
 
     result = diff(args.dir_a, args.dir_b)
     if args.json:
@@ -54,7 +54,7 @@ def cmd_diff(args) -> int:
         return result.exit_code
     console = make_console()
     kinds = f"{result.a.path} ({result.a.kind}) and {result.b.path} ({result.b.kind})"
-    if result.verdict == "not_comparable":
+    if result.verdict == Verdict.NOT_COMPARABLE:
         console.print(f"not comparable: {kinds}", highlight=False)
         for reason in result.reasons:
             console.print(f"  {reason}", highlight=False)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from dataclasses import dataclass, fields
+from enum import Enum
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send", "recv", "broadcast", "barrier", "reduce",
        "gather", "scatter")
@@ -193,6 +194,16 @@ def diff(predicted, captured, limit: int = 10) -> list[str]:
 def _brief(e: CommEvent) -> str:
     extra = f" peer {e.peer}" if e.peer is not None else ""
     return f"{e.op} {e.phase} {e.bytes_in}->{e.bytes_out} B{extra}"
+
+
+class Word(str, Enum):
+    """A verdict's word (a trace's outcome, a check's status, a diff's or a budget's verdict): compared as
+    the member it is, written to JSON and text as its value (``passed``), read back by ``Kind(value)``."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    __format__ = str.__format__
 
 
 def rank_ranges(ranks) -> str:

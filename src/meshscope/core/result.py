@@ -13,11 +13,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .events import CommEvent, counts
+from .events import CommEvent, Word, counts
 from .mesh import Layout
 
 
-CHECK_STATUSES = ("passed", "failed", "not_checked")
+class CheckStatus(Word):
+    """Whether a check passed, failed, or had nothing to look at."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    NOT_CHECKED = "not_checked"
 """A check held, found a fault, or could not run (too few steps, no calls): never a "yes" it did not earn."""
 
 
@@ -37,25 +42,27 @@ class Check:
         return cls(name, False, why, checked=False)
 
     @property
-    def status(self) -> str:
-        """``passed``, ``failed`` or ``not_checked`` (`CHECK_STATUSES`)."""
+    def status(self) -> CheckStatus:
+        """``passed``, ``failed`` or ``not_checked``."""
         if not self.checked:
-            return "not_checked"
-        return "passed" if self.passed else "failed"
+            return CheckStatus.NOT_CHECKED
+        return CheckStatus.PASSED if self.passed else CheckStatus.FAILED
 
     @property
     def failed(self) -> bool:
-        return self.status == "failed"
+        return self.status == CheckStatus.FAILED
 
     def to_json(self) -> dict:
-        return {"name": self.name, "passed": self.status == "passed", "status": self.status, "detail": self.detail}
+        return {"name": self.name, "passed": self.status == CheckStatus.PASSED, "status": self.status,
+                "detail": self.detail}
 
     @classmethod
     def from_json(cls, d: dict) -> Check:
-        status = d.get("status") or ("passed" if d["passed"] else "failed")
-        if status not in CHECK_STATUSES:
-            raise ValueError(f"check status {status!r} is not one of {', '.join(CHECK_STATUSES)}")
-        return cls(d["name"], status == "passed", d["detail"], checked=status != "not_checked")
+        value = d.get("status") or ("passed" if d["passed"] else "failed")
+        if value not in set(CheckStatus):
+            raise ValueError(f"check status {value!r} is not one of {', '.join(CheckStatus)}")
+        status = CheckStatus(value)
+        return cls(d["name"], status == CheckStatus.PASSED, d["detail"], checked=status != CheckStatus.NOT_CHECKED)
 
 
 _CONTRACT = ("experiment", "backend", "world", "config", "layout", "axis_labels", "passed", "checks", "comm",

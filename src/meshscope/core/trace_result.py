@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .events import CommEvent
+from .events import CommEvent, Word
 from .fake_world import FakeWorld
 from .findings import Diagnosis
 from .rank_end import RankEnd
@@ -29,8 +29,16 @@ from .result import Check
 from .steady import Steady, of_ranks
 from .time_result import TimeSection
 
-OUTCOMES = ("passed", "failed", "empty", "incomplete")
-EXIT_CODES = {"passed": 0, "failed": 1, "incomplete": 1, "empty": 3}
+class Outcome(Word):
+    """A trace's one verdict (the module docstring defines each)."""
+
+    PASSED = "passed"
+    FAILED = "failed"
+    EMPTY = "empty"
+    INCOMPLETE = "incomplete"
+
+
+EXIT_CODES = {Outcome.PASSED: 0, Outcome.FAILED: 1, Outcome.INCOMPLETE: 1, Outcome.EMPTY: 3}
 
 
 @dataclass(frozen=True)
@@ -115,17 +123,17 @@ class TraceResult:
     time section, the budgets and ``place --from-trace`` read."""
 
     @property
-    def outcome(self) -> str:
+    def outcome(self) -> Outcome:
         """The one verdict (the module docstring defines each)."""
         if any(r.status == "error" for r in self.ranks) or any(c.failed for c in self.checks):
-            return "failed"
+            return Outcome.FAILED
         if not self.complete:
-            return "incomplete"
-        return "passed" if self.events else "empty"
+            return Outcome.INCOMPLETE
+        return Outcome.PASSED if self.events else Outcome.EMPTY
 
     @property
     def passed(self) -> bool:
-        return self.outcome == "passed"
+        return self.outcome == Outcome.PASSED
 
     @property
     def complete(self) -> bool:

@@ -13,7 +13,8 @@ from pathlib import Path
 from rich.console import Console
 
 from ..core.events import human_bytes
-from ..core.trace_result import TraceResult
+from ..core.result import CheckStatus
+from ..core.trace_result import Outcome, TraceResult
 from .table import make_console, print_table
 from .time import caused_figure, shifts, time_lines, time_rows, wait_slices
 
@@ -81,7 +82,7 @@ LAYOUT_GROUP_MEMBERS = 8
 LAYOUT_LINES = 30
 """The most lines the layout block takes, at any world."""
 
-STATUS_WORDS = {"passed": "yes", "failed": "NO", "not_checked": "not checked"}
+STATUS_WORDS = {CheckStatus.PASSED: "yes", CheckStatus.FAILED: "NO", CheckStatus.NOT_CHECKED: "not checked"}
 
 
 def layout_lines(result: TraceResult) -> list[str]:
@@ -108,16 +109,16 @@ def verdict_lines(result: TraceResult) -> list[str]:
     """The last lines of the console: the outcome in one line, the checks that did not run, and for a job
     that did not pass what its explaining rank printed last (its exit code and where its log is)."""
     ranks = len(result.ranks)
-    head = {"passed": "PASSED", "failed": "FAILED", "empty": "EMPTY", "incomplete": "INCOMPLETE"}[result.outcome]
+    head = result.outcome.value.upper()
     line = f"{head}: {len(result.events)} calls on {ranks} rank{'s' if ranks != 1 else ''}"
-    if result.outcome == "empty":
+    if result.outcome == Outcome.EMPTY:
         line += ": every rank ended without issuing a collective, so there is nothing to check"
     elif result.error is not None:
         line += f"; {result.error.line()}"
-    elif result.outcome == "failed":
+    elif result.outcome == Outcome.FAILED:
         failed = [c.name for c in result.checks if c.failed]
         line += f"; check{'s' if len(failed) != 1 else ''} failed: {', '.join(failed)}"
-    skipped = [c.name for c in result.checks if c.status == "not_checked"]
+    skipped = [c.name for c in result.checks if c.status == CheckStatus.NOT_CHECKED]
     if skipped and result.events:
         line += f" (not checked: {', '.join(skipped)})"
     lines = [line]

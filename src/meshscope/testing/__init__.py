@@ -27,7 +27,7 @@ from ..budget.check import BudgetCheck
 from ..budget.ledger import module_key, rank_classes
 from ..budget.make import check as check_budget
 from ..core.events import CommEvent
-from ..core.trace_result import TraceResult
+from ..core.trace_result import Outcome, TraceResult
 from ..trace.launch import TraceOptions
 from ..trace.launch import trace as run_trace
 
@@ -102,7 +102,7 @@ def trace(script: str, *args: str, nproc_per_node: int | None = None, fake_world
                                     ranks=ranks, fake_tensors=fake_tensors, steps=steps, timeout=timeout, out=out,
                                     **options),
                        echo=(lambda line: None) if quiet else (lambda line: sys.stderr.write(line)))
-    if result.outcome != "passed" and result.outcome not in allow:
+    if result.outcome != Outcome.PASSED and result.outcome not in allow:
         raise TraceFailed(f"{' '.join(target)}: the trace is {result.outcome}"
                           + (f": {result.error.line()}" if result.error else "") + f" ({result.run_dir})")
     return Traced(result)

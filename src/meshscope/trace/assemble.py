@@ -26,7 +26,7 @@ from ..core.rundir import RunDir
 from ..core.steady import of_ranks, warmup_note
 from ..core.fake_world import FakeWorld
 from ..core.rank_end import RankEnd
-from ..core.trace_result import LastLines, TraceError, TraceResult
+from ..core.trace_result import LastLines, Outcome, TraceError, TraceResult
 from ..timing.stragglers import of_trace
 from .checks import run_all
 from .fake import devices
@@ -157,9 +157,9 @@ def assemble(run_dir: Path | RunDir, account: str | None = None, fake_world: Fak
                          run_dir=str(run_dir), notes=notes, expected=expected, fake_world=fake_world,
                          undecoded=dict(sorted(undecoded.items())),
                          time=of_trace(run_dir, events, ranks, steady, spec.fake_world), steady=steady)
-    if result.outcome in ("failed", "incomplete"):
+    if result.outcome in (Outcome.FAILED, Outcome.INCOMPLETE):
         result.error = _error(ranks, run_dir, account)
-    if result.outcome != "passed":
+    if result.outcome != Outcome.PASSED:
         result.last_lines = _last_lines(run_dir, result)
     return result
 
@@ -199,7 +199,7 @@ def load(run_dir: Path | RunDir) -> TraceResult:
 def conclude(run_dir: RunDir, result: TraceResult) -> TraceResult:
     """A job that failed or did not finish gets the doctor's findings (gloo lets some faults through
     silently, so a failed check is diagnosed too); then result.json is written and the marker removed."""
-    if result.outcome in ("failed", "incomplete"):
+    if result.outcome in (Outcome.FAILED, Outcome.INCOMPLETE):
         result.doctor = _doctor(run_dir, result)
     run_dir.conclude(result.to_json())
     return result

@@ -5,7 +5,7 @@ ledger is one step, step 0). Per step, axis and op, the calls and logical bytes 
 over the ranks both hold), and per rank the first call where the two ledgers diverge (op, group,
 phase, dtype, bytes, splits or peer), so that a reader sees where, not only how much.
 
-The verdict (`VERDICTS`): ``same`` (every compared rank's ledgers agree), ``differ``, or
+The verdict (`Verdict`): ``same`` (every compared rank's ledgers agree), ``differ``, or
 ``not_comparable`` when a side cannot stand for its job: a rank that failed, did not finish or is
 missing on either side (named), worlds of different sizes, or no rank traced on both sides. A rank a
 side left out by design (a fake world traces one rank per class; a node's directory holds its own
@@ -29,13 +29,18 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..core.errors import UsageError
-from ..core.events import CommEvent, compared
+from ..core.events import CommEvent, Word, compared
 from ..core.result import RunResult
 from ..core.rundir import RunDir
 from .assemble import load
 
-VERDICTS = ("same", "differ", "not_comparable")
-EXIT_CODES = {"same": 0, "differ": 1, "not_comparable": 3}
+class Verdict(Word):
+    SAME = "same"
+    DIFFER = "differ"
+    NOT_COMPARABLE = "not_comparable"
+
+
+EXIT_CODES = {Verdict.SAME: 0, Verdict.DIFFER: 1, Verdict.NOT_COMPARABLE: 3}
 
 
 @dataclass
@@ -116,7 +121,7 @@ class Diff:
 
     a: Side
     b: Side
-    verdict: str
+    verdict: Verdict
     ranks: list[int]
     """The ranks compared: those both sides traced."""
     reasons: list[str] = field(default_factory=list)
@@ -129,7 +134,7 @@ class Diff:
 
     @property
     def same(self) -> bool:
-        return self.verdict == "same"
+        return self.verdict == Verdict.SAME
 
     @property
     def exit_code(self) -> int:
@@ -177,7 +182,7 @@ def diff(dir_a: Path, dir_b: Path) -> Diff:
     if not ranks:
         reasons.append(f"no rank is traced on both sides (A holds {sorted(a.held)}, B {sorted(b.held)})")
     not_traced = {"a": sorted(b.held - a.held), "b": sorted(a.held - b.held)}
-    result = Diff(a, b, "not_comparable" if reasons else "same", ranks, reasons, not_traced)
+    result = Diff(a, b, Verdict.NOT_COMPARABLE if reasons else Verdict.SAME, ranks, reasons, not_traced)
     if reasons:
         return result
     xs = [e for e in a.events if e.rank in ranks]
@@ -193,7 +198,7 @@ def diff(dir_a: Path, dir_b: Path) -> Diff:
     label = {m.a if m.a is not None else m.b: m for m in result.axes}
     result.rows, result.assumed = _totals(xs, ys, label, ranks)
     result.first_divergence = _divergences(xs, ys, label, ranks)
-    result.verdict = "same" if not result.rows and not result.first_divergence else "differ"
+    result.verdict = Verdict.SAME if not result.rows and not result.first_divergence else Verdict.DIFFER
     return result
 
 
