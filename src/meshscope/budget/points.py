@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..capture.flightlog import read_creations
 from ..core.errors import UsageError
-from ..core.rundir import RunDir
 from ..core.trace_result import TraceResult
 from ..trace.launch import add_trace_options, options_of, trace
 from .template import point_name, substitute
@@ -54,12 +52,9 @@ def variables(result: TraceResult, values: dict[str, int]) -> dict[str, int]:
 def creation_order(result: TraceResult) -> tuple[str, ...]:
     """The kinds of group rank 0 created, in order, consecutive repeats once (a loop over an axis's groups
     is one kind): ``("mesh_tp", "mesh_dp")``."""
-    path = RunDir(result.run_dir).groups(0)
-    if not path.exists():
-        return ()
     out: list[str] = []
-    for c in read_creations(path).creations:
-        desc = c["desc"] or f"group of {len(c['ranks'])}"
+    for desc, ranks in result.created:
+        desc = desc or f"group of {len(ranks)}"
         if not out or out[-1] != desc:
             out.append(desc)
     return tuple(out)

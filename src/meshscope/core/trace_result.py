@@ -118,6 +118,9 @@ class TraceResult:
     """c10d op -> calls of it, over every rank, that no decoder reads (`RankEnd.undecoded`): not in `events`."""
     time: TimeSection | None = None
     """Where the time went: waits per axis, waits each rank caused, stragglers (`timing.stragglers`)."""
+    created: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """(description, ranks) of every group rank 0 created, member or not, in order (``groups/rank0.jsonl``,
+    `trace.created`): the order a budget holds, read once by `assemble`."""
     steady: dict[int, Steady] = field(default_factory=dict)
     """Traced rank -> its steady steps, found once from its calls (`core.steady`): what the checks, the
     time section, the budgets and ``place --from-trace`` read."""
@@ -181,6 +184,7 @@ class TraceResult:
         if self.time is not None:
             doc["time"] = self.time.to_json()
         doc["steady"] = {str(r): s.to_json() for r, s in sorted(self.steady.items())}
+        doc["created"] = [[desc, list(ranks)] for desc, ranks in self.created]
         return doc
 
     @classmethod
@@ -199,4 +203,5 @@ class TraceResult:
                    doctor=Diagnosis.from_json(d["doctor"]) if d.get("doctor") else None,
                    fake_world=FakeWorld.from_json(d["fake_world"]) if d.get("fake_world") else None,
                    undecoded=dict(d.get("undecoded", {})),
-                   time=TimeSection.from_json(d["time"]) if d.get("time") else None, steady=steady)
+                   time=TimeSection.from_json(d["time"]) if d.get("time") else None, steady=steady,
+                   created=tuple((desc, tuple(ranks)) for desc, ranks in d.get("created", ())))

@@ -156,7 +156,8 @@ def assemble(run_dir: Path | RunDir, account: str | None = None, fake_world: Fak
                          layout=layout_section(world, axes_sorted, inferred), checks=checks, ranks=ranks,
                          run_dir=str(run_dir), notes=notes, expected=expected, fake_world=fake_world,
                          undecoded=dict(sorted(undecoded.items())),
-                         time=of_trace(run_dir, events, ranks, steady, spec.fake_world), steady=steady)
+                         time=of_trace(run_dir, events, ranks, steady, spec.fake_world), steady=steady,
+                         created=tuple((desc, tuple(members)) for desc, members in created))
     if result.outcome in (Outcome.FAILED, Outcome.INCOMPLETE):
         result.error = _error(ranks, run_dir, account)
     if result.outcome != Outcome.PASSED:
