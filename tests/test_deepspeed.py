@@ -41,3 +41,17 @@ def test_zero_2_with_overlap_comm_fake_world_equals_gloo(tmp_path):
     gloo does, call for call."""
     doc = fake_equals_real(tmp_path, 2, [str(JOB), "--stage", "2", "--overlap-comm", "--steps", "4"])
     assert doc["outcome"] == "passed" and steady(doc, 1)[("all_gather", "optimizer", 1616)] == 1
+
+
+def test_zero_3_fake_world_equals_gloo(tmp_path):
+    """ZeRO-3 checks at its first forwards that each rank's module trace is rank 0's: broadcasts of rank 0's
+    length and list, which every other rank compares with its own (``assert_ints_same_as_other_ranks``,
+    runtime/zero/utils.py). In a fake world rank 1 receives what rank 0 sent (`trace.fake.replay`), where the
+    fake backend alone left it its own -1 and it failed ("Detected a disagreement on list length", the doctor's
+    root cause script-error): the fake world of 2 issues what gloo does, call for call, rank 1's with none
+    assumed, and step 1's forward holds the six broadcasts of the three checks."""
+    doc = fake_equals_real(tmp_path, 2, [str(JOB), "--stage", "3", "--steps", "3"])
+    (rank1,) = [r for r in doc["per_rank"] if r["rank"] == 1]
+    assert not any(e["assumed"] for s in rank1["steps"] for e in s["events"])
+    (step1,) = [s for s in rank1["steps"] if s["step"] == 1]
+    assert sum(1 for e in step1["events"] if (e["op"], e["phase"]) == ("broadcast", "forward")) == 6

@@ -3,15 +3,18 @@
 Its output already goes to ``logs/rank<R>.log`` (the fork server points the rank's streams there);
 it has no peers to meet and no launcher to stop it; `install` applies the rows of `patches` for its
 modes (the fake backend, CUDA mapped where torch has none with its stand-in GPU, fake tensors), lets
-the object collectives record and read what ranks sent (`objects.EXCHANGE`) and marks what a call's
-fields cannot know (`assumed`: an all-to-all's receives, `backend.assumed`; an object collective's
-stand-in sizes; under ``--fake-tensors``, sizes from a value read without data); `recording` is the
+the object collectives and the tensor calls record and read what ranks sent (`objects.EXCHANGE`,
+`replay.REPLAY`; not under ``--fake-tensors``, whose tensors hold nothing) and marks what a call's
+fields cannot know (`assumed`: what a rank's own integers stood in for may have sized, `replay`; an
+object collective's stand-in sizes; under ``--fake-tensors``, every all-to-all's receives and the sizes
+from a value read without data); `recording` is the
 dispatcher's recorder, or under ``--fake-tensors`` the dispatch mode above FakeTensorMode
 (`tensors.shapes_only`); `explain` words the failures only a fake world has (a value read without an
 answer, `values.value_read`, reported for its first cause; a pipeline that exchanges its shapes; a
 CUDA type check; an attention DTensor cannot shard on the CPU); `record` adds what it mapped and
 patched, what the rank wrote in its own layer of files (`files`, taken by the fork server), the
-stand-in GPU's answers and, under ``--fake-tensors``, the value reads it answered (`values.reads`).
+stand-in GPU's answers and, under ``--fake-tensors``, the value reads it answered (`values.reads`), and
+writes the calls it kept its own integers in (`replay.StandIn`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from .. import script_frames
 from ..mode import Explained
 from ..options import RankOptions
 from ..recording import RankTrace
-from . import attention, backend, devices, files, gpu, objects, patches, tensors
+from . import attention, devices, files, gpu, objects, patches, replay, tensors
 
 PIPELINE_SHAPES = ("the script's pipeline stages exchange their shapes over P2P (recv_object_list): a fake world "
                    "delivers a stage's inputs' shapes only from a traced rank of the stage before it, so trace one "
@@ -51,11 +54,13 @@ class FakeMode:
         gpu.choose(self.options.fake_device or gpu.DEFAULT)
         self.patched = patches.apply(patches.modes(self.options.fake_tensors))
         objects.EXCHANGE.begin(self.run_dir, self.rank)
+        replay.REPLAY.begin(trace.context, on=not self.options.fake_tensors)  # a FakeTensor holds nothing to send
         trace.assume = self.assumed
 
     def assumed(self, index: int, group: str, op: str, input_splits, output_splits, t: float) -> tuple[str, ...]:
         """The fields of this rank's `index`-th call (on `group`, issued at `t`) it could not know."""
-        fields = backend.assumed(op, input_splits, output_splits) or objects.EXCHANGE.assumed(group, t)
+        fields = replay.REPLAY.assumed(group, op, input_splits, output_splits, t)
+        fields = tuple(dict.fromkeys(fields + objects.EXCHANGE.assumed(group, t)))
         if self.options.fake_tensors:
             from .values import reads
 
@@ -92,6 +97,7 @@ class FakeMode:
             from .values import reads
 
             answered = reads.records()
+        replay.REPLAY.write(self.run_dir, self.rank)
         return {"mapped": tuple(mapped), "patched": tuple(self.patched),
                 "device": gpu.lookup(self.options.fake_device or gpu.DEFAULT) if devices.needed() else "",
                 "device_calls": tuple(gpu.answered), "answered": answered, "stood_in": len(objects.EXCHANGE.stood_in),

@@ -72,6 +72,8 @@ class _Inbox(threading.local):
     stand_in: Callable[[list], list] | None = None
     """What an unknown sender of a P2P object message is taken to have sent (`standing_in`), from the
     receiver's list; None: the receiver's own list."""
+    inside: int = 0
+    """Object collectives running on this thread: their c10d calls are theirs to deliver, not `replay`'s."""
 
 
 _inbox = _Inbox()
@@ -85,6 +87,9 @@ class Exchange:
         self.rank = -1
         self.alongside: dict[int, int] = {}
         """Rank -> pid of the ranks the fork server was running when it forked this one."""
+        self.earlier: set[int] = set()
+        """The ranks that had ended when this one began: with `alongside`, the ranks it reads records of (a
+        rank forked after it may have written one by then, or not: what it receives must not hang on that)."""
         self.calls: dict[str, int] = {}
         self.stood_in: list[tuple[str, float, float]] = []
         """(group name, from, to) of the calls sized by a stand-in (perf_counter: the recorders' clock)."""
@@ -93,6 +98,8 @@ class Exchange:
 
     def begin(self, run_dir: RunDir, rank: int) -> None:
         self.run_dir, self.rank = run_dir, rank
+        ends = run_dir.rank_end(rank).parent
+        self.earlier = {int(p.stem.removeprefix("rank")) for p in ends.glob("rank*.json")} - {rank} if ends.is_dir() else set()
 
     def key(self, group) -> str:
         """The call's name, the same on every member: the group's name and how many object collectives this
@@ -134,17 +141,22 @@ class Exchange:
     def _path(self, rank: int, key: str):
         return self.run_dir.objects(rank) / f"{key}.pkl"
 
-    def record(self, key: str, kind: str, pickles: list[bytes]) -> None:
+    def record(self, key: str, kind: str, pickles) -> None:
+        """What this rank sent in call `key` (an object collective's pickles; `replay`'s packed tensors)."""
         folder = self.run_dir.objects(self.rank)
         folder.mkdir(parents=True, exist_ok=True)
         write_atomic(self._path(self.rank, key), pickle.dumps((kind, pickles)))
 
-    def read(self, rank: int, key: str, kind: str, p2p: bool = False) -> list[bytes] | None:
+    def read(self, rank: int, key: str, kind: str, p2p: bool = False):
         """What `rank` sent in call `key`, waiting for it while it runs beside this rank; None if unknown
         (and, for a `p2p` message, noted in `unheard`)."""
         if rank == self.rank:
             return None
         path, pid = self._path(rank, key), self.alongside.get(rank)
+        if pid is None and rank not in self.earlier:  # forked after this rank, or never: not known
+            if p2p:
+                self.unheard.add(str(path.relative_to(self.run_dir.path)))
+            return None
         while not path.exists() and self._running(rank, pid):
             time.sleep(POLL_S)
         if not path.exists():  # a rank writes its records before its end: this look is the last word
@@ -220,6 +232,11 @@ def _members(group, key: str, kind: str, own: bytes) -> tuple[list[bytes], bool]
     return [own if p is None else p[0] for p in got], None not in got
 
 
+def inside() -> bool:
+    """Whether an object collective is running on this thread (its calls are delivered here, not by `replay`)."""
+    return _inbox.inside > 0
+
+
 def _run(original, args, kwargs, **queues: list[_Delivery]):
     _inbox.queues = queues
     try:
@@ -241,7 +258,11 @@ def _wrapping(body):
             group = _group(given.get("group"))
             if group is None:
                 return original(*args, **kwargs)
-            return body(original, args, kwargs, given, group)
+            _inbox.inside += 1
+            try:
+                return body(original, args, kwargs, given, group)
+            finally:
+                _inbox.inside -= 1
         return wrapper
     return make
 

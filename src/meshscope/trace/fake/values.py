@@ -137,16 +137,7 @@ class Reads:
         earlier in this run of it; an all-to-all's splits and sizes, while any such function runs (its
         splits are numbers callers pass down)."""
         if self.sizing:
-            # The functions on the stack; those that called it directly: through torch.distributed's API
-            # and code outside torch only, not through torch's own parallel APIs or autograd.
-            on_stack, direct, through_torch = set(), set(), False
-            frame = sys._getframe(1)
-            while frame is not None:
-                on_stack.add(id(frame))
-                if not through_torch:
-                    direct.add(id(frame))
-                    through_torch = _torch_api(frame.f_code.co_filename)
-                frame = frame.f_back
+            on_stack, direct = callers(sys._getframe(1))
             self.sizing = [(f, key) for f, key in self.sizing if id(f) in on_stack]  # those still running
             sizers = [key for f, key in self.sizing if op == "all_to_all" or id(f) in direct]
             if sizers:
@@ -161,6 +152,29 @@ class Reads:
 
 
 reads = Reads()
+
+
+def callers(frame) -> tuple[set[int], set[int]]:
+    """The ids of the frames on the stack from `frame` outwards, and of those among them that called it
+    directly: through torch.distributed's API and code outside torch only, not through torch's own parallel
+    APIs or autograd (a call DDP or FSDP issues is sized by parameters). `Reads.issued` and
+    `replay.Replay` mark the calls a function issues directly after it read or received an integer."""
+    on_stack, direct, through_torch = set(), set(), False
+    while frame is not None:
+        on_stack.add(id(frame))
+        if not through_torch:
+            direct.add(id(frame))
+            through_torch = _torch_api(frame.f_code.co_filename)
+        frame = frame.f_back
+    return on_stack, direct
+
+
+def issuer(frame):
+    """The function that issued the collective `frame` is inside: the first frame outside `CALLING` (torch.distributed's
+    API, its autograd wrappers, meshscope's own), or None."""
+    while frame is not None and (frame.f_code.co_name in HANDLERS or frame.f_code.co_filename.startswith(CALLING)):
+        frame = frame.f_back
+    return frame
 
 
 def _site(frame: traceback.FrameSummary | None) -> str:

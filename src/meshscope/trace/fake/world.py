@@ -8,7 +8,9 @@ the classes of ranks (`classes.rank_classes`), what those two issued says in whi
 middle member differs from the last (`classes.ordered_kinds`), and one rank per class is traced: the
 lowest. When every one of those first ranks failed the same way (the same exception at the same
 line of the script), the others would too: the trace stops there and says so once. Cross-rank checks
-run among the ranks traced, and the result says which ranks stand for which.
+run among the ranks traced, and the result says which ranks stand for which. The order matters to what
+ranks receive: a rank gets what a rank traced before it sent (`objects`, `replay`), so rank 0's sends
+reach every later rank, and a note names the calls that kept a rank's own integers instead (`stood_in`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from ...core.rank_end import Answered, RankEnd
 from ...core.trace_result import TraceResult
 from ...core.trace_spec import TraceSpec
 from ..assemble import assemble, conclude, created_groups, rank_events
-from . import files, gpu
+from . import files, gpu, stood_in
 from .classes import ORDERED, ordered_kinds, rank_classes
 from .fork_server import ForkServer, ServerFailed
 
@@ -93,7 +95,7 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
         if classes else "the ranks given" if options.chosen_ranks() is not None else
         "the first ranks only: they failed the same way, so the classes were not traced", patched, stand_in(ends))
     result = assemble(run_dir, account=failure, fake_world=section)
-    result.notes += fake_notes(result)
+    result.notes += fake_notes(result, stood_in.read(run_dir, traced))
     if again:
         result.notes.append(f"ranks {again} failed after receiving objects from ranks not yet traced, and were "
                             f"traced again after the others (what is shown is that second run)")
@@ -141,16 +143,18 @@ def failed_alike(ends: list[RankEnd]) -> str | None:
     return f"{what} at {where}" if where else what
 
 
-def fake_notes(result: TraceResult) -> list[str]:
-    """What the fake backend stood in for, in this trace, each note only where its calls occur; and how
-    the ranks' files were kept apart."""
+def fake_notes(result: TraceResult, stood: dict | None = None) -> list[str]:
+    """What the fake backend stood in for, in this trace, each note only where its calls occur (`stood`: the
+    calls that kept a rank's own integers for a peer's, `stood_in.read`); and how the ranks' files were kept
+    apart."""
     notes = []
     a2a = sum(1 for e in result.events if e.assumed and e.op == "all_to_all")
     objects = sum(r.stood_in for r in result.ranks)
     if a2a:
-        notes.append(f"fake backend: collectives return their input, so what an all-to-all receives (and uneven "
-                     f"splits computed from it) is assumed: {a2a} calls carry an `assumed` field naming those "
-                     f"values")
+        notes.append(f"fake backend: an all-to-all's sizes are assumed where the rank kept its own counts for a "
+                     f"peer's before it (a peer not traced before it), or where it was not replayed (a functional "
+                     f"collective's, or under --fake-tensors every one): {a2a} calls carry an `assumed` field naming "
+                     f"those values")
     if objects:
         notes.append(f"fake backend: an object collective (broadcast_object_list, all_gather_object, scatter_object_list, "
                      f"gather_object) or P2P object message (send_object_list) gets what the ranks traced before it "
@@ -158,8 +162,12 @@ def fake_notes(result: TraceResult) -> list[str]:
                      f"same stage's from another rank or derived from its outputs): {objects} such calls got one, and "
                      f"the bytes of the calls sized from them are assumed (their `assumed` field)")
     if any(e.op == "recv" for e in result.events):
-        notes.append("fake backend: a receive gets no data from its peer (its buffer keeps what it held); a "
-                     "pipeline's warm-up vote is each rank's own stages' (docs/trace.md, 'A large world on one CPU')")
+        notes.append("fake backend: a receive gets no data from a peer not traced before it (zeros; what a peer "
+                     "traced before it sent is replayed); a pipeline's warm-up vote is each rank's own stages' "
+                     "(docs/trace.md, 'A large world on one CPU')")
+    kept_own = stood_in.note(stood or {})
+    if kept_own:
+        notes.append(kept_own)
     device = result.fake_world.device if result.fake_world else None
     if device is not None and device.answered:
         notes.append(gpu.note(list(device.answered), gpu.GPUS[device.key]))

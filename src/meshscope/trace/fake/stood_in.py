@@ -1,0 +1,74 @@
+"""The calls in which a fake world's rank kept its own integers where a peer's were not known (`replay`): one
+writer (the rank, at its end) and one reader (`world`, for the result's note), without torch (the trace's
+own process reads it)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+from ...core.events import rank_ranges
+from ...core.rundir import RunDir, write_atomic
+
+FILE = "stood-in.json"
+"""Its name in the rank's ``objects/rank<R>/`` folder (beside what the rank sent)."""
+NAMED = 20
+"""Calls a rank names (the others are counted)."""
+SHOWN = 4
+"""Calls the result's note names."""
+
+
+@dataclass(frozen=True)
+class StandIn:
+    """A call that kept this rank's own integers where a peer's were not known."""
+
+    op: str
+    group: str
+    """The group's description (``default_pg``, DeviceMesh's ``mesh_tp``) and its ranks: ``default_pg [0-3]``."""
+    step: int
+    senders: tuple[tuple[int, str], ...]
+    """(global rank, why what it sent is not known) per such sender."""
+
+    def text(self) -> str:
+        why: dict[str, list[int]] = {}
+        for rank, reason in self.senders:
+            why.setdefault(reason, []).append(rank)
+        senders = "; ".join(f"rank{'s' if len(r) > 1 else ''} {rank_ranges(r)} {reason}" for reason, r in why.items())
+        return f"{self.op} on {self.group} at step {self.step} ({senders})"
+
+
+def write(run_dir: RunDir, rank: int, count: int, named: list[StandIn]) -> None:
+    folder = run_dir.objects(rank)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomic(folder / FILE, json.dumps({"count": count, "named": [asdict(s) for s in named]}))
+
+
+def read(run_dir: RunDir, ranks) -> dict[int, tuple[int, list[StandIn]]]:
+    """Rank -> (how many calls kept its own integers, the first of them), for those of `ranks` that kept any."""
+    out = {}
+    for rank in ranks:
+        path = run_dir.objects(rank) / FILE
+        if path.exists():
+            doc = json.loads(path.read_text())
+            out[rank] = (doc["count"], [StandIn(s["op"], s["group"], s["step"], tuple(map(tuple, s["senders"])))
+                                        for s in doc["named"]])
+    return out
+
+
+def note(stood: dict[int, tuple[int, list[StandIn]]]) -> str | None:
+    """The result's note: how many calls on which ranks, the first of them by name; None where none."""
+    if not stood:
+        return None
+    total = sum(count for count, _ in stood.values())
+    named, shown = [], 0
+    for rank, (_, calls) in sorted(stood.items()):
+        texts = [s.text() for s in calls[:SHOWN - shown]]
+        shown += len(texts)
+        if texts:
+            named.append(f"rank {rank}: {', '.join(texts)}")
+    more = f"; and {total - shown} more (objects/rank<R>/{FILE})" if total > shown else ""
+    return (f"fake backend: {total} call{'s' if total > 1 else ''} on rank{'s' if len(stood) > 1 else ''} "
+            f"{rank_ranges(list(stood))} received integers (counts, sizes, flags) from ranks whose values were not "
+            f"known, and kept the rank's own instead: {'; '.join(named)}{more}. The sizes of the calls the function "
+            f"that received them issued after them, and every later all-to-all's splits, are assumed (`assumed`); "
+            f"trace the sending ranks first (--ranks) to have them replayed")

@@ -1,0 +1,101 @@
+"""What a fake world's rank receives from tensor collectives and P2P messages: what the traced rank that sent
+it sent (`trace.fake.replay`), else its own integers, named in a note, with what they sized assumed.
+
+Oracles: the hand count of tests/jobs/received_sizes.py's docstring (every call after the first of each
+pair is sized by values received in it), and the real gloo trace of the same script under `meshscope diff`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from meshscope.cli.trace_command import cmd_diff
+from meshscope.core.trace_result import TraceResult
+from meshscope.trace.fake import replay, stood_in
+
+from .helpers import ROOT, trace_json
+
+JOB = [str(ROOT / "tests" / "jobs" / "received_sizes.py")]
+SIZES = ("bytes_in", "bytes_out")
+EVEN = ("output_splits", "bytes_out")
+UNEVEN = ("input_splits", "output_splits", "bytes_in", "bytes_out")
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    """The job's gloo trace at world 2, its fake world of 2 (ranks 0 and 1, 1 forked after 0), and rank 1 alone."""
+    out = tmp_path_factory.mktemp("replay")
+    runs = {"gloo": ("--nproc-per-node", 2), "fake": ("--fake-world", 2), "alone": ("--fake-world", 2, "--ranks", 1)}
+    traced = {}
+    for name, flags in runs.items():
+        proc, doc = trace_json(out / name, *flags, JOB)
+        assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
+        traced[name] = (out / name, TraceResult.from_json(doc))
+    return traced
+
+
+def _calls(result: TraceResult, rank: int) -> list[tuple]:
+    return [(e.step, e.op, e.dtype, e.bytes_in, e.bytes_out, e.input_splits, e.output_splits, e.peer)
+            for e in result.events if e.rank == rank]
+
+
+def test_a_later_rank_receives_what_rank_0_sent_and_issues_what_gloo_did(traces, capsys):
+    """Rank 1 runs after rank 0 and receives what it sent: the broadcast 5 sizes its all_reduce (20 B, not its
+    own 2's 8 B), rank 0's counts size its uneven all-to-all ([3, 4] rows in, not the mirror [2, 4]) and its
+    receives (24 B): every call is gloo's, none assumed. Rank 0 cannot know rank 1's sends: its all-gather of
+    sizes and count exchange keep its own, a note names both, and what they sized is assumed; `meshscope diff`
+    compares everything else (fake == gloo)."""
+    (gloo_dir, gloo), (fake_dir, fake) = traces["gloo"], traces["fake"]
+    assert fake.fake_world.traced == (0, 1)
+    assert _calls(fake, 1) == _calls(gloo, 1)
+    assert not any(e.assumed for e in fake.events if e.rank == 1)
+    rank0 = [(e.step, e.op, e.assumed) for e in fake.events if e.rank == 0]
+    per_step = [("broadcast", ()), ("all_reduce", ()), ("all_gather", ()), ("all_gather", SIZES),
+                ("all_to_all", EVEN), ("all_to_all", UNEVEN), ("send", ()), ("send", ())]
+    assert rank0 == [(step, op, assumed) for step in (0, 1) for op, assumed in per_step]
+    note = next(n for n in fake.notes if "kept the rank's own" in n)
+    assert ("rank 0: all_gather on default_pg [0-1] at step 0 (rank 1 not traced before it), all_to_all on "
+            "default_pg [0-1] at step 0 (rank 1 not traced before it)") in note and note.startswith("fake backend: 4 calls")
+
+    assert cmd_diff(argparse.Namespace(dir_a=gloo_dir, dir_b=fake_dir, json=True)) == 0
+    diff = json.loads(capsys.readouterr().out)
+    assert diff["same"] and not diff["rows"], diff
+    assert diff["assumed"]["calls"] == {"a": 0, "b": 6}
+
+
+def test_a_sender_not_traced_is_named_and_what_its_value_sized_is_assumed(traces):
+    """Rank 1 alone: rank 0 was not traced, so its broadcast, all-gather, count exchange and receive keep rank
+    1's own integers; each is named in the note (op, group, step, the sender) and the sizes of the calls the
+    same function issued after it are assumed (the all_reduce of 2 floats, the padded gather, the uneven
+    all-to-all, the rows received), not presented as known."""
+    _, alone = traces["alone"]
+    assert alone.fake_world.traced == (1,)
+    per_step = [("broadcast", ()), ("all_reduce", SIZES), ("all_gather", ()), ("all_gather", SIZES),
+                ("all_to_all", EVEN), ("all_to_all", UNEVEN), ("recv", ()), ("recv", SIZES)]
+    assert [(e.step, e.op, e.assumed) for e in alone.events] == [(s, op, a) for s in (0, 1) for op, a in per_step]
+    all_reduce = next(e for e in alone.events if e.op == "all_reduce")
+    assert all_reduce.bytes_in == 8  # its own 2 floats: made up, and marked so
+    note = next(n for n in alone.notes if "kept the rank's own" in n)
+    assert note.startswith("fake backend: 8 calls on rank 1 ") and (
+        "rank 1: broadcast on default_pg [0-1] at step 0 (rank 0 not traced before it), all_gather on "
+        "default_pg [0-1] at step 0 (rank 0 not traced before it)") in note and "and 4 more" in note
+
+
+@pytest.mark.parametrize("op, want", [("SUM", [5, 1, 9]), ("MAX", [4, 1, 5]), ("MIN", [1, 0, 4]),
+                                      ("BAND", [0, 0, 4]), ("AVG", [2, 0, 4])])
+def test_a_reduction_of_known_parts_is_torchs(op, want):
+    """What a rank gets from a reduction whose members' inputs are all known, by hand."""
+    parts = [torch.tensor([1, 0, 4]), torch.tensor([4, 1, 5])]
+    assert replay._reduce(getattr(torch.distributed.ReduceOp, op), parts).tolist() == want
+
+
+def test_the_note_names_the_first_calls_per_rank_and_counts_the_rest():
+    call = stood_in.StandIn("broadcast", "default_pg [0-3]", 2, ((0, "not traced before it"),
+                                                                  (2, "not traced before it")))
+    text = stood_in.note({3: (5, [call] * 5)})
+    assert ("5 calls on rank 3 " in text and "rank 3: broadcast on default_pg [0-3] at step 2 (ranks 0,2 not traced "
+            "before it), broadcast" in text and "; and 1 more (objects/rank<R>/stood-in.json)" in text)
+    assert stood_in.note({}) is None
