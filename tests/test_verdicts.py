@@ -449,3 +449,16 @@ def test_every_out_failure_is_one_line(tmp_path):
 def test_a_trace_error_names_the_log_of_the_failed_rank():
     assert TraceError("ValueError: x", 3, "/run/logs/rank3.log").line() == \
         "rank 3: ValueError: x (its output: /run/logs/rank3.log)"
+
+
+def test_a_group_made_of_numpy_ranks_is_noted(tmp_path):
+    """nanotron passes numpy integers to ``new_group`` (torch takes them): the group's creation line must
+    still be written (it raised 'Object of type int64 is not JSON serializable', blamed on the script)."""
+    job = tmp_path / "np_ranks.py"
+    job.write_text("import numpy as np, torch, torch.distributed as dist\n"
+                   "dist.init_process_group('gloo')\n"
+                   "g = dist.new_group(list(np.arange(2)))\n"
+                   "dist.all_reduce(torch.ones(2), group=g)\n"
+                   "dist.destroy_process_group()\n")
+    proc = cli_here("trace", "--nproc-per-node", 2, "--out", tmp_path / "run", "--json", "--", job)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["outcome"] == "passed", proc.stderr[-2000:]

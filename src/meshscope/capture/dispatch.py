@@ -74,7 +74,7 @@ def group_info(pg) -> GroupInfo:
     if info is not None:
         return info
     try:
-        ranks = tuple(dist.get_process_group_ranks(pg))
+        ranks = tuple(int(r) for r in dist.get_process_group_ranks(pg))  # torch keeps numpy ranks as given
     except (ValueError, RuntimeError):  # not in torch's bookkeeping (made in C++): the world, or unknown
         ranks = tuple(range(pg.size())) if pg.size() == dist.get_world_size() else ()
     info = GroupInfo(pg.group_name, getattr(pg, "group_desc", "") or "", ranks)

@@ -45,7 +45,8 @@ def note_creations(run_dir: RunDir, rank: int) -> None:
             with lock:
                 index, count[0] = count[0], count[0] + 1
             ranks = given.get("ranks")
-            members = sorted(ranks) if ranks is not None else list(range(dist.get_world_size()))
+            # int(): torch takes any integers (nanotron passes numpy's), JSON only Python's
+            members = sorted(int(r) for r in ranks) if ranks is not None else list(range(dist.get_world_size()))
             write(kind="creating", index=index, desc=given.get("group_desc") or "", ranks=members,
                   local=bool(given.get("use_local_synchronization")))  # members only: not a global protocol
             group = original(*args, **kwargs)
