@@ -39,6 +39,13 @@ def test_the_run_starts_after_the_warm_up_the_calls_show():
     assert "all_reduce on world 1 where the steady step has 4" in dict(s.warmup)[1]
 
 
+def test_a_warm_up_step_alike_the_steady_step_is_said_so():
+    """DDP with static_graph and one bucket (TorchRec's dense part): step 1 issues the steady step's calls,
+    step 2 adds the bucket rebuild, so the run starts at step 3 and step 1 is warm-up with nothing apart."""
+    s = find(_steps(SET_UP, STEADY, [("broadcast", 20)] + STEADY, STEADY, STEADY), 5)
+    assert s.first == 3 and dict(s.warmup)[1] == "the steady step's calls, but the next step differs"
+
+
 def test_step_0_is_never_steady_and_step_1_can_be():
     s = find(_steps(STEADY, STEADY, STEADY), 3)
     assert s.first == 1 and s.steps == [1, 2] and s.warmup == ()

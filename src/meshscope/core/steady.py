@@ -116,7 +116,9 @@ def _apart(step: Sequence[CommEvent], steady: Sequence[CommEvent]) -> str:
                          + (f" ({'; '.join(where)})" if where else ""))
     if parts:
         return ", ".join(parts)
-    first = next(i for i, (x, y) in enumerate(zip(step, steady)) if same_call(x) != same_call(y))
+    first = next((i for i, (x, y) in enumerate(zip(step, steady)) if same_call(x) != same_call(y)), None)
+    if first is None:  # TorchRec's DDP (static_graph, one bucket): step 1 is step 3's, step 2 adds the rebuild
+        return "the steady step's calls, but the next step differs"
     e = step[first]
     return f"call {first} differs: {e.op} {e.dtype} {e.bytes_in}->{e.bytes_out} B ({e.phase})"
 
