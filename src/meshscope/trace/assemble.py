@@ -135,8 +135,8 @@ def assemble(run_dir: Path | RunDir, account: str | None = None, fake_world: Fak
     steady = of_ranks(events, {r.rank: r.steps for r in ranks if r.status != "missing"})
     checks = run_all(events, axes_sorted, traced, world, steady, {r.rank for r in ranks if r.ended})
     notes = sorted({r.note for r in ranks if r.note})
-    if warmup_note(steady):
-        notes.append(warmup_note(steady))
+    if warmed := warmup_note(steady):
+        notes.append(warmed)
     mapped = list(dict.fromkeys(call for r in ranks for call in r.mapped))  # one note for all ranks
     if mapped:
         notes.append(devices.note(mapped))

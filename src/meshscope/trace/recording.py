@@ -297,23 +297,22 @@ class RankTrace:
         """The rank is dying of a signal in native code (the C++ recorder's handler waits for this): its
         calls so far, a mark naming the signal, and its end as failed, with the signal as its exit status
         (negative, as torchrun reports a worker killed by a signal)."""
-        error = _killed(number)
         try:
-            with self._lock:
-                lines = self._drain()
-                lines.append(json.dumps({"t": time.time(), "kind": "mark", "text": error, "step": None}))
-                self._flight.write("\n".join(lines) + "\n")
-                self._flight.flush()
-            self.run_dir.write_end(RankEnd(self.rank, "error", steps=self.context.step, error=error,
-                                           exit_code=-number, events=len(self.calls),
-                                           optimizer_steps=self.context.optimizers_seen, time=time.time(),
-                                           recorder=self.recorder))
+            self.flush(then=[json.dumps({"t": time.time(), "kind": "mark", "text": _killed(number), "step": None})])
+            self.run_dir.write_end(self._killed_end(number, steps=self.context.step, events=len(self.calls),
+                                                    optimizer_steps=self.context.optimizers_seen))
         finally:
             os.write(self._answer_w, b"\1")
 
-    def flush(self) -> None:
+    def _killed_end(self, number: int, note: str = "", **fields) -> RankEnd:
+        """The end of a rank killed by signal `number` in native code, its error followed by `note`."""
+        return RankEnd(self.rank, "error", exit_code=-number, error=_killed(number) + note, time=time.time(),
+                       recorder=self.recorder, **fields)
+
+    def flush(self, then: list[str] = ()) -> None:
+        """Write the calls recorded since the last flush, then the lines `then`."""
         with self._lock:
-            lines = self._drain()
+            lines = self._drain() + list(then)
             if lines:
                 self._flight.write("\n".join(lines) + "\n")
                 self._flight.flush()
@@ -322,10 +321,10 @@ class RankTrace:
         """The flusher, which also writes the calls of a rank dying of a fatal signal where the C++
         recorder watches for one; under ``--cheap`` it writes only then (the rest at the end)."""
         if self.native is not None:
-            ends = {number: json.dumps(RankEnd(
-                self.rank, "error", exit_code=-number, error=f"{_killed(number)}; what it issued after its flight "
-                f"log's last flush (up to {FLUSH_S:g} s) is not known: its flusher could not run",
-                time=time.time(), recorder=self.recorder, unflushed=True).to_json()) for number in self.native.FATAL}
+            unknown = (f"; what it issued after its flight log's last flush (up to {FLUSH_S:g} s) is not known: its "
+                       f"flusher could not run")
+            ends = {number: json.dumps(self._killed_end(number, unknown, unflushed=True).to_json())
+                    for number in self.native.FATAL}
             self.run_dir.rank_end(self.rank).parent.mkdir(parents=True, exist_ok=True)
             self.native.watch_fatal(self._wake_w, self._answer_r, str(self.run_dir.rank_end(self.rank)), ends)
         if self.stream or self.native is not None:
