@@ -1,5 +1,6 @@
 """What a fake world's rank receives from tensor collectives and P2P messages: what the traced rank that sent
-it sent (`trace.fake.replay`), else its own integers, named in a note, with what they sized assumed.
+it sent (`trace.fake.replay`), else its own integers, named in a note, with what they sized assumed; a rank that
+failed on values it made up is traced again after their sender (`trace.fake.world.retrace`).
 
 Oracles: the hand count of tests/jobs/received_sizes.py's docstring (every call after the first of each
 pair is sized by values received in it), and the real gloo trace of the same script under `meshscope diff`."""
@@ -13,8 +14,11 @@ import pytest
 import torch
 
 from meshscope.cli.trace_command import cmd_diff
+from meshscope.core.rank_end import RankEnd
+from meshscope.core.rundir import RunDir
 from meshscope.core.trace_result import TraceResult
-from meshscope.trace.fake import replay, stood_in
+from meshscope.trace.fake import receives, stood_in
+from meshscope.trace.fake.world import retrace
 
 from .helpers import ROOT, trace_json
 
@@ -26,12 +30,14 @@ UNEVEN = ("input_splits", "output_splits", "bytes_in", "bytes_out")
 
 @pytest.fixture(scope="module")
 def traces(tmp_path_factory):
-    """The job's gloo trace at world 2, its fake world of 2 (ranks 0 and 1, 1 forked after 0), and rank 1 alone."""
+    """The job's gloo trace at world 2, its fake world of 2 (ranks 0 and 1, 1 forked after 0), rank 1 alone, and
+    the fake world of 2 where rank 0 checks what it received."""
     out = tmp_path_factory.mktemp("replay")
-    runs = {"gloo": ("--nproc-per-node", 2), "fake": ("--fake-world", 2), "alone": ("--fake-world", 2, "--ranks", 1)}
+    runs = {"gloo": ("--nproc-per-node", 2), "fake": ("--fake-world", 2), "alone": ("--fake-world", 2, "--ranks", 1),
+            "checked": ("--fake-world", 2, [*JOB, "--check", 0])}
     traced = {}
     for name, flags in runs.items():
-        proc, doc = trace_json(out / name, *flags, JOB)
+        proc, doc = trace_json(out / name, *(flags if isinstance(flags[-1], list) else (*flags, JOB)))
         assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
         traced[name] = (out / name, TraceResult.from_json(doc))
     return traced
@@ -57,8 +63,9 @@ def test_a_later_rank_receives_what_rank_0_sent_and_issues_what_gloo_did(traces,
                 ("all_to_all", EVEN), ("all_to_all", UNEVEN), ("send", ()), ("send", ())]
     assert rank0 == [(step, op, assumed) for step in (0, 1) for op, assumed in per_step]
     note = next(n for n in fake.notes if "kept the rank's own" in n)
-    assert ("rank 0: all_gather on default_pg [0-1] at step 0 (rank 1 not traced before it), all_to_all on "
-            "default_pg [0-1] at step 0 (rank 1 not traced before it)") in note and note.startswith("fake backend: 4 calls")
+    assert note.startswith("fake backend: 4 calls") and (
+        "rank 0: all_gather on default_pg [0-1] at step 0 (rank 1 not traced before it), all_to_all on "
+        "default_pg [0-1] at step 0 (rank 1 not traced before it)") in note
 
     assert cmd_diff(argparse.Namespace(dir_a=gloo_dir, dir_b=fake_dir, json=True)) == 0
     diff = json.loads(capsys.readouterr().out)
@@ -84,12 +91,27 @@ def test_a_sender_not_traced_is_named_and_what_its_value_sized_is_assumed(traces
         "default_pg [0-1] at step 0 (rank 0 not traced before it)") in note and "and 4 more" in note
 
 
+def test_a_rank_that_failed_on_values_it_made_up_is_traced_again_after_their_sender(traces, capsys):
+    """With --check 0 rank 0 exits at the first value it received that is not gloo's: its all-gather of sizes,
+    rank 1's part of which it could not know (rank 1 runs after it), as TorchRec's rank 0 crashed in fbgemm on
+    counts it made up. Rank 0 is traced again after rank 1, and receives what rank 1 sent; rank 1, whose calls
+    after rank 0's exit got nothing from it, is traced again after that. Both then issue what gloo did, none
+    assumed, and the note says so."""
+    (gloo_dir, _), (checked_dir, checked) = traces["gloo"], traces["checked"]
+    assert not any(e.assumed for e in checked.events)
+    assert any(n.startswith("ranks [0, 1] were traced again after the others") for n in checked.notes), checked.notes
+    assert not any("kept the rank's own" in n for n in checked.notes)
+    assert cmd_diff(argparse.Namespace(dir_a=gloo_dir, dir_b=checked_dir, json=True)) == 0
+    diff = json.loads(capsys.readouterr().out)
+    assert diff["same"] and diff["assumed"]["calls"] == {"a": 0, "b": 0}, diff
+
+
 @pytest.mark.parametrize("op, want", [("SUM", [5, 1, 9]), ("MAX", [4, 1, 5]), ("MIN", [1, 0, 4]),
                                       ("BAND", [0, 0, 4]), ("AVG", [2, 0, 4])])
 def test_a_reduction_of_known_parts_is_torchs(op, want):
     """What a rank gets from a reduction whose members' inputs are all known, by hand."""
     parts = [torch.tensor([1, 0, 4]), torch.tensor([4, 1, 5])]
-    assert replay._reduce(getattr(torch.distributed.ReduceOp, op), parts).tolist() == want
+    assert receives.reduce(getattr(torch.distributed.ReduceOp, op), parts).tolist() == want
 
 
 def test_the_note_names_the_first_calls_per_rank_and_counts_the_rest():
@@ -99,3 +121,25 @@ def test_the_note_names_the_first_calls_per_rank_and_counts_the_rest():
     assert ("5 calls on rank 3 " in text and "rank 3: broadcast on default_pg [0-3] at step 2 (ranks 0,2 not traced "
             "before it), broadcast" in text and "; and 1 more (objects/rank<R>/stood-in.json)" in text)
     assert stood_in.note({}) is None
+
+
+def test_retrace_takes_a_failed_rank_after_its_senders_and_a_rank_they_cut_short_after_them(tmp_path):
+    """`world.retrace` on stand-in records by hand: rank 0 failed after keeping its own for rank 1, which ended
+    after it: traced again; rank 2 failed on rank 5's, never traced: not; rank 1 passed, keeping its own where
+    rank 0 (which failed first) sent nothing: traced again only once rank 0 was, and ended after it."""
+    run_dir = RunDir(tmp_path)
+
+    def end(rank, status, time):
+        run_dir.rank_end(rank).parent.mkdir(exist_ok=True)
+        run_dir.rank_end(rank).write_text(json.dumps(RankEnd(rank, status, time=time).to_json()))
+
+    def kept(rank, sender, why):
+        stood_in.write(run_dir, rank, 1, [stood_in.StandIn("all_to_all", "default_pg [0-2]", 0, ((sender, why),))])
+
+    end(0, "error", 1.0), end(1, "ok", 2.0), end(2, "error", 2.5)
+    kept(0, 1, stood_in.UNTRACED), kept(1, 0, stood_in.UNSENT), kept(2, 5, stood_in.UNTRACED)
+    assert retrace(run_dir, [0, 1, 2]) == [0]
+    end(0, "ok", 3.0)
+    stood_in.clear(run_dir, 0)
+    assert retrace(run_dir, [0, 1, 2], [0]) == [1]
+    assert retrace(run_dir, [0, 1, 2], []) == []

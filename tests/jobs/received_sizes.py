@@ -6,7 +6,7 @@ values the rank received in it. This is an ordinary user script: it never import
 
 Launch (world even, >= 2; tested at 2)::
 
-    torchrun --nproc-per-node 2 tests/jobs/received_sizes.py [--steps 2]
+    torchrun --nproc-per-node 2 tests/jobs/received_sizes.py [--steps 2] [--check 0]
 
 Per step, rank r of world W, H = --hidden 4 (float32, 16 B a row), all on the world group, in this order
 (each numbered pair in a function of its own):
@@ -23,6 +23,10 @@ Per step, rank r of world W, H = --hidden 4 (float32, 16 B a row), all on the wo
 4. Ranks 2i send rank 2i + 1 an int64 [1] holding k = 6 + 2i (``send``, 8 B), then float32 [k] (4k B);
    rank 2i + 1 receives the count into an int64 [1] and the rows into a buffer of that many (``recv``,
    24 B at world 2).
+
+With ``--check R`` rank R checks each value it received against the above (the broadcast 5, the sizes
+[2 + 3j]_j, the counts [1 + j + 2R]_j, the P2P count 6 + R - 1) and exits 1 at the first that differs,
+as a library that trusts its peers' counts fails on wrong ones (TorchRec's KJT all-to-alls, fbgemm).
 
 => 8 calls a step on even ranks (broadcast, all_reduce, all_gather x2, all_to_all x2, send x2) and on odd
 ranks (the same with recv x2); then one SGD step of a local parameter (no collective).
@@ -41,12 +45,22 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--hidden", type=int, default=4)
+    p.add_argument("--check", type=int, default=None, help="this rank checks every value it received")
     return p.parse_args()
+
+
+CHECK = None
+
+
+def check(rank, what, got, want):
+    if rank == CHECK and got != want:
+        sys.exit("rank %d: %s received %r, not %r" % (rank, what, got, want))
 
 
 def broadcast_sized(rank):
     n = torch.tensor([5 if rank == 0 else rank + 1])
     dist.broadcast(n, src=0)
+    check(rank, "broadcast", n.item(), 5)
     out = torch.ones(int(n.item()))
     dist.all_reduce(out)
     return out.sum()
@@ -57,6 +71,7 @@ def gathered_sizes(rank, world, hidden):
     sizes = torch.tensor([mine])
     gathered = [torch.zeros(1, dtype=torch.long) for _ in range(world)]
     dist.all_gather(gathered, sizes)
+    check(rank, "all_gather", [int(s.item()) for s in gathered], [2 + 3 * j for j in range(world)])
     longest = max(int(s.item()) for s in gathered)
     padded = torch.zeros(longest, hidden)
     padded[:mine] = 1.0
@@ -70,6 +85,7 @@ def exchanged_counts(rank, world, hidden):
     recv_counts = torch.empty_like(send_counts)
     dist.all_to_all_single(recv_counts, send_counts)
     send_splits, recv_splits = send_counts.tolist(), recv_counts.tolist()
+    check(rank, "counts", recv_splits, [1 + j + 2 * rank for j in range(world)])
     rows = torch.full((sum(send_splits), hidden), float(rank))
     received = torch.empty(sum(recv_splits), hidden)
     dist.all_to_all_single(received, rows, output_split_sizes=recv_splits, input_split_sizes=send_splits)
@@ -84,13 +100,16 @@ def sent_count(rank):
         return torch.zeros(())
     k = torch.zeros(1, dtype=torch.long)
     dist.recv(k, src=rank - 1)
+    check(rank, "count", k.item(), 6 + rank - 1)
     rows = torch.empty(int(k.item()))
     dist.recv(rows, src=rank - 1)
     return rows.sum()
 
 
 def main():
+    global CHECK
     args = parse_args()
+    CHECK = args.check
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world < 2 or world % 2:
         sys.exit("received_sizes.py needs an even WORLD_SIZE >= 2 (got %d)" % world)

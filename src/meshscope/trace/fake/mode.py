@@ -54,7 +54,8 @@ class FakeMode:
         gpu.choose(self.options.fake_device or gpu.DEFAULT)
         self.patched = patches.apply(patches.modes(self.options.fake_tensors))
         objects.EXCHANGE.begin(self.run_dir, self.rank)
-        replay.REPLAY.begin(trace.context, on=not self.options.fake_tensors)  # a FakeTensor holds nothing to send
+        # a FakeTensor holds nothing to send: --fake-tensors replays nothing
+        replay.REPLAY.begin(self.run_dir, self.rank, trace.context, on=not self.options.fake_tensors)
         trace.assume = self.assumed
 
     def assumed(self, index: int, group: str, op: str, input_splits, output_splits, t: float) -> tuple[str, ...]:
@@ -97,7 +98,7 @@ class FakeMode:
             from .values import reads
 
             answered = reads.records()
-        replay.REPLAY.write(self.run_dir, self.rank)
+        replay.REPLAY.write()
         return {"mapped": tuple(mapped), "patched": tuple(self.patched),
                 "device": gpu.lookup(self.options.fake_device or gpu.DEFAULT) if devices.needed() else "",
                 "device_calls": tuple(gpu.answered), "answered": answered, "stood_in": len(objects.EXCHANGE.stood_in),

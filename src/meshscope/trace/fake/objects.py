@@ -99,7 +99,8 @@ class Exchange:
     def begin(self, run_dir: RunDir, rank: int) -> None:
         self.run_dir, self.rank = run_dir, rank
         ends = run_dir.rank_end(rank).parent
-        self.earlier = {int(p.stem.removeprefix("rank")) for p in ends.glob("rank*.json")} - {rank} if ends.is_dir() else set()
+        self.earlier = ({int(p.stem.removeprefix("rank")) for p in ends.glob("rank*.json")} - {rank}
+                        if ends.is_dir() else set())
 
     def key(self, group) -> str:
         """The call's name, the same on every member: the group's name and how many object collectives this
@@ -137,6 +138,10 @@ class Exchange:
             time.sleep(POLL_S)
         self.unheard.add(str((mine.parent / "rank*" / f"{key}.pkl").relative_to(self.run_dir.path)))
         return None
+
+    def before(self, rank: int) -> bool:
+        """Whether `rank` was forked before this one (ended, or running beside it): whose records it reads."""
+        return rank in self.alongside or rank in self.earlier
 
     def _path(self, rank: int, key: str):
         return self.run_dir.objects(rank) / f"{key}.pkl"

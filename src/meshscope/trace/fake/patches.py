@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..entry_points import resolve
-from . import attention, backend, cuda_api, devices, objects, pipeline, placements, replay, tensors
+from . import attention, backend, cuda_api, devices, objects, pipeline, placements, receives, replay, tensors
 
 FAKE_WORLD = "fake-world"
 """Every rank of a fake world."""
@@ -228,7 +228,7 @@ PATCHES = (
           "FakeTensorMode has no kernel for them (torch registers fake ones for every other c10d op); Megatron's "
           "DDP issues its bucket all-reduces in _coalescing_manager (distributed_c10d.py:2900)", "2.13",
           FAKE_TENSORS, tensors.coalesced_fake_kernels),
-    Patch("tensor collectives receive what was sent", tuple(f"{C10D}.{n}" for n in replay.TARGETS),
+    Patch("tensor collectives receive what was sent", tuple(f"{C10D}.{n}" for n in receives.TARGETS),
           "the fake backend hands a receiver its own tensor: a broadcast's receiver kept its own value (DeepSpeed "
           "0.19.8's ZeRO-3 module-trace check failed on every rank but 0), an uneven all-to-all's counts disagreed "
           "with what they size (TorchRec's KJT all-to-alls); what the traced sender sent (its record in objects/, "

@@ -12,15 +12,16 @@ that disagree with the indices, and fbgemm corrupted the heap.
 So, as `objects` does for object collectives, what a traced rank sends is put into what a later rank
 receives:
 
-- each c10d function of `HANDLERS` called on a member of its group (not inside an object collective, whose
-  calls `objects` delivers; not on a tensor subclass: DTensor, and ``--fake-tensors``' FakeTensors, which
-  hold no data) records what it sends in the run directory (`objects.Exchange`, ``objects/rank<R>/``): a
-  collective is named by its group and how many of these calls this rank issued on it before (every member
-  issues them in the same order), a P2P message by its pair and how many messages the sender sent the
-  receiver on the group before;
-- once the fake backend returned, the rank reads each sender's record (waiting only for a rank forked
-  before it that still runs, as `objects` does) and writes what that sender sent into the part of its
-  output that comes from it; a reduction reduces the members' inputs where every member's is known;
+- each c10d function of `receives.HANDLERS` called on a member of its group (not inside an object
+  collective, whose calls `objects` delivers; not on a tensor subclass: DTensor, and ``--fake-tensors``'
+  FakeTensors, which hold no data) records what it sends in the run directory (`objects.Exchange`,
+  ``objects/rank<R>/``): a collective is named by its group and how many of these calls this rank issued on
+  it before (every member issues them in the same order), a P2P message by its pair and how many messages
+  the sender sent the receiver on the group before;
+- once the fake backend returned, the rank reads each sender's record (waiting only for a rank forked before
+  it that still runs, never reading one forked after it: `objects.Exchange.read`) and writes what that
+  sender sent into the part of its output that comes from it; a reduction reduces the members' inputs where
+  every member's is known;
 - a payload above the cap (`cap`: 64 KiB of floating point, 1 MiB of integers or booleans) is not recorded,
   only marked so: a record is a file written by every traced rank per call, and an activation's or a
   gradient's values size nothing a trace holds; the counts, lengths, offsets and flags that do are small.
@@ -33,10 +34,13 @@ payload is integers or booleans, which can size a later call, the call is noted 
 `world` into the result's note), and what it may have sized is marked assumed (`Replay.assumed`): the
 sizes of the calls the function that received it issues after it while it runs (the rule of
 `values.Reads` for a value read without data), and every later all-to-all's splits (they are passed down
-from far above). A floating-point payload's stand-in is not noted: it sizes nothing.
+from far above). A floating-point payload's stand-in is not noted: it sizes nothing. A rank that failed
+on what it made up, or got it from a sender traced again since, is traced once more after its senders
+(`world.retrace`: TorchRec's rank 0, traced first, crashed in fbgemm on the counts it made up).
 
 Not replayed: torch's functional collectives (DTensor's, compiled graphs', ``_functional_collectives``) and
-the calls C++ issues itself (DDP's buckets, FSDP2's gathers: their sizes are the parameters'); an all-to-all
+the calls C++ issues itself (FSDP2's gathers, DDP's rebuild broadcasts: their sizes are the parameters'; a
+fake world's DDP bucket all-reduce is `backend.fake_allreduce_hook`'s Python call, and is); an all-to-all
 among them keeps its assumed splits and makes every later one's assumed; ``all_reduce_coalesced`` and
 ``all_gather_coalesced``; a receive from any source.
 """
@@ -56,7 +60,7 @@ import torch.distributed as dist
 from ...core.events import rank_ranges
 from ...core.rundir import RunDir
 from ..entry_points import arguments, wrap
-from . import backend, objects, stood_in
+from . import backend, objects, receives, stood_in
 from .objects import EXCHANGE
 from .stood_in import NAMED, StandIn
 from .values import callers, issuer
@@ -95,13 +99,15 @@ class Replay:
     def __init__(self):
         self.on = False
         """A fake world's rank with data (not ``--fake-tensors``), once `begin` ran."""
+        self.run_dir: RunDir | None = None
+        self.rank = -1
         self.context = None
         self.sizing: list = []
         """The frames of the functions that kept their own integers for a peer's and may still be running."""
         self.derived = _Windows()
         """Calls one of those issued directly after: their sizes are assumed."""
         self.exchanged = _Windows()
-        """All-to-alls that went through `HANDLERS` (a functional one does not)."""
+        """All-to-alls that went through `receives.HANDLERS` (a functional one does not)."""
         self.tainted = math.inf
         """When this rank first kept its own integers for a peer's (perf_counter)."""
         self.unreplayed = math.inf
@@ -110,8 +116,9 @@ class Replay:
         """The first calls it kept its own integers in (`stood_in.NAMED`)."""
         self.stood_in_count = 0
 
-    def begin(self, context, on: bool) -> None:
-        self.context, self.on = context, on
+    def begin(self, run_dir: RunDir, rank: int, context, on: bool) -> None:
+        self.run_dir, self.rank, self.context, self.on = run_dir, rank, context, on
+        stood_in.clear(run_dir, rank)  # a rank traced again says what it kept this time
 
     def run(self, op: str, handle, issue, given: dict, group, caller):
         t0 = time.perf_counter()
@@ -146,9 +153,10 @@ class Replay:
         if len(self.named) < NAMED:
             group = call.group
             desc = getattr(group, "group_desc", "") or group.group_name
-            self.named.append(StandIn(call.op, f"{desc} [{rank_ranges(dist.get_process_group_ranks(group))}]",
-                                         self.context.step if self.context is not None else 0,
-                                         tuple(sorted(call.missing.items()))))
+            ranks = rank_ranges(dist.get_process_group_ranks(group))
+            step = self.context.step if self.context is not None else 0
+            self.named.append(StandIn(call.op, f"{desc} [{ranks}]", step, tuple(sorted(call.missing.items()))))
+            self.write()  # as it happens: a rank that then crashes (fbgemm on counts it made up) leaves it
 
     def assumed(self, group: str, op: str, input_splits, output_splits, t: float) -> tuple[str, ...]:
         """The fields of the call issued at `t` on `group` that a stand-in may have sized (module doc): an
@@ -166,10 +174,10 @@ class Replay:
             fields = tuple(dict.fromkeys(fields + SIZES))
         return fields
 
-    def write(self, run_dir: RunDir, rank: int) -> None:
-        """This rank's stand-ins, for `world`'s note (nothing when it kept none)."""
-        if self.stood_in_count:
-            stood_in.write(run_dir, rank, self.stood_in_count, self.named)
+    def write(self) -> None:
+        """This rank's stand-ins, for `world`'s note and its tracing again (nothing when it kept none)."""
+        if self.stood_in_count and self.run_dir is not None:
+            stood_in.write(self.run_dir, self.rank, self.stood_in_count, self.named)
 
 
 REPLAY = Replay()
@@ -181,11 +189,8 @@ def _counts(t: torch.Tensor) -> bool:
 
 
 def cap(tensors) -> int:
+    """The bytes a payload of `tensors` may have to be recorded (`CAP_COUNTS` for integers only)."""
     return CAP_COUNTS if all(_counts(t) for t in tensors) else CAP_FLOAT
-
-
-def _small(tensors) -> bool:
-    return sum(t.numel() * t.element_size() for t in tensors) <= cap(tensors)
 
 
 def _pack(t: torch.Tensor) -> tuple[str, tuple[int, ...], bytes]:
@@ -229,21 +234,27 @@ class Call:
             return given[f"group_{name}"]
         return dist.get_group_rank(self.group, given.get(name) or 0)
 
+    @staticmethod
+    def small(tensors) -> bool:
+        """Whether `tensors` are within the cap (`cap`): recorded, and worth replaying."""
+        return sum(t.numel() * t.element_size() for t in tensors) <= cap(tensors)
+
     def send(self, tensors: list | None) -> None:
         """Record what this rank sends (None, or above the cap: a marker, so no receiver waits for it)."""
-        packed = [_pack(t) for t in tensors] if tensors is not None and _small(tensors) else None
+        packed = [_pack(t) for t in tensors] if tensors is not None and self.small(tensors) else None
         EXCHANGE.record(self.key, KIND, (self.derived, packed))
 
     def sent(self, j: int) -> tuple[list | None, str | None]:
         """(what group rank `j` sent, why it cannot stand as known or None); (None, None): above the cap."""
         if j not in self._heard:
-            record = EXCHANGE.read(dist.get_global_rank(self.group, j), self.key, KIND)
+            g = dist.get_global_rank(self.group, j)
+            record = EXCHANGE.read(g, self.key, KIND)
             if record is None:
-                self._heard[j] = (None, "not traced before it")
+                self._heard[j] = (None, stood_in.UNSENT if EXCHANGE.before(g) else stood_in.UNTRACED)
             else:
                 derived, packed = record
                 self._heard[j] = (None if packed is None else [_unpack(p) for p in packed],
-                                  "kept its own integers for a peer's before it sent" if derived else None)
+                                  stood_in.DERIVED if derived else None)
         return self._heard[j]
 
     def _value(self, j: int, pick, like: torch.Tensor):
@@ -285,7 +296,7 @@ class Call:
                     return
                 value = own  # an integer member not known is taken to send what this rank sends
             parts.append(value)
-        value = _reduce(op, parts)
+        value = receives.reduce(op, parts)
         if value is None:
             for j in range(self.n):
                 if j != self.me:
@@ -293,209 +304,6 @@ class Call:
             return
         with torch.no_grad():
             dst.copy_(value.reshape(dst.shape))
-
-
-def _reduce(op, parts: list[torch.Tensor]) -> torch.Tensor | None:
-    R = dist.ReduceOp
-    stack = torch.stack([p.reshape(-1) for p in parts])
-    dtype = parts[0].dtype
-    if op == R.SUM:
-        out = stack.sum(0)
-    elif op == R.AVG:
-        out = stack.sum(0) / len(parts) if dtype.is_floating_point else stack.sum(0) // len(parts)
-    elif op == R.PRODUCT:
-        out = stack.prod(0)
-    elif op == R.MIN:
-        out = stack.amin(0)
-    elif op == R.MAX:
-        out = stack.amax(0)
-    elif op in (R.BAND, R.BOR, R.BXOR):
-        bitwise = {R.BAND: torch.bitwise_and, R.BOR: torch.bitwise_or, R.BXOR: torch.bitwise_xor}
-        out = functools.reduce(next(f for o, f in bitwise.items() if op == o), list(stack))
-    else:  # PREMUL_SUM: a factor of its own
-        return None
-    return out.to(dtype)
-
-
-def _split(t: torch.Tensor, splits, n: int):
-    """`t`'s views along dim 0 by `splits` (even when none), or None where they do not make n parts."""
-    parts = torch.split(t, list(splits)) if splits else (torch.split(t, t.shape[0] // n) if t.dim() else ())
-    return parts if len(parts) == n else None
-
-
-def _flat(t: torch.Tensor):
-    return t.view(-1) if t.is_contiguous() else None
-
-
-# -- one handler per c10d function: (call, issue the function, its arguments by name) -> its result ----------
-
-def _broadcast(call, issue, given):
-    tensor, root = given["tensor"], call.root(given, "src")
-    if call.me == root:
-        call.send([tensor])
-        return issue()
-    out = issue()
-    call.put(tensor, root)
-    return out
-
-
-def _all_reduce(call, issue, given):
-    tensor = given["tensor"]
-    if not _small([tensor]):  # nothing to reduce: keep no copy of a gradient bucket
-        call.send(None)
-        return issue()
-    own = tensor.detach().clone()
-    call.send([tensor])
-    out = issue()
-    if call.op == "all_reduce" or call.me == call.root(given, "dst"):
-        call.reduce_into(tensor, own, given.get("op", dist.ReduceOp.SUM))
-    return out
-
-
-def _all_gather(call, issue, given):
-    tensor, slots = given["tensor"], given["tensor_list"]
-    call.send([tensor])
-    out = issue()
-    for j, slot in enumerate(slots):
-        if j != call.me:
-            call.put(slot, j)
-    return out
-
-
-def _all_gather_single(call, issue, given):
-    inp, output = given["input_tensor"], given["output_tensor"]
-    call.send([inp])
-    out = issue()
-    flat, k = _flat(output), inp.numel()
-    if flat is not None and flat.numel() == k * call.n:
-        for j in range(call.n):
-            if j != call.me:
-                call.put(flat[j * k:(j + 1) * k], j)
-    return out
-
-
-def _gather(call, issue, given):
-    tensor = given["tensor"]
-    call.send([tensor])
-    out = issue()
-    if call.me == call.root(given, "dst"):
-        for j, slot in enumerate(given.get("gather_list") or ()):
-            if j != call.me:
-                call.put(slot, j)
-            elif slot.shape == tensor.shape:
-                with torch.no_grad():
-                    slot.copy_(tensor)
-    return out
-
-
-def _scatter(call, issue, given):
-    tensor, root = given["tensor"], call.root(given, "src")
-    if call.me == root:
-        parts = list(given.get("scatter_list") or ())
-        call.send(parts)
-        out = issue()
-        if len(parts) == call.n:  # the fake backend hands the source nothing either
-            with torch.no_grad():
-                tensor.copy_(parts[root])
-        return out
-    out = issue()
-    call.put(tensor, root, lambda data: data[call.me])
-    return out
-
-
-def _reduce_scatter(call, issue, given):
-    output, inputs = given["output"], list(given["input_list"])
-    if len(inputs) != call.n or not _small(inputs):
-        call.send(None)
-        return issue()
-    own = inputs[call.me].detach().clone()
-    call.send(inputs)
-    out = issue()
-    call.reduce_into(output, own, given.get("op", dist.ReduceOp.SUM), lambda data: data[call.me])
-    return out
-
-
-def _reduce_scatter_single(call, issue, given):
-    output, inp = given["output"], given["input"]
-    k = output.numel()
-    flat = _flat(inp)
-    if flat is None or flat.numel() != k * call.n or not _small([inp]):
-        call.send(None)
-        return issue()
-    call.send([inp])
-    own = flat[call.me * k:(call.me + 1) * k].clone()
-    out = issue()
-    call.reduce_into(output, own, given.get("op", dist.ReduceOp.SUM),
-                     lambda data: data[0].reshape(-1)[call.me * k:(call.me + 1) * k])
-    return out
-
-
-def _all_to_all_single(call, issue, given):
-    output, inp = given["output"], given["input"]
-    chunks = _split(inp, given.get("input_split_sizes"), call.n)
-    if chunks is None:
-        call.send(None)
-        return issue()
-    call.send(list(chunks))
-    own = chunks[call.me].clone()
-    out = issue()
-    parts = _split(output, given.get("output_split_sizes"), call.n)
-    if parts is not None:
-        for j, part in enumerate(parts):
-            if j != call.me:
-                call.put(part, j, lambda data: data[call.me])
-            elif part.shape == own.shape:
-                with torch.no_grad():
-                    part.copy_(own)
-    return out
-
-
-def _all_to_all(call, issue, given):
-    outputs, inputs = given["output_tensor_list"], list(given["input_tensor_list"])
-    call.send(inputs)
-    own = inputs[call.me].clone() if len(inputs) == call.n else None
-    out = issue()
-    for j, part in enumerate(outputs):
-        if j != call.me:
-            call.put(part, j, lambda data: data[call.me])
-        elif own is not None and part.shape == own.shape:
-            with torch.no_grad():
-                part.copy_(own)
-    return out
-
-
-def _send(call, issue, given):
-    dst = dist.get_global_rank(call.group, call.root(given, "dst"))
-    call.p2p(dist.get_rank(), dst).send([given["tensor"]])
-    return issue()
-
-
-def _recv(call, issue, given):
-    if given.get("src") is None and given.get("group_src") is None:  # any source: no pair to name
-        return issue()
-    src = call.root(given, "src")
-    call.p2p(dist.get_global_rank(call.group, src), dist.get_rank())
-    out = issue()
-    call.put(given["tensor"], src)
-    return out
-
-
-HANDLERS = {
-    "broadcast": ("broadcast", _broadcast), "all_reduce": ("all_reduce", _all_reduce), "reduce": ("reduce", _all_reduce),
-    "all_gather": ("all_gather", _all_gather), "all_gather_single": ("all_gather", _all_gather_single),
-    "all_gather_into_tensor": ("all_gather", _all_gather_single), "gather": ("gather", _gather),
-    "scatter": ("scatter", _scatter), "reduce_scatter": ("reduce_scatter", _reduce_scatter),
-    "reduce_scatter_single": ("reduce_scatter", _reduce_scatter_single),
-    "reduce_scatter_tensor": ("reduce_scatter", _reduce_scatter_single),
-    "all_to_all_single": ("all_to_all", _all_to_all_single), "all_to_all": ("all_to_all", _all_to_all),
-    "send": ("send", _send), "isend": ("send", _send), "recv": ("recv", _recv), "irecv": ("recv", _recv),
-}
-"""c10d function -> (its op in the ledger, its handler). torch 2.13's ``all_gather_into_tensor`` and
-``reduce_scatter_tensor`` call ``all_gather_single`` and ``reduce_scatter_single`` (which torch 2.11 lacks),
-``send`` and ``recv`` call ``isend`` and ``irecv``: the outermost call is handled, the inner ones pass."""
-
-TARGETS = tuple(n for n in HANDLERS if n not in ("all_gather_single", "reduce_scatter_single"))
-"""The names every torch read (2.11, 2.13) has: a fake world's table lists them (`patches`)."""
 
 
 class _Depth(threading.local):
@@ -539,5 +347,5 @@ def _replaying(op: str, handle):
 @functools.cache
 def replay_tensors() -> None:
     """Tensor collectives and P2P messages deliver what their traced senders sent (the module docstring)."""
-    for name, (op, handle) in HANDLERS.items():
+    for name, (op, handle) in receives.HANDLERS.items():
         wrap(name, _replaying(op, handle))

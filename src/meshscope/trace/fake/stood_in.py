@@ -16,6 +16,12 @@ NAMED = 20
 """Calls a rank names (the others are counted)."""
 SHOWN = 4
 """Calls the result's note names."""
+UNTRACED = "not traced before it"
+"""Why a sender's part was not known, where it had not run before the rank."""
+UNSENT = "sent nothing in this call"
+"""Why it was not known, where the sender ran before the rank but has no record of the call (it failed first)."""
+DERIVED = "kept its own integers for a peer's before it sent"
+"""Why it is not known for sure, where the sender's record was itself issued after a stand-in of its own."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,16 @@ def write(run_dir: RunDir, rank: int, count: int, named: list[StandIn]) -> None:
     folder = run_dir.objects(rank)
     folder.mkdir(parents=True, exist_ok=True)
     write_atomic(folder / FILE, json.dumps({"count": count, "named": [asdict(s) for s in named]}))
+
+
+def clear(run_dir: RunDir, rank: int) -> None:
+    (run_dir.objects(rank) / FILE).unlink(missing_ok=True)
+
+
+def unsent(stood: list[StandIn]) -> set[int]:
+    """The senders of `stood` whose part a run of theirs after the rank's may hold (`world.retrace`): those
+    that had not run before it, had no record of the call, or made it up themselves."""
+    return {rank for s in stood for rank, why in s.senders if why in (UNTRACED, UNSENT, DERIVED)}
 
 
 def read(run_dir: RunDir, ranks) -> dict[int, tuple[int, list[StandIn]]]:

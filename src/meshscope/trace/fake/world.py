@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Collection
 
 from ...core.events import rank_ranges
 from ...core.rundir import RunDir
@@ -68,12 +69,13 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
         if same is None:
             echo(f"meshscope trace: fake world of {world}: tracing ranks {chosen}\n")
             codes.update(server.run([r for r in chosen if r not in codes], cores))
+            ranks: list[int] = []
             for _ in range(RETRACE_ROUNDS):
-                ranks = retrace(run_dir, chosen)
+                ranks = retrace(run_dir, chosen, ranks)
                 if not ranks:
                     break
-                echo(f"meshscope trace: fake world of {world}: tracing ranks {ranks} again: they failed after "
-                     f"receiving objects from ranks not yet traced\n")
+                echo(f"meshscope trace: fake world of {world}: tracing ranks {ranks} again: they received values "
+                     f"from ranks not yet traced\n")
                 codes.update(server.run(ranks, cores))
                 again = sorted({*again, *ranks})
     except ServerFailed as exc:
@@ -97,8 +99,9 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
     result = assemble(run_dir, account=failure, fake_world=section)
     result.notes += fake_notes(result, stood_in.read(run_dir, traced))
     if again:
-        result.notes.append(f"ranks {again} failed after receiving objects from ranks not yet traced, and were "
-                            f"traced again after the others (what is shown is that second run)")
+        result.notes.append(f"ranks {again} were traced again after the others: they failed after receiving values "
+                            f"from ranks not yet traced, or received them from a rank traced again since (what is "
+                            f"shown is that second run)")
     if same is not None:
         result.notes.append(f"ranks {asked} failed the same way ({same}); the other classes of ranks were not "
                             f"traced: they run the same script")
@@ -110,14 +113,25 @@ RETRACE_ROUNDS = 4
 (rank 0's stage 2 needs stage 1's shapes, which need stage 0's), so each round lets one more stage through."""
 
 
-def retrace(run_dir: RunDir, traced: list[int]) -> list[int]:
-    """The ranks of `traced` that failed after a P2P object message they got a stand-in for, where a record
-    they looked for has been written since (`RankEnd.unheard`): traced once more after all the others,
-    they receive it (`objects`, `pipeline`). A pipeline's last stage runs beside rank 0, before any rank
-    of the stage that sends it its inputs' shapes."""
-    ends = [run_dir.read_end(r) for r in traced]
-    return [end.rank for end in ends
-            if end.status == "error" and any(any(run_dir.path.glob(record)) for record in end.unheard)]
+def retrace(run_dir: RunDir, traced: list[int], again: Collection[int] = ()) -> list[int]:
+    """The ranks of `traced` to trace once more, after all the others, so that they receive what was sent
+    (`objects`, `pipeline`, `replay`): those that failed after a P2P object message they got a stand-in for,
+    where a record they looked for has been written since (`RankEnd.unheard`), or after they kept their own
+    integers for what a rank sent that ended after them (`stood_in.unsent`); and those that passed but kept
+    their own for what a rank traced `again` in the last round sent (its first run was cut short, or sized
+    what it sent by a stand-in of its own). A pipeline's last stage runs beside rank 0, before any rank of
+    the stage that sends it its inputs' shapes; rank 0 runs before every rank whose counts it receives
+    (TorchRec's KJT all-to-alls: fbgemm crashed on counts it made up)."""
+    ends = {r: run_dir.read_end(r) for r in traced}
+    stood = stood_in.read(run_dir, traced)
+
+    def later(rank: int, among) -> bool:
+        senders = stood_in.unsent(stood[rank][1]) if rank in stood else set()
+        return any(s in ends and s in among and ends[s].time > ends[rank].time for s in senders)
+
+    return [r for r, end in ends.items()
+            if end.status == "error" and (any(any(run_dir.path.glob(p)) for p in end.unheard) or later(r, ends))
+            or end.ended and later(r, again)]
 
 
 def stand_in(ends: list[RankEnd]) -> FakeDevice | None:
