@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,23 @@ def trace_json(out: Path, *args, cwd: Path = ROOT) -> tuple[subprocess.Completed
 
 def failed_checks(result: dict) -> list[dict]:
     return [c for c in result["checks"] if not c["passed"]]
+
+
+def fake_equals_real(tmp_path: Path, world: int, job: list[str], fake_job: list[str] | None = None) -> dict:
+    """Trace `job` on `world` gloo ranks and `fake_job` (default `job`) in a fake world of as many, every
+    rank; the fake side's document once `meshscope diff` found the two the same (the frameworks' oracle)."""
+    real, _ = trace_json(tmp_path / "real", "--nproc-per-node", world, job)
+    fake, doc = trace_json(tmp_path / "fake", "--fake-world", world, "--ranks", ",".join(map(str, range(world))),
+                           fake_job or job)
+    assert real.returncode == 0 and fake.returncode == 0 and doc["passed"], real.stderr[-2000:] + fake.stderr[-2000:]
+    proc = cli_here("diff", tmp_path / "real", tmp_path / "fake", "--json")
+    assert json.loads(proc.stdout)["verdict"] == "same", proc.stdout[-3000:]
+    return doc
+
+
+def steady_calls(doc: dict, rank: int) -> Counter:
+    """(op, phase, bytes_in) -> calls, in `rank`'s first steady step of a ``--json`` document."""
+    first = doc["steady"][str(rank)]["first"]
+    (mine,) = [r for r in doc["per_rank"] if r["rank"] == rank]
+    (step,) = [s for s in mine["steps"] if s["step"] == first]
+    return Counter((e["op"], e["phase"], e["bytes_in"]) for e in step["events"])

@@ -5,21 +5,11 @@ verdict same)."""
 
 from __future__ import annotations
 
-from collections import Counter
-
-from .helpers import ROOT, skip_unless_installed, trace_json
-from .test_lightning import fake_equals_real
+from .helpers import ROOT, fake_equals_real, skip_unless_installed, steady_calls, trace_json
 
 skip_unless_installed("deepspeed")
 
 JOB = ROOT / "tests" / "jobs" / "deepspeed_zero.py"
-
-
-def steady(doc: dict, rank: int) -> Counter:
-    first = doc["steady"][str(rank)]["first"]
-    (mine,) = [r for r in doc["per_rank"] if r["rank"] == rank]
-    (step,) = [s for s in mine["steps"] if s["step"] == first]
-    return Counter((e["op"], e["phase"], e["bytes_in"]) for e in step["events"])
 
 
 def test_zero_2_steady_step_and_its_step_is_the_optimizers(tmp_path):
@@ -30,7 +20,7 @@ def test_zero_2_steady_step_and_its_step_is_the_optimizers(tmp_path):
     proc, doc = trace_json(tmp_path / "z2", "--nproc-per-node", 2, [str(JOB), "--stage", "2", "--steps", "4"])
     assert proc.returncode == 0 and doc["outcome"] == "passed", proc.stderr[-3000:]
     for rank in (0, 1):
-        assert steady(doc, rank) == {("all_reduce", "other", 3232): 1, ("all_reduce", "optimizer", 4): 1,
+        assert steady_calls(doc, rank) == {("all_reduce", "other", 3232): 1, ("all_reduce", "optimizer", 4): 1,
                                      ("all_gather", "optimizer", 1616): 1}
     assert [r["steps"] for r in doc["ranks"]] == [4, 4]  # one boundary per engine.step(), through its Adam
 
@@ -40,7 +30,7 @@ def test_zero_2_with_overlap_comm_fake_world_equals_gloo(tmp_path):
     stands for a CUDA one (``Tensor.record_stream``, stage_1_and_2.py:1531): the fake world of 2 issues what
     gloo does, call for call."""
     doc = fake_equals_real(tmp_path, 2, [str(JOB), "--stage", "2", "--overlap-comm", "--steps", "4"])
-    assert doc["outcome"] == "passed" and steady(doc, 1)[("all_gather", "optimizer", 1616)] == 1
+    assert doc["outcome"] == "passed" and steady_calls(doc, 1)[("all_gather", "optimizer", 1616)] == 1
 
 
 def test_zero_3_fake_world_equals_gloo(tmp_path):

@@ -4,28 +4,15 @@ counts its docstring reads from Lightning's loops and torch's DDP."""
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 
 import pytest
 
-from .helpers import ROOT, cli_here, skip_unless_installed, trace_json
+from .helpers import ROOT, fake_equals_real, skip_unless_installed
 
 skip_unless_installed("lightning")
 
 JOB = ROOT / "tests" / "jobs" / "lightning_ddp.py"
-
-
-def fake_equals_real(tmp_path, world: int, job: list[str], fake_job: list[str] | None = None) -> dict:
-    """Trace `job` on `world` gloo ranks and `fake_job` (default `job`) in a fake world of as many, every
-    rank; the fake side's document once `meshscope diff` found the two the same."""
-    real, _ = trace_json(tmp_path / "real", "--nproc-per-node", world, job)
-    fake, doc = trace_json(tmp_path / "fake", "--fake-world", world, "--ranks", ",".join(map(str, range(world))),
-                           fake_job or job)
-    assert real.returncode == 0 and fake.returncode == 0 and doc["passed"], real.stderr[-2000:] + fake.stderr[-2000:]
-    proc = cli_here("diff", tmp_path / "real", tmp_path / "fake", "--json")
-    assert json.loads(proc.stdout)["verdict"] == "same", proc.stdout[-3000:]
-    return doc
 
 
 def steady(doc: dict, rank: int) -> Counter:
