@@ -25,6 +25,24 @@ COLLECTIVE_FAILURE = re.compile(
 by peer`` when a peer's process ended; NCCL's communicator aborts): a consequence, not the script's
 own logic, and not a wait either."""
 
+CUDA_ONLY = re.compile(
+    r"^Unmapped: |not compiled with CUDA|compiled without CUDA|without ATen_cuda library|"
+    r"PyTorch is not linked with support for cuda|"
+    r"module 'torch\._C[\w.]*' has no attribute '_cud|Tried to instantiate dummy base class|"
+    r"Are you sure you have a CUDA build|requires CUDA support")
+"""An error of CUDA-only work where torch has no CUDA: what a CPU build of torch 2.13.0 says (read from its
+source and its libraries' strings), and a fake world's own refusal (``Unmapped: ...``,
+``trace.fake.devices``, which also words a GPU-less CUDA build's). ``torch/cuda/__init__.py:522``
+(``_lazy_init``: "Torch not compiled with CUDA enabled", which libtorch_python says of ``torch.cuda.FloatTensor``
+too) and ``:141`` ("PyTorch was compiled without CUDA support", its device properties);
+``ATen/detail/CUDAHooksInterface.h:67-246`` ("Cannot get CUDA generator without ATen_cuda library",
+"Cannot initialize CUDA ...", 21 in all); ``c10/core/impl/DeviceGuardImplInterface.h:417`` ("PyTorch is
+not linked with support for cuda devices"); the ``torch._C._cuda*`` bindings a CPU build lacks
+(``AttributeError: module 'torch._C' has no attribute '_cuda_getCurrentRawStream'``: bitsandbytes 0.50);
+``torch/_utils.py:1034`` (the placeholders of CUDA's C++ types: "Tried to instantiate dummy base class
+CUDAGraph"); ``torch/cuda/nvtx.py:15`` ("... Are you sure you have a CUDA build?") and
+``torch/cuda/streams.py:40`` ("torch.cuda.Stream requires CUDA support")."""
+
 DIST_ERRORS = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
 """torch.distributed's own exception types (torch/distributed/__init__.py, torch 2.13)."""
 
@@ -93,6 +111,9 @@ class RankEnd:
     """``file:line`` of the script's own innermost frame (not torch's, not a library's) when it raised."""
     origin: str = ""
     """``file:line`` of the frame that raised (inside a library, possibly)."""
+    meshscope_frame: str = ""
+    """``file:line`` of meshscope's own frame that failed (raised, or called what raised, of its own: not
+    passing the script's call on), when meshscope itself broke the job (`trace.script_frames.failed_in`)."""
     note: str = ""
     mapped: tuple[str, ...] = ()
     """A fake world's CUDA calls mapped to the CPU on this rank (``trace.fake.devices``)."""
@@ -148,6 +169,11 @@ class RankEnd:
         off (`COLLECTIVE_FAILURE`), or any of torch.distributed's own errors."""
         return self.status == "error" and (self.timed_out or self.exception in DIST_ERRORS
                                            or bool(COLLECTIVE_FAILURE.search(self.error)))
+
+    @property
+    def cuda_only(self) -> bool:
+        """Its error is one of CUDA-only work where torch has no CUDA (`CUDA_ONLY`)."""
+        return self.status == "error" and bool(CUDA_ONLY.search(self.error))
 
     @property
     def script_error(self) -> bool:

@@ -16,6 +16,9 @@ log, flight recorder, or both).
 
 Diagnoses:
   script-error    a rank's script raised (or exited non-zero) outside any collective    (`ends`)
+  meshscope-error meshscope's own code failed in the rank (its frame named): a bug to report (`blame`)
+  fake-world-gap  a fake world's rank failed on CUDA-only work it has no mapping for (a CPU build's
+                  "Torch not compiled with CUDA enabled", a missing ``torch._C._cuda_*``) (`blame`)
   group-order     ranks created process groups in different orders                  (`collective`)
   group-members   ranks created a group with different members (or sizes)             (`collective`)
   missing         some ranks never issued collective #k of a group the others wait in (`collective`)
@@ -30,8 +33,8 @@ One fault cascades: ranks blocked by it leave their peers waiting in other group
 ordered by when their first divergent entry was issued -- a wait for ranks that were blocked in
 another call is dated by that call, since it follows from it -- and the earliest is reported as the
 likely root cause, the others as what followed from it; when no rank was blocked in a collective, a
-script's own exception comes first (`ends` defines "blocked"). `diagnose` (in `diagnose.py`) runs it
-all and returns the typed `core.findings.Diagnosis`; `render` words it.
+rank's own failure (one of the first three kinds) comes first (`ends` defines "blocked"). `diagnose`
+(in `diagnose.py`) runs it all and returns the typed `core.findings.Diagnosis`; `render` words it.
 """
 
 from .diagnose import diagnose, progress, render

@@ -1,5 +1,6 @@
-"""Findings from how a traced job's ranks ended: the script's own exception (``script-error``), and
-which comes first, it or the collectives' findings.
+"""Findings from how a traced job's ranks ended: a rank's own failure (the script's exception,
+``script-error``, or meshscope's or the fake world's: `blame`), and which comes first, it or the
+collectives' findings.
 
 A rank is **blocked** when it waited in a collective that its peers were never going to join: its
 error is a collective's timeout (`core.rank_end.RankEnd.timed_out`: gloo's "Timed out waiting",
@@ -19,9 +20,11 @@ time (a script error raised after the hang began follows from it).
 
 from __future__ import annotations
 
+from ..core.errors import UsageError
 from ..core.findings import Finding
 from ..core.rundir import RunDir
 from ..core.rank_end import RankEnd
+from . import blame
 from .evidence import RankLog, blocked_in
 
 
@@ -58,14 +61,16 @@ def _passed_by_a_peer(rank: int, logs: dict[int, RankLog]) -> bool:
 
 
 def script_errors(ended: list[RankEnd], run_dir: RunDir) -> list[Finding]:
-    """One ``script-error`` per way the ranks failed on their own (exception, message and place): the
-    ranks that failed alike are one finding."""
+    """One finding per way the ranks failed on their own (exception, message and place), of the kind that
+    says whose failure it was (`blame`: the script's, meshscope's or the fake world's): the ranks that
+    failed alike are one finding."""
     alike: dict[tuple, list[RankEnd]] = {}
     for e in ended:
         if e.script_error:
-            alike.setdefault((e.exception, e.error, e.where), []).append(e)
+            alike.setdefault((e.exception, e.error, e.where, e.meshscope_frame), []).append(e)
+    fake_world = _fake_world(run_dir) if alike else False
     out = []
-    for (exception, error, where), group in alike.items():
+    for (exception, error, where, _), group in alike.items():
         first = min(group, key=lambda e: e.time)
         at = f" at {where}" if where else ""
         raised = f" (raised in {first.origin})" if first.origin and first.origin != where else ""
@@ -73,12 +78,20 @@ def script_errors(ended: list[RankEnd], run_dir: RunDir) -> list[Finding]:
         # a negative exit is a signal (torchrun's convention): the rank died in native code, and what its
         # threads ran then is Python's faulthandler dump, not a traceback (`trace.recording`'s `_fatal`)
         dump = "what each of its threads ran then (faulthandler)" if (first.exit_code or 0) < 0 else "its traceback"
-        said = f"; {dump} is in {log}" if log.exists() else ""
-        out.append(Finding("script-error", "", [], sorted(e.rank for e in group), f"{error}{at}{raised}",
-                           f"the script itself failed on {'this rank' if len(group) == 1 else 'these ranks'} "
-                           f"(exit code {first.exit_code}), outside any collective{said}", first.time,
-                           evidence="rank record"))
+        kind = blame.whose(first, fake_world)
+        out.append(Finding(kind, "", [], sorted(e.rank for e in group), f"{error}{at}{raised}",
+                           blame.cause(kind, first, len(group), f"{dump} is in {log}" if log.exists() else ""),
+                           first.time, evidence="rank record"))
     return out
+
+
+def _fake_world(run_dir: RunDir) -> bool:
+    """The directory is a fake world's trace; False for a real one's and for any other directory (a run's,
+    or a test's records alone)."""
+    try:
+        return run_dir.trace_spec().fake_world
+    except UsageError:
+        return False
 
 
 def order(findings: list[Finding], blocked_ranks: list[int]) -> list[Finding]:
@@ -86,4 +99,5 @@ def order(findings: list[Finding], blocked_ranks: list[int]) -> list[Finding]:
     by_time = sorted(findings, key=lambda f: (f.t, f.derived))  # stable: equal keys keep the order found in
     if blocked_ranks:
         return by_time
-    return [f for f in by_time if f.kind == "script-error"] + [f for f in by_time if f.kind != "script-error"]
+    return ([f for f in by_time if f.kind in blame.OWN_FAILURES]
+            + [f for f in by_time if f.kind not in blame.OWN_FAILURES])

@@ -49,9 +49,10 @@ from .timeouts import limit_timeouts
 
 
 def _failure(exc: BaseException, error: str) -> dict:
-    """The `RankEnd` fields of a failure: the error line, the exception and where it was raised."""
-    where, origin = script_frames.raised_at(exc)
-    return {"error": error, "exception": type(exc).__name__, "where": where, "origin": origin}
+    """The `RankEnd` fields of a failure: the error line, the exception, where it was raised and meshscope's
+    own frame if meshscope failed there."""
+    where, origin, ours = script_frames.raised_at(exc)
+    return {"error": error, "exception": type(exc).__name__, "where": where, "origin": origin, "meshscope_frame": ours}
 
 
 def main(argv: list[str], on_end=None) -> int:

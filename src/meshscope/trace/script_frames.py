@@ -6,12 +6,18 @@ user's code: not the standard library, not an installed package, not meshscope),
 frame that raised (inside torch or a framework, possibly). Two ranks failing "the same way" raise the
 same exception type at the same ``where``. One rule for all of them, used by the rank program, the
 device mapping and the fork server (which imports ahead only library modules).
+
+A third place, ``meshscope_frame``, is meshscope's own frame when meshscope itself failed (`failed_in`):
+then its traceback keeps meshscope's frames, for the bug report.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
+import linecache
 import os
+import re
 import sysconfig
 import traceback
 from pathlib import Path
@@ -74,14 +80,76 @@ def origin(frames) -> str:
     return place(frames[-1] if frames else None)
 
 
+def _below_the_runner(frames) -> list[traceback.FrameSummary]:
+    """The frames from the script's first on: without those of meshscope and runpy that ran it."""
+    frames = list(frames)
+    first = next((i for i, f in enumerate(frames) if not _runner(f.filename)), len(frames))
+    return frames[first:]
+
+
+_CALLEE = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
+
+
+def _running(frame: traceback.FrameSummary) -> str:
+    """The part of its line a frame was running: the columns of its instruction (Python 3.11+, UTF-8 byte
+    offsets), else the whole line."""
+    line = linecache.getline(frame.filename, frame.lineno)
+    if getattr(frame, "colno", None) is not None:
+        raw = line.encode()
+        line = raw[frame.colno:frame.end_colno if frame.end_lineno == frame.lineno else None].decode(errors="replace")
+    return line.strip()
+
+
+def _handed(code) -> tuple[str, ...]:
+    """The names a function was handed: its arguments and its closure's variables."""
+    count = code.co_argcount + code.co_kwonlyargcount + bool(code.co_flags & inspect.CO_VARARGS) \
+        + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    return code.co_varnames[:count] + code.co_freevars
+
+
+def _passes_on(frame: traceback.FrameSummary, names: tuple[str, ...]) -> bool:
+    """The frame was calling what it was handed (a wrapper's ``original``, a mode's ``func``: one of
+    `names`, `_handed`), or raising on purpose (``raise unmapped(...)``: a fake world's refusal): the
+    failure passed through it, it did not fail there."""
+    text = _running(frame)
+    if text.startswith("raise"):
+        return True
+    callee = _CALLEE.search(text)
+    return callee is not None and callee.group(1) in names
+
+
+def failed_in(exc: BaseException) -> str:
+    """``file:line`` of meshscope's own frame where `exc` was raised or left a call meshscope made of its own
+    (``json.dumps`` in its group log: nanotron's numpy ranks, before f17a67e), below the script's first
+    frame; empty where meshscope only passed the script's call on (its wrappers and TorchFunctionMode
+    call the function they were handed: a script's bad argument to ``all_reduce`` fails through them) or
+    raised on purpose, or where no frame of meshscope's is below the script's."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    below = len(frames) - len(_below_the_runner(frames))
+    ours = [i for i in range(below, len(frames)) if os.path.abspath(frames[i].filename).startswith(MESHSCOPE)]
+    if not ours:
+        return ""
+    i = ours[-1]
+    code = [frame for frame, _ in traceback.walk_tb(exc.__traceback__)][i].f_code
+    if _passes_on(frames[i], _handed(code)):
+        return ""
+    return place(frames[i])
+
+
 def script_traceback(exc: BaseException) -> str:
-    """The script's traceback, as ``python SCRIPT`` would print it, without the frames that ran it."""
+    """The script's traceback, as ``python SCRIPT`` would print it, without the frames that ran it; where
+    meshscope failed (`failed_in`), with meshscope's frames below the script's, so that its report shows
+    where."""
     tb = traceback.TracebackException.from_exception(exc)
-    tb.stack = traceback.StackSummary.from_list(shown(tb.stack))
+    keep = _below_the_runner if failed_in(exc) else shown
+    tb.stack = traceback.StackSummary.from_list(keep(tb.stack))
     return "".join(tb.format())
 
 
-def raised_at(exc: BaseException) -> tuple[str, str]:
-    """(where, origin) of an exception (`where`, `origin`)."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    return where(frames), origin(frames)
+def raised_at(exc: BaseException) -> tuple[str, str, str]:
+    """(where, origin, meshscope's frame) of an exception (`where`, `origin`, `failed_in`); where meshscope
+    did not fail, its frames are not the origin either (its TorchFunctionMode forwards every torch call of
+    a fake world's script: the origin was torch's C++, below the frame that called it)."""
+    frames, ours = traceback.extract_tb(exc.__traceback__), failed_in(exc)
+    raised = frames if ours else [f for f in frames if not os.path.abspath(f.filename).startswith(MESHSCOPE)]
+    return where(frames), origin(raised), ours
