@@ -265,7 +265,9 @@ def test_classes_keep_three_places_only_where_the_first_ranks_showed_an_order():
     assert ordered_kinds(9, groups, rooted_at_first) == set()
     assert ordered_kinds(9, groups, [*rooted_at_first, call("send", [0, 3, 6], peer=3)]) == {"pp"}
     assert ordered_kinds(9, groups, [call("gather", [6, 7, 8], peer=8)]) == {"tp"}
-    assert ordered_kinds(9, groups, [call("send", range(9), peer=1)]) == {DEFAULT}
+    # on the default group, the smallest groups holding both ends: tp's for 0 -> 1, none but the world's for 0 -> 4
+    assert ordered_kinds(9, groups, [call("send", range(9), peer=1)]) == {"tp"}
+    assert ordered_kinds(9, groups, [call("send", range(9), peer=4)]) == {DEFAULT}
     assert ordered_kinds(9, groups, [call("send", [0, 4], peer=4)]) == ORDERED
     assert sorted(rank_classes(6, [], {DEFAULT}).values()) == [[0], [1, 3], [2, 4], [5]]  # middles by parity
     assert sorted(rank_classes(6, [], set()).values()) == [[0], [1, 2, 3, 4, 5]]

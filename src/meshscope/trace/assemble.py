@@ -122,7 +122,10 @@ def assemble(run_dir: Path | RunDir, account: str | None = None, fake_world: Fak
     for e in events:
         if e.op not in ("send", "recv") or e.axis != "world":
             axes.setdefault(e.axis, set()).add(e.group)
-    for desc, members in created if spec.fake_world else ():  # its rank 0 saw every group created
+    # rank 0 saw every group created, member or not, for real as in a fake world: new_group "requires that
+    # all processes in the main group enter this function, even if they are not going to be members"
+    # (torch 2.13, distributed_c10d.py:5758), so a family some ranks never call on is whole here too
+    for desc, members in created:
         axis = axis_of(desc)
         if axis == GROUP and not desc:
             axis = inferred.labels.get(tuple(members), GROUP)

@@ -2,14 +2,18 @@
 
 Group creation is a global protocol, so rank 0's process notes every group of every axis, member or
 not (`trace.created`); ranks that hold the same place in every kind of group issue the same ledger up
-to relabelling, and one per class is traced (`world`).
+to relabelling, and one per class is traced (`world`). A group's kind is its description, or where
+the job gave none (picotron's, DeepSpeed's groups) the axis its members make it (`core.mesh_infer`):
+one empty description would put every unnamed family in one kind, and an order shown on one family
+would then split the places of all of them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ...core.events import CommEvent, orders_members
+from ...core.events import P2P, CommEvent, orders_members
+from ...core.mesh_infer import infer
 
 DEFAULT = "default_pg"
 """The default group's kind (torch's description of it): every rank, created by no `new_group`, is one
@@ -22,7 +26,7 @@ def rank_classes(world: int, groups: list[tuple[str, list[int]]],
                  ordered: set[str] | str = ORDERED) -> dict[tuple, list[int]]:
     """Ranks grouped by their place in every group they belong to.
 
-    A rank's key is, for each group description (each kind of group: an axis; the default group is one,
+    A rank's key is, for each kind of group (`kinds`: a description or an inferred axis; the default group is one,
     `DEFAULT`), its place in its group there and the group's size. In the kinds of `ordered` (all of
     them by default) the place is first, last, or a middle member at an even or an odd position: a
     pipeline's two ends differ from its inner stages, and torch 2.15 connects neighbouring stages pair
@@ -36,7 +40,7 @@ def rank_classes(world: int, groups: list[tuple[str, list[int]]],
     claim is verified on small worlds by tracing every rank (tests/test_fake_world.py).
     """
     by_desc: dict[str, list[list[int]]] = {DEFAULT: [list(range(world))]}
-    for desc, ranks in groups:
+    for desc, ranks in kinds(world, groups):
         by_desc.setdefault(desc, []).append(ranks)
     key: dict[int, list] = {r: [] for r in range(world)}
     for desc in sorted(by_desc):
@@ -66,19 +70,40 @@ def place(i: int, size: int, in_order: bool) -> str:
     return "last" if i == size - 1 else f"middle {i % 2}"
 
 
+def kinds(world: int, groups: list[tuple[str, list[int]]]) -> list[tuple[str, list[int]]]:
+    """`groups` ((description, ranks), as rank 0 created them) with each description replaced by its kind:
+    itself, or for a group the job named none of, the axis `core.mesh_infer` reads from its members
+    (empty where they fit none)."""
+    labels = infer(world, groups).labels
+    return [(desc or labels.get(tuple(sorted(ranks)), ""), ranks) for desc, ranks in groups]
+
+
 def ordered_kinds(world: int, groups: list[tuple[str, list[int]]], events: Iterable[CommEvent]) -> set[str] | str:
-    """The kinds of group (descriptions) whose members' places beyond first-or-not show in what the
-    traced ranks issued: those that carried a point-to-point call (a pipeline's stages, a ring) or a
-    rooted call whose root was not the group's first member. `ORDERED` (every kind) where such a call
-    was on a group rank 0 saw no creation of."""
-    kinds_of: dict[tuple[int, ...], set[str]] = {tuple(range(world)): {DEFAULT}}
-    for desc, ranks in groups:
-        kinds_of.setdefault(tuple(sorted(ranks)), set()).add(desc)
+    """The kinds of group (`kinds`) whose members' places beyond first or not show in what the traced
+    ranks issued: those that carried a point-to-point call (a pipeline's stages, a ring) or a rooted call
+    whose root was not the group's first member. `ORDERED` (every kind) where such a call was on a group
+    rank 0 saw no creation of.
+
+    A point-to-point call on the default group names its peer by global rank and so no axis (picotron's
+    ``batch_isend_irecv`` between stages, huggingface/picotron at 59714b1,
+    ``pipeline_parallel/pp_communications.py``): the pair's place is in the smallest groups that hold
+    both ends (its pipeline, `pp`), whose kind is ordered; the default group only where no smaller one
+    does. Ordering the world instead keeps first, parity and last of the global rank, which puts a last
+    stage whose rank has a middle stage's parity in that middle stage's class."""
+    world_group = tuple(range(world))
+    kinds_of: dict[tuple[int, ...], set[str]] = {world_group: {DEFAULT}}
+    for kind, ranks in kinds(world, groups):
+        kinds_of.setdefault(tuple(sorted(ranks)), set()).add(kind)
     ordered: set[str] = set()
     for e in events:
-        if orders_members(e):
-            kinds = kinds_of.get(tuple(e.group))
-            if kinds is None:
-                return ORDERED
-            ordered |= kinds
+        if not orders_members(e):
+            continue
+        group = tuple(e.group)
+        if e.op in P2P and group == world_group and e.peer is not None:
+            holding = [g for g in kinds_of if e.rank in g and e.peer in g]  # the world at least
+            ordered.update(*(kinds_of[g] for g in holding if len(g) == min(map(len, holding))))
+        elif group in kinds_of:
+            ordered |= kinds_of[group]
+        else:
+            return ORDERED
     return ordered
