@@ -8,9 +8,12 @@ case, the seconds of its setup (the module's shared traces are made there) and o
 the 1-minute load average at the start, the end and its highest sample (every 5 s) in between. The
 pytorch/examples cases need a checkout (``--examples DIR``, the folder that holds ``distributed/``;
 default ``$MESHSCOPE_PYTORCH_EXAMPLES``): its commit and the sha256 of each script traced are printed
-first, the proof that they ran as their authors wrote them. Without one those cases are skipped.
+first, the proof that they ran as their authors wrote them. Without one those cases are skipped. The
+picotron case (tests/test_picotron.py) likewise needs a huggingface/picotron checkout (``--picotron DIR``, the
+folder holding ``train.py``; default ``$MESHSCOPE_PICOTRON``), whose commit is printed first.
 
-Run: python benchmarks/bench_frameworks.py [--examples /path/to/pytorch/examples] [-- PYTEST_ARGS]
+Run: python benchmarks/bench_frameworks.py [--examples /path/to/pytorch/examples] [--picotron /path/to/picotron]
+[-- PYTEST_ARGS]
 
 The newer releases (torchtitan 0.3.0 on torch 2.15, megatron-core 0.19.2, both on Python 3.12) run in a venv of
 their own, outside CI; each test runs only where the release it reads is installed (the others are skipped,
@@ -22,6 +25,17 @@ without a GPU gets (pip on this project's box caps torch, hence ``PIP_CONSTRAINT
         pytest pytest-timeout pytest-xdist expecttest tokenizers
     PIP_CONSTRAINT=/dev/null /work/compat-venv/bin/pip install torch==2.15.0 -e .
     /work/compat-venv/bin/python benchmarks/bench_frameworks.py
+
+picotron pins transformers 4.47 (its requirements.txt; with 5.x its config has no ``rope_theta`` and its
+tokenizer no ``batch_encode_plus``), and transformers 4.47's datasets 2.19 needs numpy < 2, which needs
+pyarrow < 20 and pandas < 3; so it runs in a venv of its own, where every other stack's case is skipped
+(picotron is on no package index: a git checkout at 59714b1, the commit its test's counts were read at)::
+
+    git clone https://github.com/huggingface/picotron /work/picotron && git -C /work/picotron checkout 59714b1
+    python3 -m venv /work/picotron-venv
+    /work/picotron-venv/bin/pip install torch==2.13.0 -e . transformers==4.47.0 datasets==2.19.1 'numpy<2' \
+        'pyarrow<20' 'pandas<3' wandb pytest pytest-timeout pytest-xdist
+    /work/picotron-venv/bin/python benchmarks/bench_frameworks.py --picotron /work/picotron -- tests/test_picotron.py
 """
 
 from __future__ import annotations
@@ -44,7 +58,7 @@ SCRIPTS = ["ddp-tutorial-series/multigpu_torchrun.py", "tensor_parallelism/tenso
 """The scripts tests/test_pytorch_examples.py traces, under the checkout's ``distributed/``."""
 DURATION = re.compile(r"^\s*([\d.]+)s (setup|call|teardown)\s+(\S+)")
 STACKS = ("torch", "megatron-core", "lightning", "torchtitan", "deepspeed", "torchrec", "fbgemm-gpu-cpu",
-          "transformers", "accelerate", "torchtune", "nanotron", "colossalai")
+          "transformers", "accelerate", "torchtune", "torchao", "nanotron", "colossalai")
 """The distributions whose code the cases trace: each one's installed version is printed (or "not
 installed": its cases skip, saying which release they read)."""
 
@@ -61,9 +75,13 @@ def describe_stacks() -> None:
     print("stacks: " + ", ".join(f"{name} {installed(name)}" for name in STACKS))
 
 
+def commit(checkout: Path) -> str:
+    found = subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True, text=True)
+    return found.stdout.strip() or "(not a git checkout)"
+
+
 def describe_checkout(examples: Path) -> None:
-    commit = subprocess.run(["git", "-C", str(examples), "rev-parse", "HEAD"], capture_output=True, text=True)
-    print(f"pytorch/examples at {examples}: commit {commit.stdout.strip() or '(not a git checkout)'}")
+    print(f"pytorch/examples at {examples}: commit {commit(examples)}")
     for script in SCRIPTS:
         path = examples / "distributed" / script
         digest = hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else "(missing)"
@@ -93,6 +111,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--examples", type=Path, default=os.environ.get("MESHSCOPE_PYTORCH_EXAMPLES"),
                    help="a pytorch/examples checkout (the folder holding distributed/)")
+    p.add_argument("--picotron", type=Path, default=os.environ.get("MESHSCOPE_PICOTRON"),
+                   help="a huggingface/picotron checkout (the folder holding train.py)")
     p.add_argument("pytest_args", nargs="*", help="more pytest arguments, after --")
     args = p.parse_args()
     env = dict(os.environ)
@@ -103,6 +123,13 @@ def main() -> None:
         env["MESHSCOPE_PYTORCH_EXAMPLES"] = str(args.examples.resolve())
     else:
         print("no pytorch/examples checkout (--examples or MESHSCOPE_PYTORCH_EXAMPLES): its cases are skipped")
+    if args.picotron:
+        if not (args.picotron / "train.py").is_file():
+            sys.exit(f"--picotron {args.picotron}: no train.py there (a huggingface/picotron checkout?)")
+        print(f"picotron at {args.picotron}: commit {commit(args.picotron)}")
+        env["MESHSCOPE_PICOTRON"] = str(args.picotron.resolve())
+    else:
+        print("no picotron checkout (--picotron or MESHSCOPE_PICOTRON): its case is skipped")
     print(f"machine: {os.cpu_count()} CPUs ({cpu_model()}), Python {platform.python_version()}")
     describe_stacks()
 

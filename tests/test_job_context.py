@@ -260,3 +260,62 @@ def test_a_frameworks_own_step_is_the_optimizers_phase_and_ends_the_step(tmp_pat
         sys.modules.pop("ms_engine", None)
     assert seen == [("optimizer", 0), ("optimizer", 0), ("optimizer", 1)] and steps == [1, 2]
     assert not getattr(ms_engine.Engine.step, "__meshscope_stepper__", False)  # unwrapped by remove
+
+
+class Combined(torch.optim.Optimizer):
+    """Steps the optimizers it holds, as TorchRec 1.8.0's ``CombinedOptimizer.step`` does (optim/keyed.py:369-371);
+    DistributedModelParallel's ``fused_optimizer`` is itself one, so a job's ``step()`` is nested three deep."""
+
+    def __init__(self, inner):
+        super().__init__([nn.Parameter(torch.ones(1))], {})
+        self.inner = inner
+
+    def step(self, closure=None):
+        for opt in self.inner:
+            opt.step()
+
+
+def test_a_step_nested_inside_an_outer_optimizers_step_counts_once():
+    """TorchRec's DLRM (tests/jobs/torchrec_dlrm.py): the outer CombinedOptimizer steps the model's fused one,
+    which steps the collection's, and Adam; 3 ``step()`` calls of the job are 3 steps of each class, and the
+    note says so (it said 9 of CombinedOptimizer)."""
+    steps = []
+    ctx = JobContext(on_step=steps.append)
+    ctx.install()
+    try:
+        w = nn.Parameter(torch.ones(2))
+        adam = torch.optim.Adam([w])
+        optimizer = Combined([Combined([Combined([])]), adam])
+        for _ in range(3):
+            w.grad = torch.ones(2)
+            optimizer.step()
+    finally:
+        ctx.remove()
+    assert steps == [1, 2, 3] and ctx.stepped == {"Combined": 3, "Adam": 3}
+    assert ctx.boundary_note().endswith("optimizers that stepped: Adam (3 steps), Combined (3 steps)")
+
+
+class DistributedModelParallel(nn.Module):
+    """TorchRec 1.8.0's wrapper as the hooks see it: the model (or the DDP around it) is ``_dmp_wrapped_module``
+    (distributed/model_parallel.py:357), ``module`` unwraps it (:380), ``forward`` calls it (:410)."""
+
+    def __init__(self, model, ctx, seen):
+        super().__init__()
+        self._dmp_wrapped_module, self.ctx, self.seen = model, ctx, seen
+
+    @property
+    def module(self):
+        return self._dmp_wrapped_module
+
+    def forward(self, x):
+        self.seen.append(_where(self.ctx))
+        return self._dmp_wrapped_module(x)
+
+
+def test_torchrecs_model_parallel_wrapper_adds_no_prefix_and_names_the_root_by_its_model(ctx):
+    """The regions under TorchRec's DistributedModelParallel are the model's own paths (its plan's keys:
+    ``model.sparse_arch.embedding_bag_collection``), and the wrapper's own forward is the wrapped model's."""
+    seen = []
+    model = nn.Sequential(nn.Linear(2, 2), nn.Sequential(Probe(ctx, seen)))
+    DistributedModelParallel(model, ctx, seen)(torch.ones(1, 2))
+    assert seen == [("forward", "Sequential"), ("forward", "1.0")]

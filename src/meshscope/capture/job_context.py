@@ -17,8 +17,8 @@ A traced script is not meshscope's code, so nothing labels its calls; torch's gl
   pre/post hooks keep a stack), otherwise ``other`` (gradient clipping, a pipeline schedule's sends
   between stages, Megatron's gradient finalisation);
 - region: the qualified name of the innermost module in forward, from the first root module that
-  ran, without wrapper prefixes (``module.``, ``_fsdp_wrapped_module.``, ...). Backward calls carry
-  no module: autograd runs them below any module hook.
+  ran, without wrapper prefixes (``module.``, ``_fsdp_wrapped_module.``, ``_dmp_wrapped_module.``, ...).
+  Backward calls carry no module: autograd runs them below any module hook.
 
 Over time (where a rank's time went between its calls: docs/trace.md, "Time"), every change of
 (phase, module) on the main thread is a move: module entries and exits,
@@ -52,15 +52,21 @@ from .steppers import Wrapped
 
 _now = time.perf_counter
 
-WRAPPER_PREFIXES = re.compile(r"(^|\.)(module|_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod)(?=\.|$)")
-"""Path components that wrappers insert (DDP, FSDP1, activation checkpointing, torch.compile)."""
+WRAPPER_PREFIXES = re.compile(
+    r"(^|\.)(module|_fsdp_wrapped_module|_checkpoint_wrapped_module|_orig_mod|_dmp_wrapped_module)(?=\.|$)")
+"""Path components that wrappers insert (DDP, FSDP1, activation checkpointing, torch.compile, TorchRec's
+``DistributedModelParallel``: its model, or the DDP around it, is ``_dmp_wrapped_module``, torchrec 1.8.0
+distributed/model_parallel.py:357)."""
 
 
-WRAPPERS = ("DistributedDataParallel", "FullyShardedDataParallel", "OptimizedModule")
+WRAPPERS = ("DistributedDataParallel", "FullyShardedDataParallel", "OptimizedModule", "DistributedModelParallel")
+"""Classes whose ``module`` (or ``_orig_mod``) is the model they wrap; TorchRec's ``module`` property unwraps
+its DDP too (model_parallel.py:380, ``get_unwrapped_module``)."""
 
 
 def _root_name(module) -> str:
-    """A root's label: its class, or for a wrapper (DDP, FSDP1, torch.compile) the wrapped model's."""
+    """A root's label: its class, or for a wrapper (DDP, FSDP1, torch.compile, TorchRec's DMP) the wrapped
+    model's."""
     inner = getattr(module, "module", None) or getattr(module, "_orig_mod", None)
     if type(module).__name__ in WRAPPERS and inner is not None:
         return type(inner).__name__
@@ -86,9 +92,13 @@ class JobContext:
         self.on_step = on_step
         self.optimizers_seen = 0
         self.stepped: dict[str, int] = {}
-        """Optimizer class name -> its ``step()`` calls that returned (each optimizer, nested ones too)."""
+        """Optimizer class name -> the outermost steps in which one of that class stepped (nested ones too, each
+        class once per outermost step: TorchRec's ``CombinedOptimizer.step`` steps the ``CombinedOptimizer``s
+        inside it, torchrec 1.8.0 optim/keyed.py:369-371, and the job stepped once)."""
         self.stepped_outer: dict[str, int] = {}
         """The same for the frameworks' own steps around them (`steppers`)."""
+        self._stepped_now: set[str] = set()
+        """The classes counted in the outermost step now running."""
         self._boundary = None
         self._optimizer_depth = 0
         self._closure_depth = 0
@@ -211,14 +221,22 @@ class JobContext:
         self._optimizer_depth -= 1
         self.moved()
         self.optimizers_seen += 1
-        name = type(opt).__name__
-        self.stepped[name] = self.stepped.get(name, 0) + 1
+        self._count(self.stepped, type(opt).__name__)
         self._boundary_stepped = self._boundary_stepped or self._is_boundary(opt)
         self._maybe_boundary()
 
+    def _count(self, counts: dict[str, int], name: str) -> None:
+        """A step of class `name` returned: counted once per outermost step."""
+        if name not in self._stepped_now:
+            self._stepped_now.add(name)
+            counts[name] = counts.get(name, 0) + 1
+
     def _maybe_boundary(self) -> None:
         """The outermost step returned with the boundary optimizer stepped inside it: the next step begins."""
-        if self._optimizer_depth == 0 and self._boundary_stepped:
+        if self._optimizer_depth:
+            return
+        self._stepped_now.clear()
+        if self._boundary_stepped:
             self._boundary_stepped = False
             self.step += 1
             if self.on_step is not None:
@@ -235,7 +253,7 @@ class JobContext:
         self._optimizer_depth -= 1
         self.moved()
         name = type(stepper).__name__
-        self.stepped_outer[name] = self.stepped_outer.get(name, 0) + 1
+        self._count(self.stepped_outer, name)
         self._boundary_stepped = self._boundary_stepped or name == self.step_optimizer
         self._maybe_boundary()
 
