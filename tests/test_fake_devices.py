@@ -192,20 +192,20 @@ def idioms():
 
 ANSWERS = [
     ("accelerator gate", True),  # pytorch/examples' verify_min_gpu_count: both exit at once without it
-    ("model.to(local_rank)", "cpu"),  # ddp-tutorial-series: model.to(self.gpu_id)
-    ("device=current_device()", [1, "cpu"]),  # an int ordinal, 135 places in megatron-core 0.16.1
+    ("model.to(local_rank)", "cuda"),  # ddp-tutorial-series: model.to(self.gpu_id)
+    ("device=current_device()", [1, "cuda"]),  # an int ordinal, 135 places in megatron-core 0.16.1
     ("torch.cuda.random.get_rng_state", True),  # Megatron's RNG tracker; the alias of torch.cuda.get_rng_state
-    ("backward allocating on cuda", "cpu"),  # autograd's engine runs it, outside the script's frames
-    ("torch.load to cuda", ["cpu", "cpu"]),  # pytorch/examples' snapshot, map_location="cuda:N"
-    ("Adam step on cuda", "cpu"),  # torchtitan on a CUDA build of torch without a GPU (torch 2.15)
+    ("backward allocating on cuda", "cuda"),  # autograd's engine runs it, outside the script's frames
+    ("torch.load to cuda", ["cuda", "cuda"]),  # pytorch/examples' snapshot, map_location="cuda:N"
+    ("Adam step on cuda", "cuda"),  # torchtitan on a CUDA build of torch without a GPU (torch 2.15)
     ("get_device_capability", [9, 0]),  # Lightning's precision check, accelerator="cuda"
     ("get_device_name", "NVIDIA H100 80GB HBM3"),  # torchtitan's memory monitor (components/metrics.py:45-76)
     ("get_device_properties", 85_520_809_984),
     ("reset_peak_memory_stats", None),
     ("memory_stats", {"active_bytes.all.peak": 0, "reserved_bytes.all.peak": 0, "num_alloc_retries": 0, "num_ooms": 0}),
-    ("record_stream", "cpu"),  # DeepSpeed ZeRO-1/2 with overlap_comm, ZeRO-3 (issue 42): a no-op, whatever the stream
-    # ShardedTensor.__init__ and TorchRec's path: the placement stays as written, its shard on the CPU (issue 42)
-    ("_shard placement on cuda", [["rank:1/cuda:1", "cpu"], ["rank:1/cuda:1", "cpu"]]),
+    ("record_stream", "cuda"),  # DeepSpeed ZeRO-1/2 with overlap_comm, ZeRO-3 (issue 42): a no-op, whatever the stream
+    # ShardedTensor.__init__ and TorchRec's path: the placement as written, its shard a GPU's tensor (issue 42)
+    ("_shard placement on cuda", [["rank:1/cuda:1", "cuda"], ["rank:1/cuda:1", "cuda"]]),
 ]
 """Each idiom of `IDIOMS` and its answer, with where a framework relies on it."""
 
@@ -295,9 +295,11 @@ print(json.dumps({"placements": seen, "mask": error}))
 '''
 
 
-def test_a_cuda_type_check_is_explained(tmp_path):
-    """Megatron-core's clip_grads.py:167 asserts ``param.grad.type() == 'torch.cuda.FloatTensor'``: a fake world
-    cannot answer it soundly (`devices` says why), so the rank's error says so in one line."""
+def test_a_cuda_type_check_of_an_unmarked_tensor_is_explained(tmp_path):
+    """Megatron-core's clip_grads.py:167 asserts ``param.grad.type() == 'torch.cuda.FloatTensor'``, which a marked
+    tensor answers (tests/test_cuda_tensors.py); one the fake world could not mark (made in a thread the script
+    started, or in C++ and handed over without a torch call) reads as the host's, and the rank's error says so in
+    one line."""
     check = tmp_path / "clip_grads.py"
     check.write_text("def clip(grad):\n    assert grad.type() == 'torch.cuda.FloatTensor'\n")
     namespace = runpy.run_path(str(check))
@@ -305,7 +307,8 @@ def test_a_cuda_type_check_is_explained(tmp_path):
         namespace["clip"](torch.ones(2))
     line = devices.explain(raised.value)
     assert line.startswith("the script checks for a CUDA tensor type at clip_grads.py:2 (assert grad.type() == "
-                           "'torch.cuda.FloatTensor'), which a fake world cannot answer"), line
+                           "'torch.cuda.FloatTensor'), of a tensor the fake world could not tell stands for a CUDA "
+                           "one"), line
 
 
 def test_inductor_asks_triton_for_no_gpu_where_cuda_is_mapped(tmp_path):

@@ -234,7 +234,9 @@ def test_value_reads_of_a_training_script_are_answered_and_its_ledger_is_the_one
                shapes["notes"])
     import torch  # rank 0's checkpoint is whole: its structure and shapes, without data
 
-    checkpoint = torch.load(tmp_path / "ckpt" / "checkpoint.pt")
+    # its tensors were a GPU's (the job puts its model on cuda), so the file says so, as a GPU's would: a machine
+    # without CUDA loads it mapped to the CPU
+    checkpoint = torch.load(tmp_path / "ckpt" / "checkpoint.pt", map_location="cpu")
     assert checkpoint["step"] == steps and checkpoint["model"]["0.weight"].shape == (32, 16)
 
 

@@ -11,9 +11,9 @@ It never imports meshscope. Written for CUDA + NCCL (megatron-core allocates on
 ``torch.cuda.current_device()``); on a machine without CUDA it runs only in a fake world.
 Needs ``pip install megatron-core==0.16.1``.
 
-Two choices differ from megatron-core's defaults. ``OptimizerConfig.clip_grad=0``: its gradient
-clipping asserts ``grad.type() == 'torch.cuda.FloatTensor'`` (clip_grads.py:167), which no CPU
-tensor standing in for a CUDA one can answer. With ``--sequence-parallel``, the layer norms are the
+One choice differs from megatron-core's defaults (its gradient clipping, ``clip_grad=1.0``, which
+asserts ``grad.type() == 'torch.cuda.FloatTensor'`` at clip_grads.py:167, is kept). With
+``--sequence-parallel``, the layer norms are the
 script's own: without Apex the local spec's norm is ``WrappedTorchNorm``, which refuses sequence
 parallelism (torch_norm.py:32), and ``FusedLayerNorm`` needs Apex; ``SequenceParallelLayerNorm``
 below is torch's LayerNorm with its parameters marked as FusedLayerNorm marks them.
@@ -122,7 +122,7 @@ def main():
     model = DistributedDataParallel(config, DistributedDataParallelConfig(), model)
     config.no_sync_func = model.no_sync
     config.finalize_model_grads_func = finalize_model_grads
-    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3, clip_grad=0.0), [model])
+    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-3), [model])
 
     gen = torch.Generator().manual_seed(1000 + ps.get_data_parallel_rank())
     positions = torch.arange(args.seq).unsqueeze(0).expand(args.batch, -1).cuda()

@@ -11,8 +11,10 @@ rank's own (`assumed` marks what a call's fields cannot know), and a P2P receive
 ``torch.distributed.pipelining``'s warm-up learns from its peers is `pipeline`'s). DDP's built-in gradient hook
 takes the reduced bucket from the work's future, which the fake backend leaves empty, so DDP gets a
 hook that issues the same all-reduce of the same bucket and hands the bucket back
-(`fake_allreduce_hook`); a script that registers a comm hook of its own fails there ("can only be
-called once"). What object collectives receive is `objects`'s.
+(`fake_allreduce_hook`); a comm hook the script registers (or torch's DDP for itself) takes its place,
+and the works it waits on carry their outputs, as gloo's do (`hook_ddp`). ``dist.get_backend`` answers
+the backend the script named for the group, not ``"fake"`` (`backend_as_asked`). What object
+collectives receive is `objects`'s.
 
 Each installer here is one row of `patches.PATCHES` (its target, why, the torch versions read) and
 idempotent: the fork server installs them before it forks the ranks, which install them again.
@@ -22,12 +24,15 @@ from __future__ import annotations
 
 import functools
 import os
+from contextlib import contextmanager
 
 from ..entry_points import arguments, wrap
 
 
-asked: list[str] = []
-"""The backend the script's init_process_group named ("default" where it named none), once it has run."""
+asked: dict[str, str] = {}
+"""Group name -> the backend the script named for it, as torch keeps it for ``get_backend``
+(distributed_c10d.py ``_world.pg_map``, torch 2.13): ``init_process_group``'s (``"undefined"`` where it
+named none), a ``new_group``'s (the default group's where it named none), a split's parent's."""
 
 
 @functools.cache
@@ -44,10 +49,12 @@ def fake_init_process_group() -> None:
             given = bind(args, kwargs)
             for name in ("device_id", "init_method", "_ranks"):  # the fake backend binds no device, needs no peer
                 given.pop(name, None)
-            asked[:] = [str(given.get("backend") or "default")]
+            named = str(given.get("backend") or "undefined")
             given.update(backend="fake", store=FakeStore(), rank=int(os.environ["RANK"]),
                          world_size=int(os.environ["WORLD_SIZE"]))
-            return original(**given)
+            done = original(**given)
+            _name(None, named)
+            return done
         return init_process_group
 
     wrap("init_process_group", fake_init)
@@ -69,8 +76,11 @@ def fake_new_group() -> None:
             given = bind(args, kwargs)
             for name in ("device_id", "pg_options"):
                 given.pop(name, None)
+            named = given.get("backend")
             given["backend"] = "fake"
-            return original(**given)
+            group = original(**given)
+            _name(group, str(named) if named else _asked(None))
+            return group
         return new_group
 
     wrap("new_group", fake)
@@ -105,24 +115,114 @@ def fake_split_group() -> None:
             if split is None:  # in no split: torch returns None
                 return None
             ranks = sorted(dist.get_global_rank(parent, r) for r in split)
-            return c10d.new_group(ranks, timeout=given.get("timeout"), group_desc=desc, use_local_synchronization=True)
+            group = c10d.new_group(ranks, timeout=given.get("timeout"), group_desc=desc, use_local_synchronization=True)
+            _name(group, _asked(parent))  # torch's split keeps its parent's backend (distributed_c10d.py:5623)
+            return group
         return split_group
 
     wrap("split_group", fake)
 
 
+def _name(group, named: str) -> None:
+    """Keep `named` as `group`'s asked backend (None: the default group; a non-member's group is not one)."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    group = c10d._get_default_group() if group is None else group
+    if isinstance(group, dist.ProcessGroup):
+        asked[group.group_name] = named
+
+
+def _asked(group) -> str:
+    """The backend the script named for `group` (None: the default group), as ``get_backend`` spells it; a
+    group made past the wrappers has the default group's, as torch's ``new_group`` gives it."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    default = c10d._get_default_group().group_name
+    return dist.Backend(asked.get((group or c10d._get_default_group()).group_name) or asked.get(default, "fake"))
+
+
+_actual: list[bool] = []
+"""Non-empty inside `actual_backend`."""
+
+
+@contextmanager
+def actual_backend():
+    """``get_backend`` answers ``"fake"`` inside: for torch's own code that must take its fake path."""
+    _actual.append(True)
+    try:
+        yield
+    finally:
+        _actual.pop()
+
+
+@functools.cache
+def backend_as_asked() -> None:
+    """``get_backend(group)`` answers what torch would have had the script's backend been built: ``"nccl"``,
+    ``"gloo"``, ``"cpu:gloo,cuda:nccl"``, ``"undefined"``, for every group and the whole run. Libraries map it to
+    a device (Colossal-AI 0.5.0 colossalai/device/device_mesh.py:109: ``KeyError: None`` for ``"fake"``) or
+    pick a path by it (torch's distributed/nn/functional.py:413, NCCL's reduce-scatter; DeviceMesh's device
+    set-up, device_mesh.py:453; pipelining's set-up at torch 2.15, `pipeline`)."""
+    def as_asked(original):
+        @functools.wraps(original)
+        def get_backend(group=None):
+            name = original(group)
+            return _asked(group) if name == "fake" and not _actual else name
+        return get_backend
+
+    wrap("get_backend", as_asked)
+
+
 @functools.cache
 def hook_ddp() -> None:
-    """Every DDP the script builds gets `fake_allreduce_hook` in place of its built-in one."""
+    """Every DDP's reducer gets one comm hook of meshscope's (the reducer takes one only: "can only be called
+    once", torch 2.13 reducer.cpp), which runs `fake_allreduce_hook` until a hook is registered through
+    ``register_comm_hook`` (the script's: nanotron 2411b02 helpers.py:446 with accumulate_grad_in_fp32; torch's
+    own in DDP's constructor for ``mixed_precision``); from then on it runs that hook, with torch's checks and
+    bookkeeping made as for any hook (nn/parallel/distributed.py:2253-2257), and the works that hook issues
+    carry their outputs (`_carrying`): torch's hooks read the reduced tensor from the work's future
+    (default_hooks.py ``fut.value()[0]``), which the fake backend leaves empty. A second registration fails
+    as torch's does."""
+    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
-    init = DistributedDataParallel.__init__
+    init, register = DistributedDataParallel.__init__, DistributedDataParallel.register_comm_hook
+
+    class Slot:
+        """The reducer's one hook: meshscope's until `taken`."""
+
+        def __init__(self, group):
+            self.hook, self.state, self.taken = fake_allreduce_hook, group, False
+
+    def run(slot, bucket):
+        if not slot.taken:
+            return fake_allreduce_hook(slot.state, bucket)
+        with _carrying():
+            return slot.hook(slot.state, bucket)
+
+    def slot_of(ddp) -> Slot:
+        slot = vars(ddp).get("_meshscope_hook")
+        if slot is None:
+            slot = vars(ddp)["_meshscope_hook"] = Slot(ddp.process_group)
+            dist._register_comm_hook(ddp.reducer, slot, run)
+        return slot
 
     def __init__(self, *args, **kwargs):
         init(self, *args, **kwargs)
-        self.register_comm_hook(self.process_group, fake_allreduce_hook)
+        slot_of(self)
+
+    def register_comm_hook(self, state, hook):
+        slot = slot_of(self)
+        if slot.taken:  # torch's own error: the reducer's one hook is registered
+            return register(self, state, hook)
+        self._check_comm_hook(hook)
+        self.logger._set_comm_hook_name(hook.__qualname__)
+        self._comm_hooks.append((hook, state))
+        slot.hook, slot.state, slot.taken = hook, state, True
 
     DistributedDataParallel.__init__ = __init__
+    DistributedDataParallel.register_comm_hook = register_comm_hook
 
 
 def fake_allreduce_hook(group, bucket):
@@ -132,6 +232,29 @@ def fake_allreduce_hook(group, bucket):
 
     buffer = bucket.buffer()
     return dist.all_reduce(buffer, group=group, async_op=True).get_future().then(lambda _: buffer)
+
+
+def _carrying():
+    """A dispatch mode in which a c10d op's work whose future is empty (the fake backend's ``FakeWork``, torch
+    2.13) is a completed work whose future carries the op's outputs, a list as gloo's does (``[tensor]`` for
+    an all-reduce): callbacks chained on it run at once, inside the mode."""
+    import torch
+    from torch._C._distributed_c10d import Work, _create_work_from_future
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Carrying(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func.namespace != "c10d" or not isinstance(out, tuple) or not isinstance(out[-1], torch.ScriptObject):
+                return out
+            future = Work.unbox(out[-1]).get_future()
+            if not future.done() or future.value() is not None:
+                return out
+            carried = torch.futures.Future()
+            carried.set_result(out[0] if isinstance(out[0], list) else [out[0]])
+            return (*out[:-1], Work.boxed(_create_work_from_future(carried)))
+
+    return Carrying()
 
 
 def assumed(op: str, input_splits, output_splits) -> tuple[str, ...]:

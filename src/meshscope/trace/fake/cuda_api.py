@@ -42,13 +42,10 @@ from types import FunctionType
 
 from ..entry_points import rebind, resolve
 from . import gpu
+from .cuda_tensors import local_rank
 from .devices import mark, unmapped, used
 
 PACKAGES = ("torch.cuda", "torch.accelerator")
-
-
-def local_rank() -> int:  # the rank's environment, read at the call (not at install: fork_server)
-    return int(os.environ.get("LOCAL_RANK", "0"))
 
 
 def local_world() -> int:

@@ -47,10 +47,14 @@ tensor lives). torch.cuda and torch.accelerator answer as one GPU per local rank
 - DDP is built without ``device_ids`` / ``output_device`` (which it accepts only for GPU modules);
   ``init_process_group``'s ``device_id`` is already dropped by the fake backend (`backend`).
 
+- what the script put on a GPU, and whatever any torch call made of it, is marked as standing for a
+  CUDA tensor, and answers ``device``, ``is_cuda``, ``type()`` as a GPU's (`cuda_tensors`):
+  megatron-core 0.16.1 asserts ``param.grad.type() == 'torch.cuda.FloatTensor'`` when it clips, by default.
+
 Not mapped: a thread the script starts itself does not have the mode (a TorchFunctionMode is
-thread-local), and ``Tensor.type()`` says ``'torch.FloatTensor'``, not ``'torch.cuda.FloatTensor'``:
-which CPU tensors stand for CUDA ones is lost after any op (a sum, a gradient), so no answer would be
-sound; a script that checks it fails with one line saying so (`explain`).
+thread-local), so what it makes of a GPU's tensors reads as the host's, as does a tensor torch makes in
+C++ and hands to the script without a torch call (DDP's bucket in a comm hook, the gradient a tensor hook gets); a check of its type
+fails with one line saying so (`explain`).
 
 `used` names what was mapped, for the result's note. Each installer is a row of `patches.PATCHES`,
 applied only where torch has no CUDA (`needed`).
@@ -64,6 +68,8 @@ import sys
 
 from ..entry_points import rebind
 from ..script_frames import is_library, place
+from . import cuda_tensors
+from .cuda_tensors import is_cuda, is_ordinal
 
 used: list[str] = []
 """The CUDA calls this rank mapped to the CPU, each named once, in the order first met."""
@@ -78,17 +84,7 @@ def mark(name: str, record: list[str] = used) -> None:
         record.append(name)
 
 
-def is_ordinal(device) -> bool:
-    return isinstance(device, int) and not isinstance(device, bool)
 
-
-def is_cuda(device) -> bool:
-    """A CUDA device as torch accepts one: ``"cuda"``, ``"cuda:1"``, ``torch.device("cuda", 1)``."""
-    import torch
-
-    if isinstance(device, torch.device):
-        return device.type == "cuda"
-    return isinstance(device, str) and device.split(":")[0] == "cuda"
 
 
 @functools.cache  # asked once, before the patches make torch.cuda say yes
@@ -143,15 +139,15 @@ def explain(exc: BaseException) -> str | None:
     line = frames[-1].line if frames else ""
     if not isinstance(exc, AssertionError) or "torch.cuda." not in (line or "") or ".type()" not in line:
         return None
-    return (f"the script checks for a CUDA tensor type at {os.path.basename(place(frames[-1]))} ({line}), which a "
-            f"fake world cannot answer: its CUDA tensors are CPU tensors (type() 'torch.FloatTensor'), and which CPU "
-            f"tensors stand for CUDA ones is lost after any op (a gradient, a sum), so Tensor.type() is torch's own "
-            f"answer; skip that check in a fake world")
+    return (f"the script checks for a CUDA tensor type at {os.path.basename(place(frames[-1]))} ({line}), of a tensor "
+            f"the fake world could not tell stands for a CUDA one: made in a thread the script started, or by torch in "
+            f"C++ and handed over without a torch call (DDP's bucket in a comm hook); skip that check in a fake world")
 
 
 @functools.cache
 def cpu_device_mesh() -> None:
-    """A CUDA mesh is built as a CPU one (init_device_mesh builds its mesh through this constructor)."""
+    """A CUDA mesh is built as a CPU one (init_device_mesh builds its mesh through this constructor), its
+    device type the CPU that stands for the GPU (`cuda_tensors.MeshCpu`)."""
     from torch.distributed import device_mesh
 
     original = device_mesh.DeviceMesh.__init__
@@ -159,7 +155,7 @@ def cpu_device_mesh() -> None:
     def init(mesh, device_type, *args, **kwargs):
         if is_cuda(device_type):
             mark("DeviceMesh('cuda')")
-            device_type = "cpu"
+            device_type = cuda_tensors.MeshCpu("cpu")
         original(mesh, device_type, *args, **kwargs)
 
     device_mesh.DeviceMesh.__init__ = init
@@ -191,11 +187,12 @@ def cpu_devices() -> None:
     run_backward = graph._engine_run_backward
 
     def engine_run_backward(*args, **kwargs):
-        """The engine captures the thread-local state here, which it gives every backward function."""
+        """The engine captures the thread-local state here, which it gives every backward function; those
+        are the script's code (its hooks, its autograd Functions), which sees CUDA tensors answer as such."""
         if mode in _get_current_function_mode_stack():
-            return run_backward(*args, **kwargs)
+            return cuda_tensors.run(run_backward, args, kwargs, depth=0)
         with mode:
-            return run_backward(*args, **kwargs)
+            return cuda_tensors.run(run_backward, args, kwargs, depth=0)
 
     rebind(run_backward, engine_run_backward)  # torch.autograd imports it by name
     parse_to = torch._C._nn._parse_to
@@ -211,18 +208,26 @@ def cpu_devices() -> None:
         return parse_to(*args, **kwargs)
 
     torch._C._nn._parse_to = parse_ordinal
+    mode.parsers += (parse_ordinal,)
+    cuda_tensors.compiled_regions()
 
 
 def _cpu_devices():
     """The TorchFunctionMode: every CUDA device argument of a torch call becomes the CPU, an ordinal a
-    CUDA device first, and ``Tensor.cuda()`` a ``to("cpu")``."""
+    CUDA device first, and ``Tensor.cuda()`` a copy to the CPU; the results are marked as standing for
+    CUDA tensors where the call put them on a GPU or made them from such tensors, and marked tensors
+    answer ``device``, ``is_cuda``, ``type()`` as a GPU's (`cuda_tensors`)."""
     import torch
     from torch.overrides import TorchFunctionMode
 
-    cpu = torch.device("cpu")
-    to, tensor_cuda = torch.Tensor.to, torch.Tensor.cuda
+    cpu, compiling = torch.device("cpu"), torch.compiler.is_compiling
+    to, tensor_cuda, tensor_cpu = torch.Tensor.to, torch.Tensor.cuda, torch.Tensor.cpu
 
     class CpuDevices(TorchFunctionMode):
+        parsers = (torch._C._nn._parse_to,)
+        """``Module.to``'s argument parser, and `cpu_devices`' wrapper of it: torch hands the mode the
+        function it finds in ``torch._C._nn`` by name (torch/csrc/utils/python_arg_parser.cpp), the wrapper."""
+
         def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if func is torch.device:  # the script's device objects stay what it wrote; its tensors move
@@ -230,23 +235,38 @@ def _cpu_devices():
                     mark("torch.device(ordinal)")
                     return func("cuda", *args, **kwargs)
                 return func(*args, **kwargs)
+            marks = not compiling()  # Dynamo traces this mode into its graphs: marks are not for its fake tensors
+            if marks and func in self.parsers:  # Module.to's: the device it reads is the one Module.to moves to
+                return func(*args, **kwargs)
+            asked = None
             if func is tensor_cuda:
                 mark(".cuda()")
-                return args[0].to(cpu, non_blocking=kwargs.get("non_blocking", False))
+                asked = cuda_tensors.gpu(kwargs.get("device", args[1] if len(args) > 1 else None))
+                func, args, kwargs = to, (args[0], cpu), {"non_blocking": kwargs.get("non_blocking", False)}
+            elif func is tensor_cpu:
+                asked = cuda_tensors.HOST
             device = kwargs.get("device")
-            if device is not None and (is_cuda(device) or is_ordinal(device)):
-                mark("device='cuda'" if is_cuda(device) else "device=ordinal")
-                kwargs = {**kwargs, "device": cpu}
-            if func is to and len(args) > 1 and is_ordinal(args[1]):
-                mark(".to(ordinal)")
-                args = (args[0], cpu, *args[2:])
+            if device is not None:
+                asked = cuda_tensors.named(device)
+                if is_cuda(device) or is_ordinal(device):
+                    mark("device='cuda'" if is_cuda(device) else "device=ordinal")
+                    kwargs = {**kwargs, "device": cpu}
+            if func is to and len(args) > 1:
+                asked = cuda_tensors.named(args[1]) if asked is None else asked
+                if is_ordinal(args[1]):
+                    mark(".to(ordinal)")
+                    args = (args[0], cpu, *args[2:])
             if any(is_cuda(a) for a in args):
                 mark(".to('cuda')")
+                asked = next(cuda_tensors.gpu(a) for a in args if is_cuda(a))
                 args = tuple(cpu if is_cuda(a) else a for a in args)
             if kwargs.get("pin_memory"):
                 mark("pin_memory")
                 kwargs = {**kwargs, "pin_memory": False}
-            return func(*args, **kwargs)
+            if not marks:
+                return func(*args, **kwargs)
+            operand_gpu, operand_storages = cuda_tensors.operands(args, kwargs)
+            return cuda_tensors.result(cuda_tensors.run(func, args, kwargs), asked, operand_gpu, operand_storages)
 
     return CpuDevices()
 
@@ -297,6 +317,7 @@ def cuda_checkpoints_on_cpu() -> None:
     def deserialize(storage, location):
         if re.match(r"cuda(:|$)", location):
             mark("torch.load to cuda")
+            cuda_tensors.mark_storage(storage, cuda_tensors.gpu(location))  # its tensors are the GPU's
             return storage
         return None
 

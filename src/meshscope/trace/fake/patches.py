@@ -4,8 +4,8 @@ A fake world runs an unmodified script against torch's fake backend, with CUDA m
 where there is none, and optionally with tensors that hold no data; each of those needs torch to
 answer something differently. `PATCHES` lists every such change: its targets (the torch names it
 replaces or wraps), why, the torch releases whose source it was read against, the modes it applies
-to, and the installer that makes it (in `backend`, `devices`, `cuda_api`, `attention`, `objects`,
-`pipeline` or `tensors`).
+to, and the installer that makes it (in `backend`, `devices`, `cuda_api`, `cuda_build`, `attention`,
+`objects`, `pipeline` or `tensors`).
 `apply` installs the rows of a mode whose targets this torch has, and returns their names for the rank's record, so a
 result says which rows were active. ``tests/test_fake_patches.py`` checks, in-process, that every
 row's targets exist on the installed torch: a torch that renames one fails there, not in a user's
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..entry_points import resolve
-from . import attention, backend, cuda_api, devices, objects, pipeline, placements, receives, replay, tensors
+from . import attention, backend, cuda_api, cuda_build, cuda_tensors, devices, objects, pipeline, receives, replay, tensors
 
 FAKE_WORLD = "fake-world"
 """Every rank of a fake world."""
@@ -88,13 +88,22 @@ PATCHES = (
           "shape inference receives metadata from the neighbouring stages, whose ranks may run after this one in "
           "a fake world: the same stage's message from any traced rank, else (gradients) torch's own rule from this "
           "stage's outputs, its bytes assumed", "2.13, 2.15", FAKE_WORLD, pipeline.stage_metadata),
-    Patch("pipelining's set-up as on the backend asked for", (f"{PIPELINE}._initialize_pipeline_distributed_state",),
-          "torch 2.15 skips a schedule's shape vote and its stages' preconnect on the fake backend, which a real run "
-          "issues (4 all_reduces and a send/recv more than the fake world on 2 gloo stages); the set-up sees the "
-          "backend the script named", "2.15", FAKE_WORLD, pipeline.setup_as_asked, since="2.15"),
-    Patch("DDP's all-reduce hook", (f"{DDP}.__init__", f"{DDP}.register_comm_hook"),
+    Patch("get_backend as asked", (f"{C10D}.get_backend",),
+          "every group is a fake one, whose backend torch names 'fake'; a library maps the name to a device "
+          "(Colossal-AI 0.5.0 device/device_mesh.py:109) or picks a path by it (torch's nn/functional.py:413, "
+          "DeviceMesh's device set-up, pipelining's set-up at 2.15): it is the backend the script named for the "
+          "group, as torch keeps it", "2.13", FAKE_WORLD, backend.backend_as_asked),
+    Patch("pipelining's per-edge set-up on the fake backend", (f"{PIPELINE}._initialize_pipeline_distributed_state",),
+          "torch 2.15 runs the set-up (the shape vote, the stages' preconnect) only off the fake backend, as the "
+          "backend asked for is; with per-edge groups it would ask the fake backend for a device map it has not, "
+          "so that set-up sees 'fake'", "2.15", FAKE_WORLD, pipeline.per_edge_setup_as_fake, since="2.15"),
+    Patch("DDP's all-reduce hook", (f"{DDP}.__init__", f"{DDP}.register_comm_hook", f"{DDP}._check_comm_hook",
+                                    "torch.distributed._register_comm_hook",
+                                    "torch._C._distributed_c10d._create_work_from_future"),
           "DDP's built-in hook asserts on the fake work's empty future; a hook issuing the same all-reduce "
-          "of the same bucket completes with the bucket", "2.11, 2.13", FAKE_WORLD, backend.hook_ddp),
+          "of the same bucket completes with the bucket; a hook registered through register_comm_hook (the "
+          "script's, or torch's for mixed_precision) takes its place in the reducer's one slot, the works it "
+          "issues carrying their outputs as gloo's do", "2.11, 2.13", FAKE_WORLD, backend.hook_ddp),
     Patch("CUDA answered", tuple(cuda_api.ANSWERS),
           "a script written for GPUs takes its GPU path on the CPU, and torch's own uses of torch.accelerator (the "
           "optimizers' current stream, DataLoader's pinning) agree: one device per local rank, the CPU's RNG, "
@@ -111,6 +120,19 @@ PATCHES = (
           "torch.cuda's lazy init and a CPU build's placeholders for CUDA's C++ types (CUDAGraph, MemPool) raise one "
           "line naming the call instead of 'not compiled with CUDA' or 'dummy base class'", "2.11, 2.13", CUDA_MAP,
           cuda_api.unmapped_lazy_init),
+    Patch("CUDA generators as the CPU's", ("torch.Generator", "torch._C.Generator"),
+          "torch.Generator(device='cuda') needs ATen's CUDA library (nanotron 2411b02 data/dataloader.py:134): "
+          "a subclass of torch's makes it the CPU's, its device the CUDA one it stands for", "2.13", CUDA_MAP,
+          cuda_build.cuda_generators),
+    Patch("CUDA bindings named", ("torch._C", "torch.cuda._is_compiled"),
+          "a library reads torch._C's CUDA bindings at import once CUDA is available (bitsandbytes 0.50.2 "
+          "backends/cuda/ops.py:69, via Colossal-AI 0.5.0's booster): every _cuda_* function torch's stub declares "
+          "and a CPU build lacks is there, raising one line naming it when called; _cuda_getDeviceCount stays "
+          "missing, torch's own test of a CUDA build", "2.13", CUDA_MAP, cuda_build.cuda_bindings),
+    Patch("NCCL available", (f"{C10D}.is_nccl_available", f"{C10D}.is_backend_available"),
+          "the world's groups present as nccl, and a library takes a path torch lacks where NCCL is not "
+          "(Colossal-AI 0.5.0 pipeline/p2p.py:159 is_hccl_available); torch's own checks of a ProcessGroupNCCL "
+          "find none", "2.13", CUDA_MAP, cuda_build.nccl_available),
     Patch("CUDA meshes on the CPU", (f"{MESH}.__init__",),
           "init_device_mesh('cuda') builds a CPU mesh, so FSDP2 and DTensor take their CPU path", "2.11, 2.13",
           CUDA_MAP, devices.cpu_device_mesh),
@@ -119,11 +141,22 @@ PATCHES = (
           devices.ddp_without_device_ids),
     Patch("CUDA devices as the CPU", (
               "torch.overrides.TorchFunctionMode", "torch.overrides._get_current_function_mode_stack", "torch.Tensor.cuda",
-              "torch.Tensor.to", "torch.autograd.graph._engine_run_backward", "torch._C._nn._parse_to"),
+              "torch.Tensor.to", "torch.Tensor.cpu", "torch.autograd.graph._engine_run_backward",
+              "torch._C._nn._parse_to", "torch._dynamo.eval_frame._TorchDynamoContext.__call__"),
           "a TorchFunctionMode turns every CUDA device argument of a torch call (factories' device=, .to, .cuda(), an "
           "ordinal as a CUDA build reads one) into the CPU, inside torch's parallel APIs too, and around autograd's "
           "engine so backward functions see it (the mode is off inside its own handler, backward() included); "
-          "Module.to's C++ parser reads an ordinal as a CUDA device", "2.13", CUDA_MAP, devices.cpu_devices),
+          "Module.to's C++ parser reads an ordinal as a CUDA device; what the script put on a GPU, and what any "
+          "torch call (a compiled region as one) made of it, is marked as standing for a CUDA tensor", "2.13",
+          CUDA_MAP, devices.cpu_devices),
+    Patch("CUDA tensors answered as such", (
+              "torch.Tensor.device", "torch.Tensor.is_cuda", "torch.Tensor.is_cpu", "torch.Tensor.type",
+              "torch.Tensor.get_device", "torch._subclasses.fake_tensor.FakeTensor.device",
+              "torch.utils.checkpoint._allowed_determinism_checks_to_fns"),
+          "a tensor marked as standing for a CUDA one answers device, is_cuda, is_cpu, type() and get_device() as a "
+          "GPU's, to every caller (megatron-core 0.16.1 asserts param.grad.type() == 'torch.cuda.FloatTensor' when "
+          "it clips, by default); checkpointing's recomputation check reads where tensors are (a forward's saved "
+          "output is read before its op returns, so before it is marked)", "2.13", CUDA_MAP, cuda_tensors.answered),
     Patch("pinned memory unpinned", ("torch.Tensor.pin_memory",),
           "pinning needs an accelerator's allocator: Tensor.pin_memory() returns the tensor (DataLoader pins in a "
           "thread of its own)", "2.13", CUDA_MAP, devices.unpinned_memory),
@@ -134,12 +167,6 @@ PATCHES = (
           "ZeRO-3's parameter gather, runtime/zero/partition_parameters.py:327); the CPU's kernel does nothing (a "
           "fake world's streams order nothing and its memory is not reused early)", "2.13", CUDA_MAP,
           devices.streamless_tensors),
-    Patch("_shard placements on CUDA checked as the CPU", (
-              "torch.distributed.remote_device._remote_device.device", *placements.SHARD_CHECKS),
-          "torch checks a shard's tensor's device against its placement's ('Local shard tensor device does not match "
-          "with local Shard's placement': TorchRec 1.8.0's sharded tables, placed rank:R/cuda:L); inside those checks "
-          "a CUDA placement reads as the CPU, elsewhere it stays cuda (TorchRec picks kernels by its device type)",
-          "2.13", CUDA_MAP, placements.cpu_shard_placements),
     Patch("CUDA checkpoints on the CPU", ("torch.serialization.register_package",
                                           "torch.serialization.default_restore_location"),
           "torch.load's storages tagged or mapped to cuda (map_location='cuda:N', a cuda device, a GPU's checkpoint) "

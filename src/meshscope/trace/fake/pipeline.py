@@ -20,8 +20,10 @@ what an object message carries is the sender's record only where the sender ran 
   stage's own outputs by torch's rule for it (``_utils._derive_grad_metas``: each output's shape,
   stride and dtype); an input's metadata cannot be, and the stage fails as torch makes it fail, to be
   traced again after the others (`world.retrace`). Either way the message's bytes are assumed.
-- `setup_as_asked` (torch 2.15, which votes by an all_reduce and preconnects the stages in a set-up it
-  skips on the fake backend): the set-up runs as on the backend the script named, as a real run's does.
+- `per_edge_setup_as_fake` (torch 2.15, which votes by an all_reduce and preconnects the stages in a set-up
+  it skips on the fake backend): the set-up runs as on the backend the script named, as a real run's does,
+  since ``get_backend`` answers that one (`backend.backend_as_asked`); with per-edge groups it keeps
+  torch's fake path.
 """
 
 from __future__ import annotations
@@ -87,33 +89,25 @@ def stage_metadata() -> None:
 
 
 @functools.cache
-def setup_as_asked() -> None:
-    """A pipeline schedule's set-up sees the backend the script asked for. torch 2.15 skips it on the fake
-    backend (pipelining/schedules.py ``_initialize_pipeline_distributed_state``: ``backend != "fake"``): the
-    stages' vote on static shapes (an int32 all_reduce on the pipeline group) and the preconnect of each
-    pair of stages (pipelining/_p2p.py ``_preconnect_shared_p2p_edges``: a send and recv of one int32 and
-    all-reduces around them), which a real run issues before its first step. Per-edge groups (torch's
-    ``pipeline_per_edge_p2p`` config, TorchComms) keep torch's fake path: building them asks the backend
-    for its device map, which the fake one has not."""
-    import torch.distributed as dist
+def per_edge_setup_as_fake() -> None:
+    """A pipeline schedule's set-up with per-edge groups sees the fake backend. torch 2.15 skips the set-up on
+    the fake backend (pipelining/schedules.py ``_initialize_pipeline_distributed_state``: ``backend !=
+    "fake"``), and ``get_backend`` answers the script's backend in a fake world (`backend.backend_as_asked`),
+    so the set-up runs as a real run's does: the stages' vote on static shapes (an int32 all_reduce on the
+    pipeline group) and the preconnect of each pair of stages (pipelining/_p2p.py
+    ``_preconnect_shared_p2p_edges``: a send and recv of one int32 and all-reduces around them). Per-edge
+    groups (torch's ``pipeline_per_edge_p2p`` config, TorchComms) keep torch's fake path: building them asks
+    the backend for its device map, which the fake one has not."""
     from torch.distributed.pipelining import schedules
 
     base = schedules._PipelineSchedule
     setup = base._initialize_pipeline_distributed_state
-    get_backend = dist.get_backend
-
-    def as_asked(group=None):
-        name = get_backend(group)
-        return backend.asked[0] if name == "fake" and backend.asked else name
 
     @functools.wraps(setup)
     def initialize(self, stages, *args, **kwargs):
-        if any(stage.p2p_per_edge for stage in stages):
+        if not any(stage.p2p_per_edge for stage in stages):
             return setup(self, stages, *args, **kwargs)
-        dist.get_backend = as_asked  # the schedule reads it as an attribute of torch.distributed
-        try:
+        with backend.actual_backend():
             return setup(self, stages, *args, **kwargs)
-        finally:
-            dist.get_backend = get_backend
 
     base._initialize_pipeline_distributed_state = initialize

@@ -1,0 +1,109 @@
+"""What nanotron 2411b02 and Colossal-AI 0.5.0 met in a fake world (/work/stacks/REPORT.md sections 2 and 3):
+a CUDA generator (`trace.fake.cuda_build`), torch._C's CUDA bindings read at import, NCCL's availability, the
+backend ``get_backend`` names (`trace.fake.backend.backend_as_asked`), and a DDP comm hook of the script's
+(`trace.fake.backend.hook_ddp`).
+
+Oracles: torch's own answers on this machine (a CPU generator seeded alike draws alike; a real gloo group's
+``get_backend``), torch's rules for a group's backend read from distributed_c10d.py (cited per case), and the
+gloo trace of the same DDP job under `meshscope diff` with the docstring's hand counts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import meshscope
+
+from .helpers import ROOT, fake_equals_real
+
+JOBS = ROOT / "tests" / "jobs"
+
+MISSING = r"""
+import json, os
+os.environ.update(LOCAL_RANK="1", LOCAL_WORLD_SIZE="2")
+import torch, torch.distributed as dist
+from meshscope.trace.fake import patches
+patches.apply({patches.CUDA_MAP})
+answers = {}
+g = torch.Generator(device="cuda")  # nanotron data/dataloader.py:134
+cpu = torch.Generator()
+answers["generator"] = [str(g.device), isinstance(g, torch.Generator), isinstance(torch.default_generator, torch.Generator),
+                        torch.equal(torch.randint(0, 99, (8,), generator=g.manual_seed(5), device="cuda"),
+                                    torch.randint(0, 99, (8,), generator=cpu.manual_seed(5)))]
+raw = torch._C._cuda_getCurrentRawStream  # bitsandbytes 0.50.2 backends/cuda/ops.py:69, at import
+try:
+    raw(0)
+except RuntimeError as exc:
+    answers["binding"] = [type(exc).__name__, str(exc).split(",")[0], hasattr(torch._C, "_cuda_getDeviceCount")]
+answers["nccl"] = [dist.is_nccl_available(), dist.is_backend_available("nccl"), dist.is_backend_available("cpu:gloo,cuda:nccl")]
+from torch.testing._internal.distributed.fake_pg import FakeStore
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+dist.destroy_process_group()  # torch asks isinstance(backend, ProcessGroupNCCL) once NCCL is available (c10d:2498)
+print(json.dumps(answers))
+"""
+
+
+def _run(code: str, *args: str, **env) -> dict:
+    proc = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=180, check=False,
+                          env={**os.environ, "PYTHONPATH": str(Path(meshscope.__file__).parents[1]), **env})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(__import__("torch").version.cuda is not None, reason="a CUDA build has what a CPU build lacks")
+def test_what_a_cpu_build_lacks_is_there_where_cuda_is_mapped():
+    """A CUDA generator is the CPU's (its draws equal a CPU generator's of the same seed), its device the CUDA
+    one of the local rank as a CUDA build's; a CUDA binding reads, and a call is one line naming it; NCCL is
+    available, and torch's own NCCL checks still pass on a fake group."""
+    answers = _run(MISSING)
+    assert answers["generator"] == ["cuda:1", True, True, True]
+    assert answers["binding"] == ["Unmapped", "torch._C._cuda_getCurrentRawStream at <string>:15 needs a CUDA device",
+                                  False]
+    assert answers["nccl"] == [True, True, True]
+
+
+BACKENDS = r"""
+import json, os, sys
+import torch, torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from meshscope.trace.fake import patches
+patches.apply(patches.modes(fake_tensors=False))
+dist.init_process_group(sys.argv[1] or None)
+groups = {"default": None, "new_group()": dist.new_group([0, 1]), "new_group(gloo)": dist.new_group([0, 1], backend="gloo"),
+          "split": dist.split_group(split_ranks=[[0, 1]]), "mesh": init_device_mesh("cpu", (2,)).get_group()}
+print(json.dumps({name: dist.get_backend(group) for name, group in groups.items()}))
+"""
+
+
+@pytest.mark.parametrize("asked", ["gloo", "nccl", "cpu:gloo,cuda:nccl", ""])
+def test_get_backend_answers_the_backend_the_script_named(asked):
+    """Every group answers the backend the script named for it, not "fake", as torch keeps init_process_group's
+    name ("undefined" for none, distributed_c10d.py:1843), a new_group's, else the default's (5976), a split its
+    parent's (5623), a 1-D mesh of the world the default group (device_mesh.py:530-540) or, for gloo where
+    CUDA is available, a new group of the default's backend."""
+    got = _run(BACKENDS, asked, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2")
+    named = asked or "undefined"
+    assert got == {"default": named, "new_group()": named, "new_group(gloo)": "gloo", "split": named, "mesh": named}
+
+
+@pytest.mark.parametrize("hook, calls", [
+    ("fp16", {("all_reduce", "backward", 512): 1}),  # torch's fp16_compress_hook: 256 float16
+    ("own", {("all_reduce", "backward", 1024): 1}),  # nanotron's pattern: its own future, the fp32 bucket all-reduced
+])
+def test_a_ddp_comm_hook_of_the_scripts_replaces_meshscopes(tmp_path, hook, calls):
+    """The script's register_comm_hook takes the reducer's one slot from meshscope's hook ("can only be called
+    once" before): it runs once per step on every rank, and the trace equals the gloo trace of the same job,
+    with the docstring's one all-reduce per steady step."""
+    doc = fake_equals_real(tmp_path, 2, [str(JOBS / "ddp_comm_hook.py"), "--hook", hook])
+    for rank in (0, 1):
+        log = (tmp_path / "fake" / "logs" / f"rank{rank}.log").read_text()
+        assert f"rank {rank} hook ran 3" in log and f"rank {rank} backend nccl" in log, log[-2000:]
+        (mine,) = [r for r in doc["per_rank"] if r["rank"] == rank]
+        last = max(mine["steps"], key=lambda s: s["step"])  # step 3: past DDP's bucket rebuild
+        assert Counter((e["op"], e["phase"], e["bytes_in"]) for e in last["events"]) == calls
