@@ -115,12 +115,20 @@ def test_a_reduction_of_known_parts_is_torchs(op, want):
 
 
 def test_the_note_names_the_first_calls_per_rank_and_counts_the_rest():
-    call = stood_in.StandIn("broadcast", "default_pg [0-3]", 2, ((0, "not traced before it"),
-                                                                  (2, "not traced before it")))
-    text = stood_in.note({3: (5, [call] * 5)})
+    call = stood_in.StandIn("broadcast", "default_pg", (0, 1, 2, 3), 2, ((0, "not traced before it"),
+                                                                        (2, "not traced before it")))
+    text = stood_in.note({3: (5, [call] * 5)}, {})
     assert ("5 calls on rank 3 " in text and "rank 3: broadcast on default_pg [0-3] at step 2 (ranks 0,2 not traced "
             "before it), broadcast" in text and "; and 1 more (objects/rank<R>/stood-in.json)" in text)
-    assert stood_in.note({}) is None
+    assert stood_in.note({}, {}) is None
+
+
+def test_the_note_names_an_unnamed_group_by_its_axis():
+    """picotron names no group (torch's placeholder 'undefined'): the note says the axis its members make in the
+    trace's layout (inferred), as the table does, and 'group' where they make none."""
+    call = stood_in.StandIn("all_reduce", stood_in.UNNAMED, (0, 2), 0, ((2, "not traced before it"),))
+    assert "rank 0: all_reduce on pp [0,2] at step 0" in stood_in.note({0: (1, [call])}, {(0, 2): "pp"})
+    assert "rank 0: all_reduce on group [0,2] at step 0" in stood_in.note({0: (1, [call])}, {(0, 1): "tp"})
 
 
 def test_retrace_takes_a_failed_rank_after_its_senders_and_a_rank_they_cut_short_after_them(tmp_path):
@@ -134,7 +142,7 @@ def test_retrace_takes_a_failed_rank_after_its_senders_and_a_rank_they_cut_short
         run_dir.rank_end(rank).write_text(json.dumps(RankEnd(rank, status, time=time).to_json()))
 
     def kept(rank, sender, why):
-        stood_in.write(run_dir, rank, 1, [stood_in.StandIn("all_to_all", "default_pg [0-2]", 0, ((sender, why),))])
+        stood_in.write(run_dir, rank, 1, [stood_in.StandIn("all_to_all", "default_pg", (0, 1, 2), 0, ((sender, why),))])
 
     end(0, "error", 1.0), end(1, "ok", 2.0), end(2, "error", 2.5)
     kept(0, 1, stood_in.UNTRACED), kept(1, 0, stood_in.UNSENT), kept(2, 5, stood_in.UNTRACED)

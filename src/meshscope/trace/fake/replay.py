@@ -57,7 +57,6 @@ from bisect import bisect_right
 import torch
 import torch.distributed as dist
 
-from ...core.events import rank_ranges
 from ...core.rundir import RunDir
 from ..entry_points import arguments, wrap
 from . import backend, objects, receives, stood_in
@@ -153,9 +152,9 @@ class Replay:
         if len(self.named) < NAMED:
             group = call.group
             desc = getattr(group, "group_desc", "") or group.group_name
-            ranks = rank_ranges(dist.get_process_group_ranks(group))
+            members = tuple(sorted(int(r) for r in dist.get_process_group_ranks(group)))  # numpy ranks: nanotron's
             step = self.context.step if self.context is not None else 0
-            self.named.append(StandIn(call.op, f"{desc} [{ranks}]", step, tuple(sorted(call.missing.items()))))
+            self.named.append(StandIn(call.op, desc, members, step, tuple(sorted(call.missing.items()))))
             self.write()  # as it happens: a rank that then crashes (fbgemm on counts it made up) leaves it
 
     def assumed(self, group: str, op: str, input_splits, output_splits, t: float) -> tuple[str, ...]:
@@ -280,7 +279,7 @@ class Call:
 
     def miss(self, j: int, like: torch.Tensor, why: str | None) -> None:
         if why is not None and _counts(like):
-            self.missing[dist.get_global_rank(self.group, j)] = why
+            self.missing[int(dist.get_global_rank(self.group, j))] = why  # numpy ranks: nanotron's new_group
 
     def reduce_into(self, dst: torch.Tensor, own: torch.Tensor, op, pick=lambda data: data[0]) -> None:
         """`dst` is the reduction of every member's part (`own`: this rank's, taken before the backend ran)."""

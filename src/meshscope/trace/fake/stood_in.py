@@ -11,6 +11,8 @@ from ...core.events import rank_ranges
 from ...core.rundir import RunDir, write_atomic
 
 FILE = "stood-in.json"
+UNNAMED = "undefined"
+"""torch's description of a group made with no ``group_desc`` (torch 2.13 distributed_c10d.py ``new_group``)."""
 """Its name in the rank's ``objects/rank<R>/`` folder (beside what the rank sent)."""
 NAMED = 20
 """Calls a rank names (the others are counted)."""
@@ -29,18 +31,23 @@ class StandIn:
     """A call that kept this rank's own integers where a peer's were not known."""
 
     op: str
-    group: str
-    """The group's description (``default_pg``, DeviceMesh's ``mesh_tp``) and its ranks: ``default_pg [0-3]``."""
+    desc: str
+    """The group's description as torch has it: ``default_pg``, DeviceMesh's ``mesh_tp``, or torch's placeholder
+    ``undefined`` for a group the script named not (picotron's, DeepSpeed's)."""
+    members: tuple[int, ...]
     step: int
     senders: tuple[tuple[int, str], ...]
     """(global rank, why what it sent is not known) per such sender."""
 
-    def text(self) -> str:
+    def text(self, axes: dict[tuple[int, ...], str]) -> str:
+        """``all_reduce on pp [0,2] at step 0 (...)``: an unnamed group by the axis its members make in the
+        trace's layout (`axes`: members -> axis, inferred where the job named none: core.mesh_infer)."""
         why: dict[str, list[int]] = {}
         for rank, reason in self.senders:
             why.setdefault(reason, []).append(rank)
         senders = "; ".join(f"rank{'s' if len(r) > 1 else ''} {rank_ranges(r)} {reason}" for reason, r in why.items())
-        return f"{self.op} on {self.group} at step {self.step} ({senders})"
+        name = axes.get(self.members, "group") if self.desc in ("", UNNAMED) else self.desc
+        return f"{self.op} on {name} [{rank_ranges(list(self.members))}] at step {self.step} ({senders})"
 
 
 def write(run_dir: RunDir, rank: int, count: int, named: list[StandIn]) -> None:
@@ -66,19 +73,20 @@ def read(run_dir: RunDir, ranks) -> dict[int, tuple[int, list[StandIn]]]:
         path = run_dir.objects(rank) / FILE
         if path.exists():
             doc = json.loads(path.read_text())
-            out[rank] = (doc["count"], [StandIn(s["op"], s["group"], s["step"], tuple(map(tuple, s["senders"])))
-                                        for s in doc["named"]])
+            out[rank] = (doc["count"], [StandIn(s["op"], s["desc"], tuple(s["members"]), s["step"],
+                                                tuple(map(tuple, s["senders"]))) for s in doc["named"]])
     return out
 
 
-def note(stood: dict[int, tuple[int, list[StandIn]]]) -> str | None:
-    """The result's note: how many calls on which ranks, the first of them by name; None where none."""
+def note(stood: dict[int, tuple[int, list[StandIn]]], axes: dict[tuple[int, ...], str]) -> str | None:
+    """The result's note: how many calls on which ranks, the first of them by name (`StandIn.text`); None where
+    none."""
     if not stood:
         return None
     total = sum(count for count, _ in stood.values())
     named, shown = [], 0
     for rank, (_, calls) in sorted(stood.items()):
-        texts = [s.text() for s in calls[:SHOWN - shown]]
+        texts = [s.text(axes) for s in calls[:SHOWN - shown]]
         shown += len(texts)
         if texts:
             named.append(f"rank {rank}: {', '.join(texts)}")

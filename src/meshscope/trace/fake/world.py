@@ -179,7 +179,7 @@ def fake_notes(result: TraceResult, stood: dict | None = None) -> list[str]:
         notes.append("fake backend: a receive gets no data from a peer not traced before it (zeros; what a peer "
                      "traced before it sent is replayed); a pipeline's warm-up vote is each rank's own stages' "
                      "(docs/trace.md, 'A large world on one CPU')")
-    kept_own = stood_in.note(stood or {})
+    kept_own = stood_in.note(stood or {}, {e.group: e.axis for e in result.events})
     if kept_own:
         notes.append(kept_own)
     device = result.fake_world.device if result.fake_world else None
