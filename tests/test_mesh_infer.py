@@ -8,6 +8,9 @@ against the groups and calls its docstring derives by hand.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -154,3 +157,21 @@ def test_unnamed_tp_and_dp_groups_are_two_inferred_axes(unnamed):
     assert doc["layout"]["text"] == ("axis0 2 x axis1 2 (order axis0-axis1); names inferred from the groups' "
                                      "strides (axis0 innermost): the job named none of them")
     assert doc["layout"]["inferred"] == "strides"
+
+
+def test_each_ranks_ledger_names_the_inferred_axes_as_the_result_does(unnamed):
+    """The ledger files, read raw, against the job's docstring (per step: TP's [r - r%2, r - r%2 + 1] then
+    DP's [r%2, r%2 + 2], 3 steps) in the axes the result inferred (TP axis0, DP axis1), and against
+    result.json's own per-rank calls: each rank labelled its ledger itself, so no file says ``group``."""
+    proc, doc = unnamed
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    run = Path(doc["run_dir"])
+    result = json.loads((run / "result.json").read_text())
+    assert [p["rank"] for p in result["per_rank"]] == [0, 1, 2, 3]
+    for per_rank in result["per_rank"]:
+        rank = per_rank["rank"]
+        tp, dp = [rank - rank % 2, rank - rank % 2 + 1], [rank % 2, rank % 2 + 2]
+        lines = (run / "ledgers" / f"rank{rank}.jsonl").read_text().splitlines()
+        ledger = [(e["axis"], e["group"]) for e in map(json.loads, lines)]
+        assert ledger == [("axis0", tp), ("axis1", dp)] * 3, rank
+        assert ledger == [(e["axis"], e["group"]) for s in per_rank["steps"] for e in s["events"]], rank

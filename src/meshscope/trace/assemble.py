@@ -113,8 +113,10 @@ def assemble(run_dir: Path | RunDir, account: str | None = None, fake_world: Fak
     ranks = [run_dir.read_end(r) for r in listed]
     events = [e for r in listed for e in rank_events(run_dir, r)]
     created = created_groups(run_dir)
-    # groups the job named none of (picotron's, DeepSpeed's) read `group` on the ranks: their members
-    # say which mesh axis each is, so that each axis's calls are a row of their own
+    # groups the job named none of (picotron's, DeepSpeed's): their members say which mesh axis each is,
+    # so that each axis's calls are a row of their own. A rank labels its own ledger so from the same
+    # creations (`RankTrace.inferred`); what still reads `group` is a killed rank's flight log, or a rank
+    # whose record lacked groups others called on, and the calls of every rank complete the members here
     inferred = infer(world, created, {e.group for e in events if e.axis == GROUP})
     if inferred.labels:
         events = [replace(e, axis=inferred.labels.get(e.group, GROUP)) if e.axis == GROUP else e for e in events]

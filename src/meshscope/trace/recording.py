@@ -6,7 +6,7 @@ Python kernel, `capture.dispatch`), with a number that its completion (a callbac
 names later; streamed to ``flight/rank<R>.jsonl`` by a thread that writes twice a second (so a killed
 rank still leaves all but its last half second), with the job's moves between phases and modules
 (`JobContext.moves`, or the C++ recorder's) and its step marks, and at the end written as ``ledgers/rank<R>.jsonl`` (every
-event with its step) and ``ranks/rank<R>.json`` (`RankEnd`, with this rank's place on the common
+event with its step, and the axis `core.mesh_infer` gives a group the job named none of) and ``ranks/rank<R>.json`` (`RankEnd`, with this rank's place on the common
 clock: `clock`).
 """
 
@@ -24,10 +24,12 @@ import time
 from ..capture import native
 from ..capture.dispatch import GroupInfo, Recorder, undecoded
 from ..capture.dispatch import errors as decode_errors
+from ..capture.flightlog import read_creations
 from ..capture.gpu_arrivals import MAX_MARKS, GpuArrivals
 from ..capture.job_context import JobContext
-from ..core.axes import axis_of
+from ..core.axes import GROUP, axis_of
 from ..core.events import CommEvent
+from ..core.mesh_infer import infer
 from ..core.rundir import RunDir, write_atomic
 from ..core.rank_end import GroupUse, RankEnd
 from . import mesh_dims
@@ -263,22 +265,46 @@ class RankTrace:
         self.gpu_at = {index[call_id]: t for call_id, t in rows if call_id in index}
         return untimed
 
-    def ledger(self) -> list[CommEvent]:
+    def ledger(self, inferred: dict[tuple[int, ...], str]) -> list[CommEvent]:
         """Every call so far as a CommEvent, labelled with what is known now (a DeviceMesh built after a
-        group's first calls names its dim late)."""
+        group's first calls names its dim late; `inferred`: the axes of groups the job named none of)."""
         out = []
         for index, (name, seq, op, phase, dtype, b_in, b_out, region, ins, outs, peer, step, t, done, end) in enumerate(
                 self.calls):
             group = self.groups[name]
-            out.append(CommEvent(self.rank, seq, op, self.axis(group), group.ranks, phase, dtype, b_in, b_out, region,
-                                 None, ins, outs, peer, step, t - self.t0, None if done is None else done - self.t0,
-                                 self.assume(index, name, op, ins, outs, t), None if end is None else end - self.t0,
-                                 self.gpu_ms.get(index), None if index not in self.gpu_at else self.gpu_at[index] - self.t0))
+            out.append(CommEvent(self.rank, seq, op, self.label(group, inferred), group.ranks, phase, dtype, b_in,
+                                 b_out, region, None, ins, outs, peer, step, t - self.t0,
+                                 None if done is None else done - self.t0, self.assume(index, name, op, ins, outs, t),
+                                 None if end is None else end - self.t0, self.gpu_ms.get(index),
+                                 None if index not in self.gpu_at else self.gpu_at[index] - self.t0))
         return out
 
     @staticmethod
     def axis(group: GroupInfo) -> str:
         return mesh_dims.label(group.name) or axis_of(group.desc)
+
+    def label(self, group: GroupInfo, inferred: dict[tuple[int, ...], str]) -> str:
+        """The group's axis as the result names it: where it reads ``group``, the axis `inferred` gives its
+        members, looked up as the assembly looks up a call's (`trace.assemble`)."""
+        axis = self.axis(group)
+        return inferred.get(group.ranks, GROUP) if axis == GROUP else axis
+
+    def inferred(self) -> dict[tuple[int, ...], str]:
+        """The axes of this rank's groups that the job named none of (`core.mesh_infer`), from what the
+        assembly infers them from: the creations this rank recorded (``groups/rank<R>.jsonl``, every rank
+        records every group, member or not: torch's new_group "requires that all processes in the main
+        group enter this function", torch 2.13, distributed_c10d.py:5758) and the groups it called on.
+        Where its record may hold less than rank 0's, the assembly's (groups created with members-only
+        synchronisation, or outside new_group, so others' calls may be on groups this rank never saw),
+        none: its calls read ``group`` and the assembly, which sees every rank's, labels them."""
+        path = self.run_dir.groups(self.rank)
+        creations = read_creations(path).creations if path.exists() else []
+        created = [(c["desc"], c["ranks"]) for c in creations]
+        called = {tuple(sorted(g.ranks)) for g in self.groups.values() if self.axis(g) == GROUP}
+        if any(c["local"] for c in creations) or not called <= {tuple(members) for _, members in created}:
+            return {}
+        # torchrun's world, which the spec's that the assembly infers over is (`trace.__main__` reads it so)
+        return infer(int(os.environ.get("WORLD_SIZE", "1")), created, called).labels
 
     # -- writing -----------------------------------------------------------------------------------
     def _flush_loop(self) -> None:
@@ -344,7 +370,8 @@ class RankTrace:
                 self._flight.write("\n".join(lines) + "\n")
             self._flight.close()
         untimed = self._gpu_arrivals(0.0 if status == "terminated" else GPU_WAIT_S)
-        events = self.ledger()
+        inferred = self.inferred()
+        events = self.ledger(inferred)
         stepless = ("the script stepped no torch.optim optimizer: one step holds everything"
                     if events and not self.context.optimizers_seen and status != "error" else None)
         untimed = (f"{untimed} calls on the GPU have no arrival there (not reached within {GPU_WAIT_S:g} s of the end, "
@@ -355,7 +382,7 @@ class RankTrace:
         self.run_dir.write_end(RankEnd(
             self.rank, status, steps=self.context.step, exit_code=code, note=note, **(record or {}),
             events=len(events), optimizer_steps=self.context.optimizers_seen,
-            groups=tuple(GroupUse(g.name, g.desc, self.axis(g), g.ranks) for g in self.groups.values()),
+            groups=tuple(GroupUse(g.name, g.desc, self.label(g, inferred), g.ranks) for g in self.groups.values()),
             decode_errors=tuple(decode_errors[:10]), undecoded=dict(undecoded), time=time.time(), recorder=self.recorder,
             clock=self.clock.result(wait=0.0 if status == "terminated" else CLOCK_WAIT_S), **(failure or {})))
 
