@@ -77,33 +77,67 @@ patches.apply(patches.modes(fake_tensors=False))
 dist.init_process_group(sys.argv[1] or None)
 groups = {"default": None, "new_group()": dist.new_group([0, 1]), "new_group(gloo)": dist.new_group([0, 1], backend="gloo"),
           "split": dist.split_group(split_ranks=[[0, 1]]), "mesh": init_device_mesh("cpu", (2,)).get_group()}
-print(json.dumps({name: dist.get_backend(group) for name, group in groups.items()}))
+print(json.dumps({name: [dist.get_backend(group), (group or dist.group.WORLD).name(),
+                         (group or dist.group.WORLD)._get_backend_name()] for name, group in groups.items()}))
 """
 
 
 @pytest.mark.parametrize("asked", ["gloo", "nccl", "cpu:gloo,cuda:nccl", ""])
-def test_get_backend_answers_the_backend_the_script_named(asked):
+def test_get_backend_and_name_answer_the_backend_the_script_named(asked):
     """Every group answers the backend the script named for it, not "fake", as torch keeps init_process_group's
     name ("undefined" for none, distributed_c10d.py:1843), a new_group's, else the default's (5976), a split its
     parent's (5623), a 1-D mesh of the world the default group (device_mesh.py:530-540) or, for gloo where
-    CUDA is available, a new group of the default's backend."""
+    CUDA is available, a new group of the default's backend; its name() (not "custom") is the default backend
+    torch makes of that (`_DEFAULT`)."""
     got = _run(BACKENDS, asked, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2")
     named = asked or "undefined"
-    assert got == {"default": named, "new_group()": named, "new_group(gloo)": "gloo", "split": named, "mesh": named}
+    backends = {"default": named, "new_group()": named, "new_group(gloo)": "gloo", "split": named, "mesh": named}
+    assert {group: answers[0] for group, answers in got.items()} == backends
+    assert {group: answers[1:] for group, answers in got.items()} == {
+        group: [_DEFAULT[backend]] * 2 for group, backend in backends.items()}
 
 
-@pytest.mark.parametrize("hook, calls", [
-    ("fp16", {("all_reduce", "backward", 512): 1}),  # torch's fp16_compress_hook: 256 float16
-    ("own", {("all_reduce", "backward", 1024): 1}),  # nanotron's pattern: its own future, the fp32 bucket all-reduced
+_DEFAULT = {"gloo": "gloo", "nccl": "nccl", "cpu:gloo,cuda:nccl": "nccl", "undefined": "nccl"}
+"""A group's ``name()`` (and ``_get_backend_name()``, the same getter) by the backend asked for it, by hand from
+torch 2.13's distributed_c10d.py:2069-2093: one backend named is its own; "undefined" and a map of several are
+NCCL's where the map holds NCCL, which it does for "undefined" on a CUDA machine (BackendConfig maps the
+accelerator to its default backend, 419-425), as a fake world mapping CUDA presents one."""
+
+REAL_NAMES = r"""
+import json, sys
+import torch.distributed as dist
+dist.init_process_group(sys.argv[1], store=dist.HashStore(), rank=0, world_size=1)
+group = dist.new_group([0])
+print(json.dumps([dist.group.WORLD.name(), group.name(), group._get_backend_name()]))
+"""
+
+
+@pytest.mark.parametrize("asked", ["gloo", "cpu:gloo"])
+def test_a_fake_groups_name_is_a_real_gloo_groups(asked):
+    """Colossal-AI 0.5.0 pipeline/p2p.py:160 compares ``pg.name()`` with ``Backend.NCCL`` and otherwise reads
+    ``Backend.HCCL``, which torch lacks: a fake group's name() is "custom" unpatched. Oracle: torch's own groups of
+    the same backend on this machine's gloo (a CPU build; "cpu:gloo" is a map of one, 2089-2093)."""
+    real = _run(REAL_NAMES, asked)
+    fake = _run(BACKENDS, asked, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2")
+    assert real == ["gloo"] * 3
+    assert [fake["default"][1], fake["new_group()"][1], fake["new_group()"][2]] == real
+
+
+@pytest.mark.parametrize("hook, ran, calls", [
+    ("fp16", 3, {("all_reduce", "backward", 512): 1}),  # torch's fp16_compress_hook: 256 float16
+    ("own", 3, {("all_reduce", "backward", 1024): 1}),  # nanotron's pattern: its own future holds the fp32 bucket
+    ("builtin-fp16", 0, {("all_reduce", "backward", 512): 1}),  # torch's C++ FP16CompressCommHook: 256 float16
+    ("builtin-allreduce", 0, {("all_reduce", "backward", 1024): 1}),  # C++'s AllReduceCommHook: the fp32 bucket
 ])
-def test_a_ddp_comm_hook_of_the_scripts_replaces_meshscopes(tmp_path, hook, calls):
-    """The script's register_comm_hook takes the reducer's one slot from meshscope's hook ("can only be called
-    once" before): it runs once per step on every rank, and the trace equals the gloo trace of the same job,
-    with the docstring's one all-reduce per steady step."""
+def test_a_ddp_comm_hook_of_the_scripts_replaces_meshscopes(tmp_path, hook, ran, calls):
+    """The script's register_comm_hook, or _register_builtin_comm_hook, takes the reducer's one slot from
+    meshscope's hook ("can only be called once" before): a Python hook runs once per step on every rank, and the
+    trace equals the gloo trace of the same job (C++'s built-in hook there), with the docstring's one all-reduce
+    per steady step."""
     doc = fake_equals_real(tmp_path, 2, [str(JOBS / "ddp_comm_hook.py"), "--hook", hook])
     for rank in (0, 1):
         log = (tmp_path / "fake" / "logs" / f"rank{rank}.log").read_text()
-        assert f"rank {rank} hook ran 3" in log and f"rank {rank} backend nccl" in log, log[-2000:]
+        assert f"rank {rank} hook ran {ran}" in log and f"rank {rank} backend nccl" in log, log[-2000:]
         (mine,) = [r for r in doc["per_rank"] if r["rank"] == rank]
         last = max(mine["steps"], key=lambda s: s["step"])  # step 3: past DDP's bucket rebuild
         assert Counter((e["op"], e["phase"], e["bytes_in"]) for e in last["events"]) == calls

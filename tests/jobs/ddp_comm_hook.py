@@ -1,4 +1,5 @@
-"""DDP job with a communication hook of its own: torch's fp16 compression, or a hand-written one.
+"""DDP job with a communication hook of its own: torch's (fp16 compression, Python or built-in; the built-in
+all-reduce), or a hand-written one.
 
 This is an ordinary user script: it never imports meshscope.
 
@@ -6,6 +7,8 @@ Launch (any world size >= 1)::
 
     torchrun --nproc-per-node 2 tests/jobs/ddp_comm_hook.py --hook fp16
     torchrun --nproc-per-node 2 tests/jobs/ddp_comm_hook.py --hook own
+    torchrun --nproc-per-node 2 tests/jobs/ddp_comm_hook.py --hook builtin-fp16
+    torchrun --nproc-per-node 2 tests/jobs/ddp_comm_hook.py --hook builtin-allreduce
 
 Independent facts (--steps 3, one ``Linear(16, 16, bias=False)``: 256 fp32 weights, 1,024 B, one bucket):
 
@@ -15,8 +18,15 @@ Independent facts (--steps 3, one ``Linear(16, 16, bias=False)``: 256 fp32 weigh
 * ``--hook own``: nanotron's pattern (2411b02 optim/gradient_accumulator.py:333-392): the hook all-reduces
   a copy of the bucket (fp32, 1,024 B) asynchronously and returns a future of its own holding the bucket:
   **one all_reduce of 1,024 B float32 per step**.
-* Either way the hook runs once per step (printed: ``hook ran 3``), and the gradient DDP hands the optimizer
-  is the hook's: fp16's is the bucket divided by the world size; ``own`` keeps the local gradient.
+* ``--hook builtin-fp16``: ``ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.FP16_COMPRESS)``, torch's
+  C++ ``FP16CompressCommHook`` (torch 2.13 csrc/distributed/c10d/default_comm_hooks.cpp:19-42: the bucket
+  ``.to(kFloat16)`` divided by the world size, one ``allreduce``, copied back): **one all_reduce of 256
+  float16 = 512 B per step**, as ``fp16``.
+* ``--hook builtin-allreduce``: ``BuiltinCommHookType.ALLREDUCE``, C++'s ``AllReduceCommHook`` (ibid. 11-17: the
+  fp32 bucket divided by the world size, one ``allreduce``): **one all_reduce of 1,024 B per step**.
+* The Python hooks run once per step (printed: ``hook ran 3``; the built-in ones run in C++: ``hook ran 0``),
+  and the gradient DDP hands the optimizer is the hook's: fp16's is the bucket divided by the world size;
+  ``own`` keeps the local gradient.
 * The script's ``dist.get_backend()`` is the backend it named (printed: ``backend nccl`` where CUDA is
   available, else ``backend gloo``).
 """
@@ -31,6 +41,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 ran = []
+BUILTIN = {"builtin-fp16": dist.BuiltinCommHookType.FP16_COMPRESS,
+           "builtin-allreduce": dist.BuiltinCommHookType.ALLREDUCE}
 
 
 def own_hook(group, bucket):
@@ -48,7 +60,7 @@ def counted_fp16(group, bucket):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hook", choices=("fp16", "own"), default="fp16")
+    p.add_argument("--hook", choices=("fp16", "own", *BUILTIN), default="fp16")
     p.add_argument("--steps", type=int, default=3)
     args = p.parse_args()
     cuda = torch.cuda.is_available()
@@ -58,7 +70,10 @@ def main():
     print(f"rank {rank} backend {dist.get_backend()}")
     torch.manual_seed(0)
     ddp = DDP(nn.Linear(16, 16, bias=False).to(device))
-    ddp.register_comm_hook(dist.group.WORLD, counted_fp16 if args.hook == "fp16" else own_hook)
+    if args.hook in BUILTIN:
+        ddp._register_builtin_comm_hook(BUILTIN[args.hook])
+    else:
+        ddp.register_comm_hook(dist.group.WORLD, counted_fp16 if args.hook == "fp16" else own_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(rank)
     for _ in range(args.steps):

@@ -12,8 +12,9 @@ rank's own (`assumed` marks what a call's fields cannot know), and a P2P receive
 takes the reduced bucket from the work's future, which the fake backend leaves empty, so DDP gets a
 hook that issues the same all-reduce of the same bucket and hands the bucket back
 (`fake_allreduce_hook`); a comm hook the script registers (or torch's DDP for itself) takes its place,
-and the works it waits on carry their outputs, as gloo's do (`hook_ddp`). ``dist.get_backend`` answers
-the backend the script named for the group, not ``"fake"`` (`backend_as_asked`). What object
+and the works it waits on carry their outputs, as gloo's do (`hook_ddp`); so does a built-in hook, as the
+Python hook torch writes alike. ``dist.get_backend`` answers the backend the script named for the group, not
+``"fake"``, and a group's ``name()`` the one torch would have made its default (`backend_as_asked`). What object
 collectives receive is `objects`'s.
 
 Each installer here is one row of `patches.PATCHES` (its target, why, the torch versions read) and
@@ -149,12 +150,35 @@ _actual: list[bool] = []
 
 @contextmanager
 def actual_backend():
-    """``get_backend`` answers ``"fake"`` inside: for torch's own code that must take its fake path."""
+    """``get_backend`` answers ``"fake"`` inside (a group's ``name()`` ``"custom"``): for torch's own code that must
+    take its fake path."""
     _actual.append(True)
     try:
         yield
     finally:
         _actual.pop()
+
+
+def _default_backend(named: str) -> str:
+    """``ProcessGroup.name()`` of a group built for backend `named`: the type torch makes its default
+    (distributed_c10d.py:2069-2093, torch 2.13), spelled as ProcessGroup.hpp:100-118 spells it (the type's
+    name in lower case). One backend named is its own type (a plugin's ``"custom"``); ``"undefined"`` and a
+    map of several are ``"nccl"`` where the map holds NCCL, else ``"gloo"`` (the fake world's own plugin is not
+    the script's, so torch's branch for a registered plugin, 2088-2091, is not taken). ``"undefined"``'s map is
+    the accelerator's default backend (``BackendConfig``, 419-425), the accelerator as the fake world answers
+    it: torch asks ``torch._C._get_accelerator``, which a CPU build answers with the CPU."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.distributed_c10d import BackendConfig
+
+    if "," not in named and ":" not in named and named != dist.Backend.UNDEFINED:
+        return dist.Backend.backend_type_map[named].name.lower()
+    if named == dist.Backend.UNDEFINED:
+        device = torch.accelerator.current_accelerator() or torch.device("cpu")
+        backends = {dist.Backend.default_device_backend_map[device.type]}
+    else:
+        backends = set(BackendConfig(dist.Backend(named)).get_device_backend_map().values())
+    return dist.Backend.NCCL if dist.Backend.NCCL in backends else dist.Backend.GLOO
 
 
 @functools.cache
@@ -163,7 +187,13 @@ def backend_as_asked() -> None:
     ``"gloo"``, ``"cpu:gloo,cuda:nccl"``, ``"undefined"``, for every group and the whole run. Libraries map it to
     a device (Colossal-AI 0.5.0 colossalai/device/device_mesh.py:109: ``KeyError: None`` for ``"fake"``) or
     pick a path by it (torch's distributed/nn/functional.py:413, NCCL's reduce-scatter; DeviceMesh's device
-    set-up, device_mesh.py:453; pipelining's set-up at torch 2.15, `pipeline`)."""
+    set-up, device_mesh.py:453; pipelining's set-up at torch 2.15, `pipeline`). A group's ``name()`` (and
+    ``_get_backend_name()``, the same C++ getter, ProcessGroup.hpp:168) answers its default backend's type from
+    the same asked name (`_default_backend`), not the fake group's ``"custom"``: Colossal-AI 0.5.0
+    pipeline/p2p.py:160 compares it with ``Backend.NCCL`` and otherwise reads ``Backend.HCCL``, which torch
+    lacks; torch's sharded_tensor/api.py:641 picks the CPU for ``"gloo"``."""
+    import torch.distributed as dist
+
     def as_asked(original):
         @functools.wraps(original)
         def get_backend(group=None):
@@ -172,6 +202,16 @@ def backend_as_asked() -> None:
         return get_backend
 
     wrap("get_backend", as_asked)
+
+    def named_as_asked(original):
+        @functools.wraps(original)
+        def name(self):
+            got = original(self)
+            return _default_backend(_asked(self)) if got == "custom" and not _actual else got
+        return name
+
+    for getter in ("name", "_get_backend_name"):
+        setattr(dist.ProcessGroup, getter, named_as_asked(getattr(dist.ProcessGroup, getter)))
 
 
 @functools.cache
@@ -182,12 +222,21 @@ def hook_ddp() -> None:
     own in DDP's constructor for ``mixed_precision``); from then on it runs that hook, with torch's checks and
     bookkeeping made as for any hook (nn/parallel/distributed.py:2253-2257), and the works that hook issues
     carry their outputs (`_carrying`): torch's hooks read the reduced tensor from the work's future
-    (default_hooks.py ``fut.value()[0]``), which the fake backend leaves empty. A second registration fails
-    as torch's does."""
+    (default_hooks.py ``fut.value()[0]``), which the fake backend leaves empty. A built-in hook
+    (``_register_builtin_comm_hook``, which hands the reducer a C++ hook: the same one slot) takes it as the
+    Python hook torch writes alike: ALLREDUCE's ``AllReduceCommHook`` and FP16_COMPRESS's ``FP16CompressCommHook``
+    (torch 2.13 csrc/distributed/c10d/default_comm_hooks.cpp:11-42: the bucket, or its float16 copy, divided
+    by the group's size and all-reduced on DDP's group, copied back) are default_hooks.py's ``allreduce_hook``
+    and ``fp16_compress_hook``, and torch names the hook as it does (distributed.py:2285). A second
+    registration of either kind fails as torch's does."""
     import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel
 
     init, register = DistributedDataParallel.__init__, DistributedDataParallel.register_comm_hook
+    register_builtin = DistributedDataParallel._register_builtin_comm_hook
+    builtin = {dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
+               dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook}
 
     class Slot:
         """The reducer's one hook: meshscope's until `taken`."""
@@ -221,8 +270,16 @@ def hook_ddp() -> None:
         self._comm_hooks.append((hook, state))
         slot.hook, slot.state, slot.taken = hook, state, True
 
+    def _register_builtin_comm_hook(self, comm_hook_type):
+        slot = slot_of(self)
+        if slot.taken:  # torch's own error, as above
+            return register_builtin(self, comm_hook_type)
+        self.logger._set_comm_hook_name(str(comm_hook_type))
+        slot.hook, slot.state, slot.taken = builtin[comm_hook_type], self.process_group, True
+
     DistributedDataParallel.__init__ = __init__
     DistributedDataParallel.register_comm_hook = register_comm_hook
+    DistributedDataParallel._register_builtin_comm_hook = _register_builtin_comm_hook
 
 
 def fake_allreduce_hook(group, bucket):

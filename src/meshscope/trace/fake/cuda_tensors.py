@@ -20,11 +20,12 @@ would return the tensor itself, marking the host's copy too: a data loader's bat
 of a marked one. In-place results keep their own storage's mark (``cpu_t.copy_(cuda_t)`` is on the
 host).
 
-The devices mode (`devices._cpu_devices`) sees every torch call the script (and torch's Python
-code outside a torch call) makes; it calls `answer` for the questions and `result` for every
-result. What it does not see: a thread the script starts (the mode is thread-local), and code that
-runs inside another torch call's Python (``torch.nn.functional``'s body asks torch's own questions
-and gets the CPU's answers, which is what its CPU kernels need).
+The devices mode (`devices._cpu_devices`) sees every torch call the script (and torch's Python outside
+a torch call) makes and hands each one's result to `result`; a compiled region's results are placed as
+one call's (`compiled_regions`). `answered` sets the answers on ``torch.Tensor``. What is not seen: a
+thread the script starts (the mode is thread-local), and a tensor torch makes in C++ and hands to the
+script without a torch call (the gradient a tensor hook gets, DDP's bucket in a comm hook): those read
+as the host's.
 """
 
 from __future__ import annotations
@@ -65,7 +66,6 @@ def _storage(tensor):
             return tensor.untyped_storage()
     except (RuntimeError, NotImplementedError, TypeError):  # no storage of its own
         from torch._C import _functorch
-
         from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
         # vmap's and grad's wrappers: the tensor they wrap holds the storage, and vmap's result is a view

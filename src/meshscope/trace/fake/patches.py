@@ -88,22 +88,29 @@ PATCHES = (
           "shape inference receives metadata from the neighbouring stages, whose ranks may run after this one in "
           "a fake world: the same stage's message from any traced rank, else (gradients) torch's own rule from this "
           "stage's outputs, its bytes assumed", "2.13, 2.15", FAKE_WORLD, pipeline.stage_metadata),
-    Patch("get_backend as asked", (f"{C10D}.get_backend",),
-          "every group is a fake one, whose backend torch names 'fake'; a library maps the name to a device "
-          "(Colossal-AI 0.5.0 device/device_mesh.py:109) or picks a path by it (torch's nn/functional.py:413, "
-          "DeviceMesh's device set-up, pipelining's set-up at 2.15): it is the backend the script named for the "
-          "group, as torch keeps it", "2.13", FAKE_WORLD, backend.backend_as_asked),
+    Patch("get_backend as asked", (f"{C10D}.get_backend", "torch.distributed.ProcessGroup.name",
+                                   "torch.distributed.ProcessGroup._get_backend_name", f"{C10D}.BackendConfig",
+                                   "torch.accelerator.current_accelerator"),
+          "every group is a fake one, whose backend torch names 'fake' (its name() 'custom'); a library maps the "
+          "name to a device (Colossal-AI 0.5.0 device/device_mesh.py:109) or picks a path by it (torch's "
+          "nn/functional.py:413, DeviceMesh's device set-up, pipelining's set-up at 2.15, Colossal-AI's "
+          "pipeline/p2p.py:160 by name()): it is the backend the script named for the group, as torch keeps it, "
+          "and name() the default backend torch makes of it", "2.13", FAKE_WORLD, backend.backend_as_asked),
     Patch("pipelining's per-edge set-up on the fake backend", (f"{PIPELINE}._initialize_pipeline_distributed_state",),
           "torch 2.15 runs the set-up (the shape vote, the stages' preconnect) only off the fake backend, as the "
           "backend asked for is; with per-edge groups it would ask the fake backend for a device map it has not, "
           "so that set-up sees 'fake'", "2.15", FAKE_WORLD, pipeline.per_edge_setup_as_fake, since="2.15"),
     Patch("DDP's all-reduce hook", (f"{DDP}.__init__", f"{DDP}.register_comm_hook", f"{DDP}._check_comm_hook",
-                                    "torch.distributed._register_comm_hook",
+                                    f"{DDP}._register_builtin_comm_hook", "torch.distributed._register_comm_hook",
+                                    "torch.distributed.BuiltinCommHookType",
+                                    "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.allreduce_hook",
+                                    "torch.distributed.algorithms.ddp_comm_hooks.default_hooks.fp16_compress_hook",
                                     "torch._C._distributed_c10d._create_work_from_future"),
           "DDP's built-in hook asserts on the fake work's empty future; a hook issuing the same all-reduce "
           "of the same bucket completes with the bucket; a hook registered through register_comm_hook (the "
           "script's, or torch's for mixed_precision) takes its place in the reducer's one slot, the works it "
-          "issues carrying their outputs as gloo's do", "2.11, 2.13", FAKE_WORLD, backend.hook_ddp),
+          "issues carrying their outputs as gloo's do; a built-in one (_register_builtin_comm_hook) as the Python "
+          "hook torch writes alike (default_hooks.py)", "2.11, 2.13", FAKE_WORLD, backend.hook_ddp),
     Patch("CUDA answered", tuple(cuda_api.ANSWERS),
           "a script written for GPUs takes its GPU path on the CPU, and torch's own uses of torch.accelerator (the "
           "optimizers' current stream, DataLoader's pinning) agree: one device per local rank, the CPU's RNG, "
