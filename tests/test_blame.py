@@ -85,6 +85,14 @@ def test_what_this_torch_says_of_cuda_only_work_is_cuda_only(call):
     assert end.cuda_only, end.error
 
 
+def test_a_gpu_only_kernel_of_a_library_is_cuda_only():
+    """fbgemm-gpu-cpu 1.8.0's lookups refuse the CPU tensors a fake world gives TorchRec's row-wise tables on their
+    CUDA path (`meshscope trace --fake-world 2 -- tests/jobs/torchrec_dlrm.py --sharding row_wise`): the message
+    as its library holds it."""
+    error = "RuntimeError: weights[0] must be a GPU or MTIA tensor; it is currently on device CPU"
+    assert RankEnd(0, "error", error=error).cuda_only
+
+
 def test_a_scripts_own_error_is_not_cuda_only():
     exc = _raised(lambda: torch.ones(2) @ torch.ones(3))
     assert not CUDA_ONLY.search(f"{type(exc).__name__}: {exc}")

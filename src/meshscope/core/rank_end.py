@@ -29,7 +29,7 @@ CUDA_ONLY = re.compile(
     r"^Unmapped: |not compiled with CUDA|compiled without CUDA|without ATen_cuda library|"
     r"PyTorch is not linked with support for cuda|"
     r"module 'torch\._C[\w.]*' has no attribute '_cud|Tried to instantiate dummy base class|"
-    r"Are you sure you have a CUDA build|requires CUDA support")
+    r"Are you sure you have a CUDA build|requires CUDA support|must be a GPU or MTIA tensor")
 """An error of CUDA-only work where torch has no CUDA: what a CPU build of torch 2.13.0 says (read from its
 source and its libraries' strings), and a fake world's own refusal (``Unmapped: ...``,
 ``trace.fake.devices``, which also words a GPU-less CUDA build's). ``torch/cuda/__init__.py:522``
@@ -41,7 +41,10 @@ not linked with support for cuda devices"); the ``torch._C._cuda*`` bindings a C
 (``AttributeError: module 'torch._C' has no attribute '_cuda_getCurrentRawStream'``: bitsandbytes 0.50);
 ``torch/_utils.py:1034`` (the placeholders of CUDA's C++ types: "Tried to instantiate dummy base class
 CUDAGraph"); ``torch/cuda/nvtx.py:15`` ("... Are you sure you have a CUDA build?") and
-``torch/cuda/streams.py:40`` ("torch.cuda.Stream requires CUDA support")."""
+``torch/cuda/streams.py:40`` ("torch.cuda.Stream requires CUDA support"); and a kernel a library registers
+for GPUs only, given the CPU tensors that stand for its GPU's (fbgemm-gpu-cpu 1.8.0's embedding lookups,
+TorchRec's row-wise tables on their CUDA path: "weights[0] must be a GPU or MTIA tensor; it is currently on
+device CPU", in its libraries' strings)."""
 
 DIST_ERRORS = ("DistError", "DistBackendError", "DistNetworkError", "DistStoreError")
 """torch.distributed's own exception types (torch/distributed/__init__.py, torch 2.13)."""
