@@ -5,9 +5,9 @@ A call is recorded as a tuple (by the C++ recorder where it is built, `capture.n
 Python kernel, `capture.dispatch`), with a number that its completion (a callback on its Work's future)
 names later; streamed to ``flight/rank<R>.jsonl`` by a thread that writes twice a second (so a killed
 rank still leaves all but its last half second), with the job's moves between phases and modules
-(`JobContext.moves`, or the C++ recorder's) and its step marks, and at the end written as ``ledgers/rank<R>.jsonl`` (every
-event with its step, and the axis `core.mesh_infer` gives a group the job named none of) and ``ranks/rank<R>.json`` (`RankEnd`, with this rank's place on the common
-clock: `clock`).
+(`JobContext.moves`, or the C++ recorder's) and its step marks, and at the end written as
+``ledgers/rank<R>.jsonl`` (every event with its step, and the axis `core.mesh_infer` gives a group the job
+named none of) and ``ranks/rank<R>.json`` (`RankEnd`, with this rank's place on the common clock: `clock`).
 """
 
 from __future__ import annotations

@@ -101,7 +101,8 @@ def ordered_kinds(world: int, groups: list[tuple[str, list[int]]], events: Itera
         group = tuple(e.group)
         if e.op in P2P and group == world_group and e.peer is not None:
             holding = [g for g in kinds_of if e.rank in g and e.peer in g]  # the world at least
-            ordered.update(*(kinds_of[g] for g in holding if len(g) == min(map(len, holding))))
+            smallest = min(map(len, holding))
+            ordered.update(*(kinds_of[g] for g in holding if len(g) == smallest))
         elif group in kinds_of:
             ordered |= kinds_of[group]
         else:

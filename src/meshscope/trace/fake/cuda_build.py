@@ -30,7 +30,7 @@ import functools
 import os
 import re
 
-from .cuda_tensors import is_cuda, is_ordinal
+from .cuda_tensors import gpu, is_cuda, is_ordinal
 from .devices import mark, unmapped
 
 KEPT_OUT = ("_cuda_getDeviceCount",)
@@ -60,8 +60,7 @@ def cuda_generators() -> None:
                 return base.__new__(cls, device)
             mark("torch.Generator(device='cuda')")
             generator = base.__new__(cls, "cpu")
-            index = device if is_ordinal(device) else torch.device(device).index
-            generator.standing_for = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) if index is None else index)
+            generator.standing_for = torch.device("cuda", gpu(device))
             return generator
 
         def __init__(self, device="cpu"):

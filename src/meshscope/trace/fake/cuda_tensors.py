@@ -87,7 +87,11 @@ def _key(tensor) -> int | None:
 
 def index(tensor) -> int | None:
     """The GPU index `tensor` stands on, or None where it stands for a host tensor."""
-    key = _key(tensor)
+    return _at(_key(tensor))
+
+
+def _at(key: int | None) -> int | None:
+    """The GPU index the storage `key` stands on (`index`), or None."""
     entry = _marked.get(key) if key is not None else None
     if entry is None:
         return None
@@ -175,8 +179,12 @@ def answered() -> None:
     torch.Tensor.is_cuda = on_gpu(is_cuda_, lambda where: True)
     torch.Tensor.is_cpu = on_gpu(is_cpu_, lambda where: False)
     torch.Tensor.type = functools.wraps(type_)(type_of)
-    torch.Tensor.get_device = functools.wraps(get_device)(lambda tensor: asked(tensor) if asked(tensor) is not None
-                                                          else get_device(tensor))
+    @functools.wraps(get_device)
+    def get_device_of(tensor):
+        where = asked(tensor)
+        return get_device(tensor) if where is None else where
+
+    torch.Tensor.get_device = get_device_of
     FakeTensor.device = property(device_of_fake)
     checks = checkpoint._allowed_determinism_checks_to_fns
     default = checks[checkpoint._DEFAULT_DETERMINISM_MODE]
@@ -243,7 +251,7 @@ def operands(args, kwargs) -> tuple[int | None, set[int]]:
             continue
         storages.add(key)
         if gpu is None:
-            gpu = index(tensor)
+            gpu = _at(key)
     return gpu, storages
 
 
@@ -257,9 +265,9 @@ def result(out, asked: int | str | None, operand_gpu: int | None, operand_storag
         if key is None:
             return tensor
         if asked == HOST:
-            return tensor.clone() if index(tensor) is not None else tensor  # a GPU's tensor to the host: a copy
+            return tensor.clone() if _at(key) is not None else tensor  # a GPU's tensor to the host: a copy
         if asked is not None:
-            if key in operand_storages and index(tensor) is None:
+            if key in operand_storages and _at(key) is None:
                 tensor = tensor.clone()  # the host's tensor itself came back: a GPU gets a copy
             mark(tensor, asked)
         elif operand_gpu is not None and key not in operand_storages:

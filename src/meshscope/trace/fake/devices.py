@@ -45,16 +45,15 @@ tensor lives). torch.cuda and torch.accelerator answer as one GPU per local rank
 - a ``DeviceMesh`` of type ``cuda`` (``init_device_mesh("cuda", ...)``) is built as a CPU mesh, so
   FSDP2 and DTensor on it take their CPU path (no CUDA streams);
 - DDP is built without ``device_ids`` / ``output_device`` (which it accepts only for GPU modules);
-  ``init_process_group``'s ``device_id`` is already dropped by the fake backend (`backend`).
-
+  ``init_process_group``'s ``device_id`` is already dropped by the fake backend (`backend`);
 - what the script put on a GPU, and whatever any torch call made of it, is marked as standing for a
   CUDA tensor, and answers ``device``, ``is_cuda``, ``type()`` as a GPU's (`cuda_tensors`):
   megatron-core 0.16.1 asserts ``param.grad.type() == 'torch.cuda.FloatTensor'`` when it clips, by default.
 
 Not mapped: a thread the script starts itself does not have the mode (a TorchFunctionMode is
 thread-local), so what it makes of a GPU's tensors reads as the host's, as does a tensor torch makes in
-C++ and hands to the script without a torch call (DDP's bucket in a comm hook, the gradient a tensor hook gets); a check of its type
-fails with one line saying so (`explain`).
+C++ and hands to the script without a torch call (DDP's bucket in a comm hook, the gradient a tensor hook
+gets); a check of its type fails with one line saying so (`explain`).
 
 `used` names what was mapped, for the result's note. Each installer is a row of `patches.PATCHES`,
 applied only where torch has no CUDA (`needed`).
@@ -82,9 +81,6 @@ class Unmapped(RuntimeError):
 def mark(name: str, record: list[str] = used) -> None:
     if name not in record:
         record.append(name)
-
-
-
 
 
 @functools.cache  # asked once, before the patches make torch.cuda say yes

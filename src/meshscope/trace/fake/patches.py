@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..entry_points import resolve
-from . import attention, backend, cuda_api, cuda_build, cuda_tensors, devices, objects, pipeline, receives, replay, tensors
+from . import (attention, backend, cuda_api, cuda_build, cuda_tensors, devices, objects, pipeline, receives,
+               replay, tensors)
 
 FAKE_WORLD = "fake-world"
 """Every rank of a fake world."""
@@ -161,7 +162,7 @@ PATCHES = (
               "torch.Tensor.get_device", "torch._subclasses.fake_tensor.FakeTensor.device",
               "torch.utils.checkpoint._allowed_determinism_checks_to_fns"),
           "a tensor marked as standing for a CUDA one answers device, is_cuda, is_cpu, type() and get_device() as a "
-          "GPU's, to every caller (megatron-core 0.16.1 asserts param.grad.type() == 'torch.cuda.FloatTensor' when "
+          "GPU's, outside the torch calls the devices mode hands on (megatron-core 0.16.1 asserts param.grad.type() == 'torch.cuda.FloatTensor' when "
           "it clips, by default); checkpointing's recomputation check reads where tensors are (a forward's saved "
           "output is read before its op returns, so before it is marked)", "2.13", CUDA_MAP, cuda_tensors.answered),
     Patch("pinned memory unpinned", ("torch.Tensor.pin_memory",),
