@@ -142,19 +142,21 @@ def test_pipelining_that_infers_its_shapes_issues_what_gloo_does(tmp_path):
     """Only stage 0 is given its input_args, so torch's stages vote 'dynamic' and send each other their
     metadata with send_object_list / recv_object_list (torch 2.13 stage.py ``_send_meta``): rank 1
     receives rank 0's real record (it runs beside rank 0 and waits for it); rank 0 receives its
-    outputs' gradients' metadata from a stage that runs after it, derived from its own outputs, so
-    that one message's bytes are assumed. Fake == gloo on every other field. With ranks 0 and 3 of
-    4, no rank of stage 2 is traced: rank 3 cannot learn its inputs' shapes and fails with a note
-    naming what to trace (no second run: nothing it looked for was written since)."""
+    outputs' gradients' metadata from a stage that runs after it, derived from its own outputs (its
+    bytes assumed), and the warm-up vote's integers back from it (schedules.py ``_warmup_p2p``), its own
+    taken for them: a P2P receive from a rank that ended after it, so it is traced again after rank 1
+    (`world.retrace`) and receives both, nothing assumed. Fake == gloo on every field. With ranks 0
+    and 3 of 4, no rank of stage 2 is traced: rank 3 cannot learn its inputs' shapes and fails with a
+    note naming what to trace (no second run: nothing it looked for was written since)."""
     job = [str(JOBS / "pipelining.py"), "--schedule", "1f1b", "--steps", "2", "--infer-shapes"]
     proc = cli("trace", "--nproc-per-node", 2, "--out", tmp_path / "real", "--", *job, timeout=240)
     assert proc.returncode == 0, proc.stderr[-3000:]
     proc, doc = trace_json(tmp_path / "fake", "--fake-world", 2, job)
     assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
-    assumed = [e for r in doc["per_rank"] for s in r["steps"] for e in s["events"] if e.get("assumed")]
-    assert [(e["rank"], e["op"], e["assumed"]) for e in assumed] == [(0, "recv", ["bytes_in", "bytes_out"])]
+    assert not [e for r in doc["per_rank"] for s in r["steps"] for e in s["events"] if e.get("assumed")]
+    assert any(n.startswith("ranks [0] were traced again") for n in doc["notes"]), doc["notes"]
     same = json.loads(cli_here("diff", tmp_path / "real", tmp_path / "fake", "--json").stdout)
-    assert same["same"] and same["assumed"]["calls"] == {"a": 0, "b": 1}, same
+    assert same["same"] and same["assumed"]["calls"] == {"a": 0, "b": 0}, same
     proc, doc = trace_json(tmp_path / "alone", "--fake-world", 4, "--ranks", "0,3", job)
     assert proc.returncode == 1 and not doc["passed"]
     assert "again" not in proc.stderr

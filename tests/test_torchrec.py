@@ -1,7 +1,8 @@
 """TorchRec 1.8.0's DistributedModelParallel, unmodified (tests/jobs/torchrec_dlrm.py: a DLRM whose tables it
 shards, DDP with TorchRec's static graph over the rest, the tables' optimizer fused into backward): the steady
 step against the counts its docstring reads from TorchRec's sharding and dist code, and the fake world against
-a real gloo trace of the same script (`meshscope diff`, verdict same)."""
+a real gloo trace of the same script (`meshscope diff`, verdict same); on TorchRec's CUDA path, fbgemm's CUDA
+tables as the fake world builds them (`trace.fake.fbgemm`), in-process and traced."""
 
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def test_table_wise_steady_step_by_hand_and_its_steps_are_the_combined_optimizer
 def test_column_wise_fake_world_equals_gloo(tmp_path):
     """column_wise at world 2 (each rank 8 of every table's 16 columns, so every feature goes to both): the
     fake world of 2 issues what gloo does, call for call, and its steady step is the hand count (lengths 192
-    B, ids 768 B, pooled 1,536 B). The CPU path: on the CUDA path fbgemm's CUDA kernels take no CPU tensor."""
+    B, ids 768 B, pooled 1,536 B). The CPU path; the CUDA path's fake world is row-wise's test below."""
     doc = fake_equals_real(tmp_path, 2, [str(JOB), "--sharding", "column_wise", "--steps", "6", "--cpu"])
     for rank in (0, 1):
         assert steady(doc, rank) == by_hand(192, 768, ("all_to_all", 1536))
@@ -81,3 +82,67 @@ def test_row_wise_on_the_cpu_path_steady_step_by_hand(tmp_path):
     assert proc.returncode == 0 and doc["outcome"] == "passed", proc.stderr[-3000:]
     for rank in (0, 1):
         assert steady(doc, rank) == by_hand(192, 384, ("reduce_scatter", 3072))
+
+
+def test_row_wise_on_the_cuda_path_fake_world_equals_gloo_and_the_hand_count(tmp_path):
+    """row_wise on TorchRec's CUDA path (nccl, compute device cuda, so fbgemm's CUDA table-batched embeddings, which
+    a fake world builds as the CPU's) in a fake world of 2 issues what real gloo issues on the CPU path, call for call
+    (`meshscope diff`: same), and its steady step is the hand count: the ids bucketized by row block (lengths 192 B,
+    ids 384 B), the partial sums reduce-scattered forward (3,072 B), their gradient all-gathered backward (1,536 B),
+    DDP's bucket (4,804 B). The CPU path's calls are the CUDA path's: the plan is the same but for the shards'
+    placement (torchrec 1.8.0 distributed/sharding_plan.py:561-650, the same row blocks; :349-386, the FUSED kernel
+    for both), and TorchRec's code on the way branches on the device only for DDP's device_ids
+    (model_parallel.py:185), a stream (comm_ops.py:166) and a copy to the host (dist_data.py:189), none a collective."""
+    doc = fake_equals_real(tmp_path, 2, [str(JOB), "--sharding", "row_wise", "--cpu"],
+                           fake_job=[str(JOB), "--sharding", "row_wise"])
+    assert any("fbgemm's CUDA embedding tables" in n for n in doc["notes"]), doc["notes"]
+    for rank in (0, 1):
+        assert steady(doc, rank) == by_hand(192, 384, ("reduce_scatter", 3072))
+
+
+@pytest.fixture
+def cpu_tables(monkeypatch):
+    """fbgemm's TBE class with the fake world's row installed in this process, put back after the test."""
+    from fbgemm_gpu import split_table_batched_embeddings_ops_training as tbe
+
+    from meshscope.trace.fake import devices, fbgemm
+
+    monkeypatch.setattr(tbe.SplitTableBatchedEmbeddingBagsCodegen, "__init__",
+                        tbe.SplitTableBatchedEmbeddingBagsCodegen.__init__)
+    used = devices.used[:]  # what this process mapped: the row marks what it builds
+    fbgemm.cpu_tables(tbe)
+    yield tbe
+    devices.used[:] = used
+
+
+def test_a_cuda_tbe_is_built_as_the_cpus_and_looks_up_on_the_cpu(cpu_tables):
+    """Two tables of 10 x 4 asked for on CUDA (EmbeddingLocation.DEVICE, ComputeDevice.CUDA, as TorchRec asks for a
+    cuda device) are the CPU's TBE: every table HOST, and a lookup of 2 samples pools (2, 8), each sample's sum of
+    its rows (the weights set by hand: row r of table t holds 10 t + r)."""
+    import torch
+
+    tbe = cpu_tables.SplitTableBatchedEmbeddingBagsCodegen
+    location, compute = cpu_tables.EmbeddingLocation, cpu_tables.ComputeDevice
+    module = tbe([(10, 4, location.DEVICE, compute.CUDA)] * 2, device="cpu")
+    assert module.use_cpu and {spec[2:] for spec in module.embedding_specs} == {(location.HOST, compute.CPU)}
+    for t, weights in enumerate(module.split_embedding_weights()):
+        weights.copy_((10 * t + torch.arange(10.0))[:, None].expand(10, 4))
+    # features f0 (table 0) then f1 (table 1), 2 samples each: f0 [1, 2] and [3]; f1 [] and [4, 5]
+    indices, offsets = torch.tensor([1, 2, 3, 4, 5]), torch.tensor([0, 2, 3, 3, 5])
+    pooled = module(indices, offsets)
+    assert pooled.tolist() == [[3.0] * 4 + [0.0] * 4, [3.0] * 4 + [29.0] * 4]
+
+
+def test_an_optimizer_without_a_cpu_kernel_is_one_line(cpu_tables):
+    """Adam has CUDA kernels only in fbgemm 1.8.0: the fake world says so in one line, naming what the CPU has,
+    before fbgemm's own assertion."""
+    from meshscope.trace.fake.devices import Unmapped
+
+    tbe = cpu_tables.SplitTableBatchedEmbeddingBagsCodegen
+    spec = (10, 4, cpu_tables.EmbeddingLocation.DEVICE, cpu_tables.ComputeDevice.CUDA)
+    with pytest.raises(Unmapped) as raised:
+        tbe([spec], device="cpu", optimizer=cpu_tables.OptimType.ADAM)
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith(
+        "fbgemm's table-batched embedding with optimizer ADAM (its CPU kernels: EXACT_SGD, EXACT_ADAGRAD, "
+        "EXACT_ROWWISE_ADAGRAD, EMAINPLACE_ROWWISE_ADAGRAD) at test_torchrec.py:"), message

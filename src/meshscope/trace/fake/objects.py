@@ -94,7 +94,8 @@ class Exchange:
         self.stood_in: list[tuple[str, float, float]] = []
         """(group name, from, to) of the calls sized by a stand-in (perf_counter: the recorders' clock)."""
         self.unheard: set[str] = set()
-        """The records of P2P object messages this rank looked for and did not find (`RankEnd.unheard`)."""
+        """The records of P2P messages this rank looked for and did not find (`RankEnd.unheard`): object messages',
+        and those of `replay`'s receives of integers."""
 
     def begin(self, run_dir: RunDir, rank: int) -> None:
         self.run_dir, self.rank = run_dir, rank
@@ -160,16 +161,20 @@ class Exchange:
         path, pid = self._path(rank, key), self.alongside.get(rank)
         if pid is None and rank not in self.earlier:  # forked after this rank, or never: not known
             if p2p:
-                self.unheard.add(str(path.relative_to(self.run_dir.path)))
+                self.heard_nothing(rank, key)
             return None
         while not path.exists() and self._running(rank, pid):
             time.sleep(POLL_S)
         if not path.exists():  # a rank writes its records before its end: this look is the last word
             if p2p:
-                self.unheard.add(str(path.relative_to(self.run_dir.path)))
+                self.heard_nothing(rank, key)
             return None
         sent_kind, pickles = pickle.loads(path.read_bytes())
         return pickles if sent_kind == kind else None
+
+    def heard_nothing(self, rank: int, key: str) -> None:
+        """`rank`'s record `key` of a P2P message was not there to read (`unheard`)."""
+        self.unheard.add(str(self._path(rank, key).relative_to(self.run_dir.path)))
 
     def assumed(self, group: str, t: float) -> tuple[str, ...]:
         """The fields of the call issued at `t` on `group` that a stand-in sized."""

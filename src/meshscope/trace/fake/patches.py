@@ -5,7 +5,7 @@ where there is none, and optionally with tensors that hold no data; each of thos
 answer something differently. `PATCHES` lists every such change: its targets (the torch names it
 replaces or wraps), why, the torch releases whose source it was read against, the modes it applies
 to, and the installer that makes it (in `backend`, `devices`, `cuda_api`, `cuda_build`, `attention`,
-`objects`, `pipeline` or `tensors`).
+`objects`, `pipeline`, `tensors` or, for a library the script imports, `fbgemm`).
 `apply` installs the rows of a mode whose targets this torch has, and returns their names for the rank's record, so a
 result says which rows were active. ``tests/test_fake_patches.py`` checks, in-process, that every
 row's targets exist on the installed torch: a torch that renames one fails there, not in a user's
@@ -15,10 +15,11 @@ trace.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from importlib.util import find_spec
 from typing import Callable
 
 from ..entry_points import resolve
-from . import (attention, backend, cuda_api, cuda_build, cuda_tensors, devices, objects, pipeline, receives,
+from . import (attention, backend, cuda_api, cuda_build, cuda_tensors, devices, fbgemm, objects, pipeline, receives,
                replay, tensors)
 
 FAKE_WORLD = "fake-world"
@@ -46,6 +47,10 @@ class Patch:
     """The first torch release with the targets, where an earlier one lacks them ("": every release read)."""
     until: str = ""
     """The first torch release without them, where the row's job is done otherwise ("": none read)."""
+    library: str = ""
+    """The package the targets are in where it is not torch (``fbgemm_gpu``): the row applies where it is installed,
+    and its installer patches them when the script imports it (`present` does not import it: every rank would pay
+    its import)."""
 
 
 C10D = "torch.distributed.distributed_c10d"
@@ -270,6 +275,13 @@ PATCHES = (
           "payloads up to a cap) is put into what the rank receives into, after the object collectives' row "
           "(whose own calls it leaves to them); else the rank's own integers are noted and what they sized assumed",
           "2.13", FAKE_WORLD, replay.replay_tensors),
+    Patch("fbgemm's CUDA embedding tables on the CPU", (f"{fbgemm.TBE}.__init__",),
+          "TorchRec's sharded tables on its CUDA path are fbgemm's CUDA table-batched embeddings, whose lookup "
+          "refuses the CPU tensors standing for the GPU's ('weights[0] must be a GPU or MTIA tensor', fbgemm-gpu-cpu "
+          "1.8.0); one whose specs name ComputeDevice.CUDA is built as TorchRec builds it on the CPU (every table "
+          "HOST on ComputeDevice.CPU, torchrec 1.8.0 distributed/batched_embedding_kernel.py:3751-3753), its device "
+          "the CUDA one: TorchRec issues the collectives around it, as on the GPU, and it issues none",
+          "2.13 (fbgemm-gpu-cpu 1.8.0, torchrec 1.8.0)", CUDA_MAP, fbgemm.patch, library="fbgemm_gpu"),
 )
 
 
@@ -285,7 +297,9 @@ def meant_for(patch: Patch, version: str) -> bool:
 
 
 def present(patch: Patch) -> bool:
-    """Whether this torch has every target of `patch`."""
+    """Whether this torch has every target of `patch`; for a library's row, whether the library is installed."""
+    if patch.library:
+        return find_spec(patch.library) is not None  # found, not imported
     try:
         for target in patch.targets:
             resolve(target)

@@ -29,14 +29,23 @@ receives:
 What is not known stays the rank's own (the fake backend's; a receive's zeros, `objects.ZEROED`; in an
 integer reduction a member not known is taken to send what this rank sends): the sender was not traced
 before this rank (rank 0 runs first, so its sends reach every later rank; what later ranks send does not
-reach rank 0), or its record was itself sent after it kept its own integers (`Call.derived`). Where that
+reach rank 0), or its record was itself sent after it kept its own integers (`Call.derived`). A P2P receive
+of integers from a sender with no record takes what this rank sent that peer in the message in its place the
+other way, where that was integers of its size (`Call.mirror`): a pipeline's backward mirrors its forward,
+so a stage traced before the next one gets its gradients' sizes from its activations'. Colossal-AI 0.5.0
+pickles each stage's metadata into a P2P message of its length, then one of its bytes, and unpickles what it
+receives (pipeline/p2p.py ``_send_recv_serialization_object``): at tp 2 x pp 2 its rank 0 unpickled zeros
+for its gradients' metadata, rank 3 beside it zeros for its inputs', both failed (``EOFError``) and the
+trace stopped there. Where there is no such message (a stage's first receive from the stage before it), the
+receive holds zeros, and a rank that then fails is named with that call (`stood_in.UNFILLED`). Where that
 payload is integers or booleans, which can size a later call, the call is noted (`stood_in.StandIn`, read by
-`world` into the result's note), and what it may have sized is marked assumed (`Replay.assumed`): the
-sizes of the calls the function that received it issues after it while it runs (the rule of
-`values.Reads` for a value read without data), and every later all-to-all's splits (they are passed down
-from far above). A floating-point payload's stand-in is not noted: it sizes nothing. A rank that failed
-on what it made up, or got it from a sender traced again since, is traced once more after its senders
-(`world.retrace`: TorchRec's rank 0, traced first, crashed in fbgemm on the counts it made up).
+`world` into the result's note), and what it may have sized is marked assumed (`Replay.assumed`): the sizes
+of the calls the function that received it issues after it while it runs (the rule of `values.Reads` for a
+value read without data), and every later all-to-all's splits (they are passed down from far above). A
+floating-point payload's stand-in is not noted: it sizes nothing. A rank that failed on what it made up, got
+it from a sender traced again since, or got a P2P message's from a rank that ended after it, is traced once
+more after its senders (`world.retrace`: TorchRec's rank 0, traced first, crashed in fbgemm on the counts it
+made up; each stage of a pipeline hears from the others in a second run).
 
 Not replayed: torch's functional collectives (DTensor's, compiled graphs', ``_functional_collectives``) and
 the calls C++ issues itself (FSDP2's gathers, DDP's rebuild broadcasts: their sizes are the parameters'; a
@@ -72,6 +81,10 @@ CAP_COUNTS = 1 << 20
 SIZES = ("bytes_in", "bytes_out")
 KIND = "tensor"
 """The kind of an `objects.Exchange` record this module writes (an object collective's are theirs)."""
+UNKNOWN = (stood_in.UNTRACED, stood_in.UNSENT)
+"""Why a sender's part is not known where it has no record to read: a receive takes a mirror for it (`Call.mirror`)."""
+MIRRORS = 1024
+"""P2P messages of integers a rank keeps what it sent in, the latest, for `Call.mirror`."""
 
 
 class _Windows:
@@ -114,6 +127,12 @@ class Replay:
         self.named: list[StandIn] = []
         """The first calls it kept its own integers in (`stood_in.NAMED`)."""
         self.stood_in_count = 0
+        self.unfilled: StandIn | None = None
+        """The first P2P receive of integers it could fill with nothing (`stood_in.UNFILLED`: a rank that then
+        fails is named with it)."""
+        self.p2p_sent: dict[str, list] = {}
+        """Key -> what this rank sent in a P2P message of integers, until the message the other way in the
+        same place stands in for it (`Call.mirror`)."""
 
     def begin(self, run_dir: RunDir, rank: int, context, on: bool) -> None:
         self.run_dir, self.rank, self.context, self.on = run_dir, rank, context, on
@@ -149,13 +168,18 @@ class Replay:
         if frame is not None and all(f is not frame for f in self.sizing):
             self.sizing.append(frame)
         self.stood_in_count += 1
-        if len(self.named) < NAMED:
+        if len(self.named) < NAMED or call.unfilled and self.unfilled is None:
             group = call.group
             desc = getattr(group, "group_desc", "") or group.group_name
             members = tuple(sorted(int(r) for r in dist.get_process_group_ranks(group)))  # numpy ranks: nanotron's
             step = self.context.step if self.context is not None else 0
-            self.named.append(StandIn(call.op, desc, members, step, tuple(sorted(call.missing.items()))))
-            self.write()  # as it happens: a rank that then crashes (fbgemm on counts it made up) leaves it
+            stand_in = StandIn(call.op, desc, members, step, tuple(sorted(call.missing.items())))
+            if call.unfilled and self.unfilled is None:
+                self.unfilled = stand_in
+                stood_in.write_unfilled(self.run_dir, self.rank, stand_in)
+            if len(self.named) < NAMED:
+                self.named.append(stand_in)
+                self.write()  # as it happens: a rank that then crashes (fbgemm on counts it made up) leaves it
 
     def assumed(self, group: str, op: str, input_splits, output_splits, t: float) -> tuple[str, ...]:
         """The fields of the call issued at `t` on `group` that a stand-in may have sized (module doc): an
@@ -214,6 +238,10 @@ class Call:
         """`derived`: issued by a function after it kept its own integers for a peer's: its record says so."""
         self.me, self.n = dist.get_rank(group), dist.get_world_size(group)
         self.key = ""
+        self.reply: str | None = None
+        """A P2P message's: the key of the message in the same place the other way (`mirror`)."""
+        self.unfilled = False
+        """A receive of integers from an unknown sender that nothing stood in for: it holds zeros."""
         self._heard: dict[int, tuple[list | None, str | None]] = {}
         self.missing: dict[int, str] = {}
         """Global rank -> why this rank kept its own integers for what it sent."""
@@ -224,7 +252,9 @@ class Call:
 
     def p2p(self, src: int, dst: int) -> Call:
         """A message from global rank `src` to `dst`: the k-th of the pair on the group, on both sides."""
-        self.key = EXCHANGE.named(f"t{self.group.group_name}-p2p-{src}-{dst}")
+        group = self.group.group_name
+        self.key = EXCHANGE.named(f"t{group}-p2p-{src}-{dst}")
+        self.reply = f"t{group}-p2p-{dst}-{src}-{self.key.rsplit('-', 1)[1]}"
         return self
 
     def root(self, given: dict, name: str) -> int:
@@ -242,6 +272,11 @@ class Call:
         """Record what this rank sends (None, or above the cap: a marker, so no receiver waits for it)."""
         packed = [_pack(t) for t in tensors] if tensors is not None and self.small(tensors) else None
         EXCHANGE.record(self.key, KIND, (self.derived, packed))
+        if self.reply is not None and packed is not None and all(map(_counts, tensors)):
+            sent = REPLAY.p2p_sent
+            sent[self.key] = packed
+            if len(sent) > MIRRORS:  # messages no receive came back for (a stage that only sends)
+                del sent[next(iter(sent))]
 
     def sent(self, j: int) -> tuple[list | None, str | None]:
         """(what group rank `j` sent, why it cannot stand as known or None); (None, None): above the cap."""
@@ -270,16 +305,34 @@ class Call:
         return value.reshape(like.shape), why
 
     def put(self, dst: torch.Tensor, j: int, pick=lambda data: data[0]) -> None:
-        """`dst` (a view of the output) is what group rank `j` sent, where known; else it is the rank's own."""
+        """`dst` (a view of the output) is what group rank `j` sent, where known; else it is the rank's own (for
+        a P2P receive of integers, what it sent `j` the other way: `mirror`)."""
         value, why = self._value(j, pick, dst)
+        if self.reply is not None:
+            mirror = self.mirror(dst)
+            if value is None and why in UNKNOWN and _counts(dst):
+                value, self.unfilled = mirror, mirror is None
         if value is not None:
             with torch.no_grad():  # an output may be a leaf that requires grad
                 dst.copy_(value)
         self.miss(j, dst, why)
 
+    def mirror(self, like: torch.Tensor) -> torch.Tensor | None:
+        """What this rank sent its peer in the message in this one's place the other way (the k-th message
+        to it for the k-th from it), where that was integers of `like`'s dtype and size (module doc); asked
+        once per receive, which drops it."""
+        packed = REPLAY.p2p_sent.pop(self.reply, None)
+        value = _unpack(packed[0]) if packed is not None and len(packed) == 1 else None
+        if value is None or value.numel() != like.numel() or value.dtype != like.dtype:
+            return None
+        return value.reshape(like.shape)
+
     def miss(self, j: int, like: torch.Tensor, why: str | None) -> None:
         if why is not None and _counts(like):
-            self.missing[int(dist.get_global_rank(self.group, j))] = why  # numpy ranks: nanotron's new_group
+            rank = int(dist.get_global_rank(self.group, j))  # numpy ranks: nanotron's new_group
+            self.missing[rank] = why
+            if self.reply is not None and why in UNKNOWN:  # a rank that fails on it is traced again once it exists
+                EXCHANGE.heard_nothing(rank, self.key)
 
     def reduce_into(self, dst: torch.Tensor, own: torch.Tensor, op, pick=lambda data: data[0]) -> None:
         """`dst` is the reduction of every member's part (`own`: this rank's, taken before the backend ran)."""

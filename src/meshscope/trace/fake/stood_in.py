@@ -1,6 +1,7 @@
 """The calls in which a fake world's rank kept its own integers where a peer's were not known (`replay`): one
 writer (the rank, at its end) and one reader (`world`, for the result's note), without torch (the trace's
-own process reads it)."""
+own process reads it). Apart from them, the first P2P receive of integers that nothing stood in for
+(`UNFILLED`): a rank that then failed is named with it, its failure likely that receive's, not the script's."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ from ...core.events import rank_ranges
 from ...core.rundir import RunDir, write_atomic
 
 FILE = "stood-in.json"
+"""Its name in the rank's ``objects/rank<R>/`` folder (beside what the rank sent)."""
+UNFILLED = "unfilled.json"
+"""The receive a rank could fill with nothing (zeros), in the same folder."""
 UNNAMED = "undefined"
 """torch's description of a group made with no ``group_desc`` (torch 2.13 distributed_c10d.py ``new_group``)."""
-"""Its name in the rank's ``objects/rank<R>/`` folder (beside what the rank sent)."""
 NAMED = 20
 """Calls a rank names (the others are counted)."""
 SHOWN = 4
@@ -57,13 +60,46 @@ def write(run_dir: RunDir, rank: int, count: int, named: list[StandIn]) -> None:
 
 
 def clear(run_dir: RunDir, rank: int) -> None:
-    (run_dir.objects(rank) / FILE).unlink(missing_ok=True)
+    for name in (FILE, UNFILLED):
+        (run_dir.objects(rank) / name).unlink(missing_ok=True)
 
 
-def unsent(stood: list[StandIn]) -> set[int]:
-    """The senders of `stood` whose part a run of theirs after the rank's may hold (`world.retrace`): those
-    that had not run before it, had no record of the call, or made it up themselves."""
-    return {rank for s in stood for rank, why in s.senders if why in (UNTRACED, UNSENT, DERIVED)}
+def unsent(stood: list[StandIn], ops: tuple[str, ...] | None = None) -> set[int]:
+    """The senders of `stood` (of its calls of `ops`, where given) whose part a run of theirs after the rank's
+    may hold (`world.retrace`): those that had not run before it, had no record of the call, or made it up
+    themselves."""
+    return {rank for s in stood if ops is None or s.op in ops
+            for rank, why in s.senders if why in (UNTRACED, UNSENT, DERIVED)}
+
+
+def write_unfilled(run_dir: RunDir, rank: int, call: StandIn) -> None:
+    folder = run_dir.objects(rank)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomic(folder / UNFILLED, json.dumps(asdict(call)))
+
+
+def _stand_in(doc: dict) -> StandIn:
+    return StandIn(doc["op"], doc["desc"], tuple(doc["members"]), doc["step"], tuple(map(tuple, doc["senders"])))
+
+
+def unfilled(run_dir: RunDir, ranks) -> dict[int, StandIn]:
+    """Rank -> the P2P receive of integers it held zeros in, for those of `ranks` that had one."""
+    paths = {rank: run_dir.objects(rank) / UNFILLED for rank in ranks}
+    return {rank: _stand_in(json.loads(path.read_text())) for rank, path in paths.items() if path.exists()}
+
+
+def unfilled_note(failed: dict[int, StandIn], axes: dict[tuple[int, ...], str]) -> str | None:
+    """The result's note on ranks that failed after a receive they held zeros in (`unfilled`); None where none."""
+    if not failed:
+        return None
+    senders = sorted({rank for call in failed.values() for rank, _ in call.senders})
+    said = "; ".join(call.text(axes) if len(failed) == 1 else f"rank {rank}: {call.text(axes)}"
+                     for rank, call in sorted(failed.items()))
+    return (f"fake backend: rank{'s' if len(failed) > 1 else ''} {rank_ranges(list(failed))} failed after a "
+            f"point-to-point receive of integers (a size, a count) that held zeros, its sender's message not being "
+            f"known: {said}; the error may be the fake world's, not the script's. A fake world replays what a rank "
+            f"traced before the receiver sent: trace rank{'s' if len(senders) > 1 else ''} {rank_ranges(senders)} "
+            f"too (--ranks)")
 
 
 def read(run_dir: RunDir, ranks) -> dict[int, tuple[int, list[StandIn]]]:
@@ -73,8 +109,7 @@ def read(run_dir: RunDir, ranks) -> dict[int, tuple[int, list[StandIn]]]:
         path = run_dir.objects(rank) / FILE
         if path.exists():
             doc = json.loads(path.read_text())
-            out[rank] = (doc["count"], [StandIn(s["op"], s["desc"], tuple(s["members"]), s["step"],
-                                                tuple(map(tuple, s["senders"]))) for s in doc["named"]])
+            out[rank] = (doc["count"], [_stand_in(s) for s in doc["named"]])
     return out
 
 

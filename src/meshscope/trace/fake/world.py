@@ -19,7 +19,7 @@ import os
 import sys
 from collections.abc import Collection
 
-from ...core.events import rank_ranges
+from ...core.events import P2P, rank_ranges
 from ...core.rundir import RunDir
 from ...core.fake_world import FakeDevice, FakeWorld, RankClass
 from ...core.rank_end import Answered, RankEnd
@@ -97,11 +97,13 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
         if classes else "the ranks given" if options.chosen_ranks() is not None else
         "the first ranks only: they failed the same way, so the classes were not traced", patched, stand_in(ends))
     result = assemble(run_dir, account=failure, fake_world=section)
-    result.notes += fake_notes(result, stood_in.read(run_dir, traced))
+    failed = [end.rank for end in ends if end.status == "error"]
+    result.notes += fake_notes(result, stood_in.read(run_dir, traced), stood_in.unfilled(run_dir, failed))
     if again:
         result.notes.append(f"ranks {again} were traced again after the others: they failed after receiving values "
-                            f"from ranks not yet traced, or received them from a rank traced again since (what is "
-                            f"shown is that second run)")
+                            f"from ranks not yet traced, received them from a rank traced again since, or received a "
+                            f"point-to-point message's from a rank traced after them (what is shown is that second "
+                            f"run)")
     if same is not None:
         result.notes.append(f"ranks {asked} failed the same way ({same}); the other classes of ranks were not "
                             f"traced: they run the same script")
@@ -115,23 +117,27 @@ RETRACE_ROUNDS = 4
 
 def retrace(run_dir: RunDir, traced: list[int], again: Collection[int] = ()) -> list[int]:
     """The ranks of `traced` to trace once more, after all the others, so that they receive what was sent
-    (`objects`, `pipeline`, `replay`): those that failed after a P2P object message they got a stand-in for,
-    where a record they looked for has been written since (`RankEnd.unheard`), or after they kept their own
-    integers for what a rank sent that ended after them (`stood_in.unsent`); and those that passed but kept
-    their own for what a rank traced `again` in the last round sent (its first run was cut short, or sized
-    what it sent by a stand-in of its own). A pipeline's last stage runs beside rank 0, before any rank of
-    the stage that sends it its inputs' shapes; rank 0 runs before every rank whose counts it receives
-    (TorchRec's KJT all-to-alls: fbgemm crashed on counts it made up)."""
+    (`objects`, `pipeline`, `replay`): those that failed after a P2P message they got a stand-in for, where a
+    record they looked for has been written since (`RankEnd.unheard`), or after they kept their own integers
+    for what a rank sent that ended after them (`stood_in.unsent`); those that passed but kept their own for
+    what a rank traced `again` in the last round sent (its first run was cut short, or sized what it sent by
+    a stand-in of its own); and those that passed but kept their own integers in a P2P receive from a rank
+    that ended after them. A pipeline's last stage runs beside rank 0, before any rank of the stage that
+    sends it its inputs' shapes, and rank 0 before every rank of the stage that sends it its gradients'
+    (Colossal-AI 0.5.0 pickles both into P2P messages, pipeline/p2p.py ``_send_recv_serialization_object``:
+    each rank of a pipeline gets what the others send only in a second run, `replay.Call.mirror`); rank 0 runs
+    before every rank whose counts it receives (TorchRec's KJT all-to-alls: fbgemm crashed on counts it made
+    up)."""
     ends = {r: run_dir.read_end(r) for r in traced}
     stood = stood_in.read(run_dir, traced)
 
-    def later(rank: int, among) -> bool:
-        senders = stood_in.unsent(stood[rank][1]) if rank in stood else set()
+    def later(rank: int, among, ops: tuple[str, ...] | None = None) -> bool:
+        senders = stood_in.unsent(stood[rank][1], ops) if rank in stood else set()
         return any(s in ends and s in among and ends[s].time > ends[rank].time for s in senders)
 
     return [r for r, end in ends.items()
             if end.status == "error" and (any(any(run_dir.path.glob(p)) for p in end.unheard) or later(r, ends))
-            or end.ended and later(r, again)]
+            or end.ended and (later(r, again) or later(r, ends, P2P))]
 
 
 def stand_in(ends: list[RankEnd]) -> FakeDevice | None:
@@ -157,10 +163,10 @@ def failed_alike(ends: list[RankEnd]) -> str | None:
     return f"{what} at {where}" if where else what
 
 
-def fake_notes(result: TraceResult, stood: dict | None = None) -> list[str]:
+def fake_notes(result: TraceResult, stood: dict | None = None, unfilled: dict | None = None) -> list[str]:
     """What the fake backend stood in for, in this trace, each note only where its calls occur (`stood`: the
-    calls that kept a rank's own integers for a peer's, `stood_in.read`); and how the ranks' files were kept
-    apart."""
+    calls that kept a rank's own integers for a peer's, `stood_in.read`; `unfilled`: the failed ranks' receives
+    that held zeros, `stood_in.unfilled`); and how the ranks' files were kept apart."""
     notes = []
     a2a = sum(1 for e in result.events if e.assumed and e.op == "all_to_all")
     objects = sum(r.stood_in for r in result.ranks)
@@ -176,12 +182,17 @@ def fake_notes(result: TraceResult, stood: dict | None = None) -> list[str]:
                      f"same stage's from another rank or derived from its outputs): {objects} such calls got one, and "
                      f"the bytes of the calls sized from them are assumed (their `assumed` field)")
     if any(e.op == "recv" for e in result.events):
-        notes.append("fake backend: a receive gets no data from a peer not traced before it (zeros; what a peer "
-                     "traced before it sent is replayed); a pipeline's warm-up vote is each rank's own stages' "
+        notes.append("fake backend: a receive gets no data from a peer not traced before it (zeros, or for integers "
+                     "what the rank sent that peer in the message in its place the other way; what a peer traced "
+                     "before it sent is replayed); a pipeline's warm-up vote is each rank's own stages' "
                      "(docs/trace.md, 'A large world on one CPU')")
-    kept_own = stood_in.note(stood or {}, {e.group: e.axis for e in result.events})
+    axes = {e.group: e.axis for e in result.events}
+    kept_own = stood_in.note(stood or {}, axes)
     if kept_own:
         notes.append(kept_own)
+    zeros = stood_in.unfilled_note(unfilled or {}, axes)
+    if zeros:
+        notes.append(zeros)
     device = result.fake_world.device if result.fake_world else None
     if device is not None and device.answered:
         notes.append(gpu.note(list(device.answered), gpu.GPUS[device.key]))
