@@ -13,6 +13,7 @@ the lowest up (`LAYERS` holds the order):
   doctor       root causes from flight logs
   run          torch's elastic agent, the rank context, the worker, the run directory
   trace        users' own jobs, traced unmodified
+  forecast     a traced job's step time, exposed communication and peak memory on a named cluster
   suite        the chapter in one launch
   place        axis placement on nodes
   budget       communication budgets: a job's ledger as formulas, held against a re-trace
@@ -25,6 +26,6 @@ __version__ = "0.1.0"
 
 LAYERS = (
     ("core",), ("capture",), ("predict",), ("models",), ("experiments",), ("verify", "timing"),
-    ("doctor",), ("run",), ("trace",), ("suite",), ("place",), ("budget",), ("testing",), ("report",), ("cli",),
+    ("doctor",), ("run",), ("trace",), ("forecast",), ("suite",), ("place",), ("budget",), ("testing",), ("report",), ("cli",),
 )
 """Subpackages from the lowest layer up; packages of one layer do not import each other."""

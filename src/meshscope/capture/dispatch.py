@@ -348,9 +348,11 @@ class ModeRecorder(TorchDispatchMode):
     says so, else it fails (torch 2.13 and 2.15 torch/_ops.py ``HigherOrderOperator.dispatch``); here it passes
     straight through, with no tensor types, to FakeTensorMode's rule for it."""
 
-    def __init__(self, sink, answers=None):
+    def __init__(self, sink, answers=None, work=None):
         super().__init__()
         self.sink = sink
+        self.work = work
+        """A `capture.work.WorkCounter` that sees every op and call (``meshscope forecast``), or None."""
         from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor
 
         self.fake, self.data_dependent = FakeTensor, DataDependentOutputException
@@ -366,17 +368,24 @@ class ModeRecorder(TorchDispatchMode):
         decoders = self.BY_NAMESPACE.get(func.namespace)
         if decoders is not None and not _tls.busy:
             name = func._schema.name.split("::", 1)[1]
+            issued = None
             if name in decoders:
                 call = decode(name, args, decoders)
                 if call is not None:
-                    self.sink(*call)
+                    issued = self.sink(*call)
             elif func.namespace == "c10d" and name not in MOVES_NOTHING:
                 count_undecoded(name)
             _tls.busy = True
             try:
-                return func(*args, **(kwargs or {}))
+                out = func(*args, **(kwargs or {}))
             finally:
                 _tls.busy = False
+            if self.work is not None:
+                if issued is not None:
+                    self.work.issued(issued, name, args, out)
+                else:  # wait_tensor: where the job needs a functional collective's result
+                    self.work.op(func, args, kwargs, out)
+            return out
         try:
             out = func(*args, **(kwargs or {}))
         except self.data_dependent as exc:
@@ -385,4 +394,6 @@ class ModeRecorder(TorchDispatchMode):
             return self.answers.answer(func, args, exc)
         if id(func) in self.watched:
             self.answers.watch(func, args, out)
+        if self.work is not None:
+            self.work.op(func, args, kwargs, out)
         return out

@@ -344,7 +344,13 @@ def cmd_check(args) -> int:
     return run(args)
 
 
+def cmd_forecast(args) -> int:
+    from .forecast_command import cmd_forecast as run
+
+    return run(args)
+
+
 COMMANDS = {"layout": cmd_layout, "list": cmd_list, "predict": cmd_predict, "run": cmd_run, "suite": cmd_suite,
             "report": cmd_report, "doctor": cmd_doctor, "sweep": cmd_sweep, "place": cmd_place, "trace": cmd_trace,
             "diff": cmd_diff,
-            "budget": cmd_budget, "check": cmd_check}
+            "budget": cmd_budget, "check": cmd_check, "forecast": cmd_forecast}

@@ -134,6 +134,25 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("--out", type=Path, default=None, help="the re-traces (default traces/check-<time>)")
     ck.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
 
+    fc = sub.add_parser("forecast", help="a job's step time, exposed communication per axis and peak memory per "
+                                         "rank class on a named cluster (docs/forecast.md)",
+                        usage="meshscope forecast --fake-world N --cluster SPEC [trace options] [--tokens T] [--json] "
+                              "-- SCRIPT [ARGS...]  (or --from-trace DIR)")
+    add_trace_options(fc)
+    fc.add_argument("--cluster", required=True, metavar="SPEC",
+                    help="h100-sxm, h200, a100-sxm, or a JSON file of the same fields (docs/forecast.md)")
+    fc.add_argument("--gpus-per-node", type=int, default=None,
+                    help="ranks per node (rank r on node r // G; default: the cluster's)")
+    fc.add_argument("--sweep", type=Path, default=None,
+                    help="a meshscope sweep run directory or sweep.json: its intra-node fit replaces the spec's NVLink")
+    fc.add_argument("--tokens", type=int, default=None,
+                    help="tokens the whole job trains on per step (global batch x sequence): gives tokens/s per GPU")
+    fc.add_argument("--tf32", action="store_true", help="fp32 matmuls run as TF32 (the job allows it)")
+    fc.add_argument("--from-trace", type=Path, default=None, metavar="DIR",
+                    help="forecast a trace already made with --fake-world N --fake-tensors --work")
+    fc.add_argument("--out", type=Path, default=None, help="run directory of the trace (default traces/<script>-<time>)")
+    fc.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
+
     df = sub.add_parser("diff", help="compare two traces (or a trace and a run): per step, axis and op, and each rank's first divergent call")
     df.add_argument("dir_a", type=Path)
     df.add_argument("dir_b", type=Path)
@@ -177,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-JOB_COMMANDS = ("trace", "budget", "check")
+JOB_COMMANDS = ("trace", "budget", "check", "forecast")
 """Commands that take a job after ``--``."""
 
 OWN_FLAGS = {"budget": {"--budget": 1, "--vary": 1, "--out": 1}, "check": {"--update": 0, "--out": 1, "--json": 0}}
@@ -194,12 +213,12 @@ def split_job(argv: list[str]) -> tuple[list[str], list[str], list[str] | None]:
     own = argv[: argv.index("--")] if "--" in argv else argv
     if "-h" in own or "--help" in own:
         return own, [], None
-    if "--" not in argv and command != "check":
+    if "--" not in argv and command != "check" and not (command == "forecast" and "--from-trace" in own):
         raise UsageError(f"meshscope {command} needs '--' before the job: meshscope {command} [options] -- SCRIPT "
                          f"[ARGS...]")
     cut = argv.index("--") if "--" in argv else len(argv)
     job = argv[cut + 1:]
-    if command == "trace":
+    if command in ("trace", "forecast"):
         return argv[:cut], job, None
     mine, tokens, i = [command], [], 1
     if command == "check" and cut > 1:  # the budget file comes first

@@ -222,6 +222,15 @@ def rank_ranges(ranks) -> str:
     return ",".join(out)
 
 
+def parse_rank_ranges(text: str) -> list[int]:
+    """'0-2,5' -> [0, 1, 2, 5]: the inverse of `rank_ranges`."""
+    out = []
+    for part in filter(None, text.split(",")):
+        first, _, last = part.partition("-")
+        out.extend(range(int(first), int(last or first) + 1))
+    return out
+
+
 def human_bytes(n: int) -> str:
     """1024-based size as the chapter writes it: 64 KiB, 1 MiB."""
     for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):

@@ -11,7 +11,8 @@ directory holds:
   (a traced rank's calls and how it ended), ``groups/rank<R>.jsonl`` (a traced rank's group
   creations), ``logs/rank<R>.log`` (what a traced rank printed), ``fr/rank_<R>`` (torch's Flight
   Recorder dump), ``imports/rank<R>.json`` (a fake world's learned imports), ``objects/rank<R>/`` (what
-  a fake world's rank sent in its object collectives, read by the ranks traced after it);
+  a fake world's rank sent in its object collectives, read by the ranks traced after it),
+  ``work/rank<R>.json`` (what a ``--work`` rank computed between its calls, and its memory: `meshscope forecast`);
 - ``launcher.log``, ``failure.txt``, ``report.md``, ``trace.json`` (the Chrome trace), ``figures/``,
   ``records/`` and ``traces/`` (the suite's and the profiler's).
 
@@ -36,12 +37,12 @@ from .trace_spec import TraceSpec
 
 ARTEFACTS = ("spec.json", "flight", "errors", "traces", "records", "figures", "result.json", "report.md",
              "launcher.log", "failure.txt", "ledgers", "ranks", "trace.json", "INCOMPLETE",
-             "groups", "fr", "logs", "imports", "objects")
+             "groups", "fr", "logs", "imports", "objects", "work")
 """Everything an earlier run may have left in a directory (what `RunDir.start` removes)."""
 
 PER_RANK = {"flight": ("flight", ".jsonl"), "errors": ("errors", ".json"), "ledgers": ("ledgers", ".jsonl"),
             "ranks": ("ranks", ".json"), "groups": ("groups", ".jsonl"), "logs": ("logs", ".log"),
-            "imports": ("imports", ".json"), "objects": ("objects", "")}
+            "imports": ("imports", ".json"), "objects": ("objects", ""), "work": ("work", ".json")}
 """kind -> (folder, suffix) of the ``<folder>/rank<R><suffix>`` files."""
 
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
@@ -165,6 +166,11 @@ class RunDir:
         """``objects/rank<R>/``: one file per object collective a fake world's rank sent objects in
         (`trace.fake.objects`)."""
         return self.rank_file("objects", rank)
+
+    def work(self, rank: int) -> Path:
+        """``work/rank<R>.json``: what a ``--work`` rank computed between its calls and the memory it held
+        (`capture.work`)."""
+        return self.rank_file("work", rank)
 
     def fr_dump(self, rank: int) -> Path:
         return Path(f"{self.fr_prefix}{rank}")

@@ -57,6 +57,9 @@ class TraceOptions:
     fake_tensors: bool = False
     """With ``fake_world``: run the script under FakeTensorMode, its tensors shapes without data (no
     memory, no arithmetic; `trace.fake.tensors` says what it supports)."""
+    work: bool = False
+    """With ``fake_tensors``: each rank counts its ops' FLOPs and bytes between its calls and the memory it
+    holds, into ``work/rank<R>.json`` (`capture.work`; what ``meshscope forecast`` reads)."""
     fake_device: str | None = None
     """With ``fake_world``: the stand-in GPU (a `trace.fake.gpu.GPUS` name) that torch.cuda's device and memory
     queries answer as where CUDA is mapped to the CPU; None: `trace.fake.gpu.DEFAULT`."""
@@ -119,6 +122,9 @@ class TraceOptions:
             self.chosen_ranks()
         elif self.fake_tensors:
             raise UsageError("--fake-tensors needs --fake-world N: a real job's tensors hold its data")
+        if self.work and not self.fake_tensors:
+            raise UsageError("--work needs --fake-world N --fake-tensors: the ops are counted as fake tensors pass "
+                             "them, without running them")
         if self.fake_device is not None:
             if self.fake_world is None:
                 raise UsageError(f"--fake-device needs --fake-world N: a real job asks its own GPU ({_gpu_names()})")
@@ -147,7 +153,7 @@ class TraceOptions:
         """What every rank is told (`trace.options.RankOptions`)."""
         return RankOptions(run_dir=run_dir, target=self.target, steps=self.steps, timeout=self.timeout,
                            step_optimizer=self.step_optimizer, fake=bool(self.fake_world),
-                           fake_tensors=self.fake_tensors, cheap=self.cheap, recorder=self.recorder,
+                           fake_tensors=self.fake_tensors, work=self.work, cheap=self.cheap, recorder=self.recorder,
                            flight_recorder=self.flight_recorder,
                            fake_device=(gpu.lookup(self.fake_device or gpu.DEFAULT) if self.fake_world else ""))
 
@@ -189,6 +195,9 @@ def add_trace_options(p: argparse.ArgumentParser) -> None:
                         f"queries answer as: {', '.join(gpu.GPUS)} (default {gpu.DEFAULT})")
     p.add_argument("--ranks", default="auto",
                    help="with --fake-world: auto (one rank per class, the default) or a comma list such as 0,7,1023")
+    p.add_argument("--work", action="store_true",
+                   help="with --fake-world N --fake-tensors: count each op's FLOPs and bytes between the calls and "
+                        "the memory each rank holds, into RUN_DIR/work/ (what meshscope forecast reads)")
 
 
 def options_of(args: argparse.Namespace, target, out: Path | None = None) -> TraceOptions:
@@ -199,7 +208,7 @@ def options_of(args: argparse.Namespace, target, out: Path | None = None) -> Tra
                         rendezvous=rendezvous, steps=args.steps, timeout=args.timeout,
                         step_optimizer=args.step_optimizer, out=out, fake_world=args.fake_world, ranks=args.ranks,
                         cheap=args.cheap, recorder=args.recorder, flight_recorder=args.flight_recorder,
-                        fake_tensors=args.fake_tensors, fake_device=args.fake_device)
+                        fake_tensors=args.fake_tensors, work=args.work, fake_device=args.fake_device)
 
 
 def ready_recorder(options: TraceOptions, echo=None) -> TraceOptions:

@@ -37,6 +37,8 @@ class RankOptions:
     """A rank of a fake world (`trace.fake`): the fake backend, CUDA mapped to the CPU."""
     fake_tensors: bool = False
     """With `fake`: the script's tensors without data (`trace.fake.tensors`)."""
+    work: bool = False
+    """With `fake_tensors`: count every op's FLOPs and bytes and the memory held (`capture.work`)."""
     fake_device: str = ""
     """With `fake`: the stand-in GPU torch.cuda's device queries answer as (a `trace.fake.gpu.GPUS` name)."""
     cheap: bool = False
@@ -62,6 +64,7 @@ class RankOptions:
                  *(["--timeout", repr(self.timeout)] if self.timeout else []),
                  *(["--step-optimizer", self.step_optimizer] if self.step_optimizer else []),
                  *(["--fake"] if self.fake else []), *(["--fake-tensors"] if self.fake_tensors else []),
+                 *(["--work"] if self.work else []),
                  *(["--fake-device", self.fake_device] if self.fake_device else []),
                  *(["--cheap"] if self.cheap else []), "--recorder", self.recorder,
                  *(["--flight-recorder"] if self.flight_recorder else [])]
@@ -79,6 +82,7 @@ class RankOptions:
         p.add_argument("--step-optimizer", default=None)
         p.add_argument("--fake", action="store_true")
         p.add_argument("--fake-tensors", action="store_true")
+        p.add_argument("--work", action="store_true")
         p.add_argument("--fake-device", default="")
         p.add_argument("--cheap", action="store_true")
         p.add_argument("--recorder", choices=RECORDERS, default=os.environ.get(RECORDER_ENV, "native"))

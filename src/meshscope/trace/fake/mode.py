@@ -19,6 +19,7 @@ writes the calls it kept its own integers in (`replay.StandIn`).
 
 from __future__ import annotations
 
+import json
 import traceback
 from contextlib import AbstractContextManager
 
@@ -42,6 +43,8 @@ class FakeMode:
     def __init__(self, options: RankOptions, run_dir: RunDir, rank: int):
         self.options, self.run_dir, self.rank = options, run_dir, rank
         self.patched: list[str] = []
+        self.work = None
+        """The rank's `capture.work.WorkCounter` under ``--work``."""
 
     @property
     def recorder(self) -> str:
@@ -57,6 +60,10 @@ class FakeMode:
         # a FakeTensor holds nothing to send: --fake-tensors replays nothing
         replay.REPLAY.begin(self.run_dir, self.rank, trace.context, on=not self.options.fake_tensors)
         trace.assume = self.assumed
+        if self.options.work:
+            from ...capture.work import WorkCounter
+
+            self.work = WorkCounter(self.rank, trace.context)
 
     def assumed(self, index: int, group: str, op: str, input_splits, output_splits, t: float) -> tuple[str, ...]:
         """The fields of this rank's `index`-th call (on `group`, issued at `t`) it could not know."""
@@ -69,7 +76,7 @@ class FakeMode:
         return fields
 
     def recording(self, trace: RankTrace) -> AbstractContextManager:
-        return tensors.shapes_only(trace.sink) if self.options.fake_tensors else trace.recording()
+        return tensors.shapes_only(trace.sink, self.work) if self.options.fake_tensors else trace.recording()
 
     def explain(self, exc: BaseException) -> Explained:
         read = None
@@ -99,6 +106,11 @@ class FakeMode:
 
             answered = reads.records()
         replay.REPLAY.write()
+        if self.work is not None:
+            from ...core.rundir import write_atomic
+
+            self.run_dir.work(self.rank).parent.mkdir(exist_ok=True)
+            write_atomic(self.run_dir.work(self.rank), json.dumps(self.work.finish().to_json()))
         return {"mapped": tuple(mapped), "patched": tuple(self.patched),
                 "device": gpu.lookup(self.options.fake_device or gpu.DEFAULT) if devices.needed() else "",
                 "device_calls": tuple(gpu.answered), "answered": answered, "stood_in": len(objects.EXCHANGE.stood_in),

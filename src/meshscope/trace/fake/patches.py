@@ -275,6 +275,12 @@ PATCHES = (
           "payloads up to a cap) is put into what the rank receives into, after the object collectives' row "
           "(whose own calls it leaves to them); else the rank's own integers are noted and what they sized assumed",
           "2.13", FAKE_WORLD, replay.replay_tensors),
+    Patch("DTensor's sharding propagation is not the job's work",
+          ("torch.distributed.tensor._sharding_prop.ShardingPropagator._propagate_tensor_meta_non_cached",),
+          "it runs each new op again at its global shape, in the fake mode it finds: on a GPU that is its own, in "
+          "a fake world the job's, where --work would count those FLOPs and hold those tensors as the rank's "
+          "(torch 2.13 distributed/tensor/_sharding_prop.py:546)", "2.13", FAKE_TENSORS,
+          tensors.sharding_propagation_uncounted),
     Patch("fbgemm's CUDA embedding tables on the CPU", (f"{fbgemm.TBE}.__init__",),
           "TorchRec's sharded tables on its CUDA path are fbgemm's CUDA table-batched embeddings, whose lookup "
           "refuses the CPU tensors standing for the GPU's ('weights[0] must be a GPU or MTIA tensor', fbgemm-gpu-cpu "

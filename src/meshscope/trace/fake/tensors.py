@@ -121,6 +121,24 @@ def swap_through_data() -> None:
 
 
 @functools.cache
+def sharding_propagation_uncounted() -> None:
+    """DTensor's sharding propagation runs each new op at its global shape on tensors of its own, in the fake
+    mode it finds (`capture.work.outside_the_job` says why): outside the job's work."""
+    from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+    from ...capture.work import outside_the_job
+
+    original = ShardingPropagator._propagate_tensor_meta_non_cached
+
+    @functools.wraps(original)
+    def propagate(*args, **kwargs):
+        with outside_the_job():
+            return original(*args, **kwargs)
+
+    ShardingPropagator._propagate_tensor_meta_non_cached = propagate
+
+
+@functools.cache
 def ddp_bucket_rebuild_real() -> None:
     """DDP's bucket rebuild (``_pre_forward``) reads what it gathered as numbers: with fake mode off its
     own tensors are real."""
@@ -347,12 +365,12 @@ def coalesced_fake_kernels() -> None:
 
 
 @contextlib.contextmanager
-def shapes_only(sink):
-    """Run the block with fake tensors, every collective handed to `sink` (a `capture.dispatch` sink) and
-    every value read answered or explained (`values.recorder`)."""
+def shapes_only(sink, work=None):
+    """Run the block with fake tensors, every collective handed to `sink` (a `capture.dispatch` sink),
+    every value read answered or explained and every op counted by `work` where given (`values.recorder`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from .values import recorder
 
-    with FakeTensorMode(allow_non_fake_inputs=True), recorder(sink):
+    with FakeTensorMode(allow_non_fake_inputs=True), recorder(sink, work):
         yield

@@ -209,13 +209,14 @@ class Answers:
         return value
 
 
-def recorder(sink) -> ModeRecorder:
+def recorder(sink, work=None) -> ModeRecorder:
     """The dispatch mode of a ``--fake-tensors`` rank: its calls to `sink`, each counted for the reads that may
-    have sized it (`Reads.issued`), and its value reads answered (`Answers`)."""
+    have sized it (`Reads.issued`), its value reads answered (`Answers`), and every op counted by `work` (a
+    `capture.work.WorkCounter`, ``meshscope forecast``) where given."""
     def issue(*call):
         reads.issued(call[0])
-        sink(*call)
-    return ModeRecorder(issue, Answers())
+        return sink(*call)
+    return ModeRecorder(issue, Answers(), work)
 
 
 def _placeholder(dtype: torch.dtype, finding: bool):

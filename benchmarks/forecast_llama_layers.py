@@ -1,0 +1,111 @@
+"""Llama 3 8B decoder blocks in plain torch under DDP: a job whose measured step on one GPU holds the forecast's
+compute model to a real kernel timeline (docs/forecast.md, "Compute on one H100").
+
+Run as a user would (``torchrun --nproc-per-node 1 benchmarks/forecast_llama_layers.py``): on a GPU it prints
+the median step time of the steps after the warm-up, timed with CUDA events around each whole step; on the CPU
+(a fake world) it just runs. Shapes are Llama 3 8B's (dim 4096, 32 heads, 8 KV heads, FFN 14336, RMSNorm,
+rotary embeddings, SwiGLU), bf16 parameters and AdamW, causal SDPA; only the number of blocks is smaller, so
+the model fits one GPU with its optimizer state.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int, kv_heads: int, ffn: int):
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, dim // heads
+        self.attn_norm, self.ffn_norm = nn.RMSNorm(dim), nn.RMSNorm(dim)
+        self.wq = nn.Linear(dim, dim, bias=False)
+        self.wk = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.wv = nn.Linear(dim, kv_heads * self.head_dim, bias=False)
+        self.wo = nn.Linear(dim, dim, bias=False)
+        self.w1 = nn.Linear(dim, ffn, bias=False)
+        self.w3 = nn.Linear(dim, ffn, bias=False)
+        self.w2 = nn.Linear(ffn, dim, bias=False)
+
+    def forward(self, x, cos, sin):
+        b, s, _ = x.shape
+        h = self.attn_norm(x)
+        q = self.wq(h).view(b, s, self.heads, self.head_dim)
+        k = self.wk(h).view(b, s, self.kv_heads, self.head_dim)
+        v = self.wv(h).view(b, s, self.kv_heads, self.head_dim)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        o = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True,
+                                           enable_gqa=True)
+        x = x + self.wo(o.transpose(1, 2).reshape(b, s, -1))
+        h = self.ffn_norm(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+def rotate(x, cos, sin):
+    """Rotary embedding on the last dim's two halves."""
+    a, b = x.chunk(2, dim=-1)
+    return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
+
+
+class Stack(nn.Module):
+    """The blocks, with the rotary tables of the sequence as buffers."""
+
+    def __init__(self, layers: int, seq: int, dim: int = 4096, heads: int = 32, kv_heads: int = 8, ffn: int = 14336):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(dim, heads, kv_heads, ffn) for _ in range(layers))
+        half = dim // heads // 2
+        angles = torch.outer(torch.arange(seq, dtype=torch.float32),
+                             500000.0 ** (-torch.arange(half, dtype=torch.float32) / half))
+        self.register_buffer("cos", angles.cos()[None, :, None, :], persistent=False)
+        self.register_buffer("sin", angles.sin()[None, :, None, :], persistent=False)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x, self.cos, self.sin)
+        return x
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--seq", type=int, default=8192)
+    p.add_argument("--steps", type=int, default=8)
+    args = p.parse_args()
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    model = Stack(args.layers, args.seq).to(device, torch.bfloat16)
+    model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    times = []
+    for _ in range(args.steps):
+        x = torch.randn(args.batch, args.seq, 4096, device=device, dtype=torch.bfloat16)
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        model(x).float().pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if cuda:
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+    if cuda and dist.get_rank() == 0:
+        steady = times[3:]
+        print(f"step_ms median {statistics.median(steady):.2f} min {min(steady):.2f} max {max(steady):.2f} "
+              f"(steps 3-{args.steps - 1}; layers {args.layers}, batch {args.batch}, seq {args.seq}, "
+              f"{torch.cuda.get_device_name()}, torch {torch.__version__})", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,315 @@
+"""What a rank computes between its calls, where it first needs what a call produced, and the memory it
+holds: the rank side of ``meshscope forecast`` (docs/forecast.md).
+
+A ``--fake-tensors`` rank runs every aten op of its job through one dispatch mode
+(`capture.dispatch.ModeRecorder`), so that mode can count what each op costs without running it:
+
+- **FLOPs** by torch's own per-op formulas (``torch.utils.flop_counter``'s registry, the convention of
+  ``FlopCounterMode``: 2 per multiply-add; matmuls, convolutions and attention), kept per dtype, since a
+  GPU's tensor cores run bf16 and fp32 at different peaks. The CPU's fused attention
+  (``_scaled_dot_product_flash_attention_for_cpu``, what a fake world's SDPA dispatches to on the CPU that
+  stands for the GPU) is counted by the formula of the GPU's flash attention, the kernel it stands for.
+- **Bytes** an op reads and writes (its tensor operands and results), the memory traffic of a roofline;
+  views, which move nothing, count none.
+- **Where a call is first needed**: the first op that reads a storage a call wrote (an all-gather's output,
+  an all-reduced bucket, a received activation, ``wait_tensor`` of a functional collective). On a GPU that
+  is where the compute stream must wait for the call at the latest (a job may wait earlier, as a
+  synchronous call on the compute stream does; docs/forecast.md says what that changes).
+- **Live bytes**: every storage an op creates counts from its creation until it is freed (polled through
+  torch's ``StorageWeakRef``, every `POLL_OPS` ops and at each call), with the phase it was made in; the
+  peak, and where it was (step, phase, module), is the rank's peak memory.
+
+The log is a flat list of items in program order (`Item`); `WorkLog` is what a rank writes to
+``work/rank<R>.json`` and ``forecast`` reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from dataclasses import dataclass, field
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+
+POLL_OPS = 64
+"""Least ops between two polls of the live storages; a poll's cost grows with what is live, so the interval
+is at least a sixteenth of the live storages (a poll then costs under a tenth of a microsecond per op),
+unless the ops since the last poll made more than `POLL_SHARE` of the live bytes (an optimizer's foreach
+ops make a temporary the size of the model's shard in one op). A freed storage leaves the count that late
+at most: the peak is over-, never under-stated, by less than that share."""
+POLL_SHARE = 1 / 64
+
+VIEWS = frozenset({"view", "_unsafe_view", "reshape", "expand", "as_strided", "t", "transpose", "permute",
+                   "squeeze", "unsqueeze", "alias", "detach", "slice", "select", "split", "split_with_sizes",
+                   "unbind", "chunk", "narrow", "view_as_real", "view_as_complex", "_reshape_alias", "unflatten",
+                   "lift_fresh", "diagonal", "indices", "values", "_indices", "_values"})
+"""aten ops that make a view: they move no bytes and create no storage."""
+
+ALLOCATIONS = frozenset({"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided",
+                         "empty_permuted", "resize_"})
+"""aten ops that only allocate: they hold memory and move no bytes (zeros and full write theirs, and count)."""
+
+COMPUTE, ISSUE, WAIT, STEP = "c", "i", "w", "s"
+"""An `Item`'s kinds: a compute segment, a call issued, a call first needed, a step's end."""
+
+_outside = threading.local()
+
+
+@contextlib.contextmanager
+def outside_the_job():
+    """Ops run in the block are torch's bookkeeping, not the job's work: not counted, their tensors not held.
+    DTensor's sharding propagation runs each op once more at its global shape on tensors it makes for that, in
+    the fake mode it finds (torch 2.13 distributed/tensor/_sharding_prop.py, ``_propagate_tensor_meta_non_cached``):
+    on a GPU that mode is its own and costs nothing; in a fake world it is the job's, and would count them."""
+    _outside.depth = getattr(_outside, "depth", 0) + 1
+    try:
+        yield
+    finally:
+        _outside.depth -= 1
+
+
+def _flop_formulas() -> dict:
+    """Overload packet -> FLOP formula (torch.utils.flop_counter, torch 2.4-2.15), plus the CPU's fused
+    attention under the GPU flash attention's formula (same operands: query, key, value first).
+
+    torch's attention formulas count every query against every key; a causal kernel (flash or memory-efficient
+    attention with ``is_causal``) skips the blocks above the diagonal, about half of them at long sequences, so
+    an op whose ``is_causal`` is set counts half: the work the GPU does, which the time is made of. (MFU
+    conventions differ here; the forecast never compares MFU across them.)"""
+    from torch.utils.flop_counter import flop_registry
+
+    formulas = dict(flop_registry)
+    aten = torch.ops.aten
+    for cpu, gpu in (("_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention"),
+                     ("_scaled_dot_product_flash_attention_for_cpu_backward",
+                      "_scaled_dot_product_flash_attention_backward")):
+        if hasattr(aten, cpu) and getattr(aten, gpu) in formulas:
+            formulas[getattr(aten, cpu)] = formulas[getattr(aten, gpu)]
+    for packet, formula in list(formulas.items()):
+        if isinstance(packet, torch._ops.OpOverloadPacket):
+            causal = next((i for i, a in enumerate(packet.default._schema.arguments) if a.name == "is_causal"), None)
+            if causal is not None:
+                formulas[packet] = _halved_if_causal(formula, causal)
+    return formulas
+
+
+def _halved_if_causal(formula, position: int):
+    def flops(*args, out_val=None, **kwargs):
+        full = formula(*args, out_val=out_val, **kwargs)
+        causal = args[position] if len(args) > position else kwargs.get("is_causal", False)
+        return full // 2 if causal else full
+    return flops
+
+
+def _tensors(value):
+    """The tensors of an op's argument or result, one level into lists (cat, foreach ops, c10d's lists)."""
+    if isinstance(value, torch.Tensor):
+        yield value
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            if isinstance(v, torch.Tensor):
+                yield v
+            elif isinstance(v, (list, tuple)):
+                yield from (t for t in v if isinstance(t, torch.Tensor))
+
+
+@dataclass
+class WorkLog:
+    """One rank's work, as written to ``work/rank<R>.json``."""
+
+    rank: int
+    items: list = field(default_factory=list)
+    """In program order: ``["c", phase, {dtype: matmul FLOPs}, matmul bytes, other ops' bytes]`` (a
+    compute segment: the matmuls are timed by their FLOPs, the other ops by the bytes they move), ``["i", call]``,
+    ``["w", call]`` (the call's index in the rank's ledger), ``["s", step]`` (step `step` ended)."""
+    peak_bytes: int = 0
+    """Most bytes of storage the rank held at once."""
+    peak_at: dict = field(default_factory=dict)
+    """Where the peak was: ``step``, ``phase``, ``module``, and ``by_phase`` (the live bytes at the peak by
+    the phase that made them: ``other`` before the first step holds the model)."""
+    ops: int = 0
+    """aten ops counted."""
+    uncounted: dict = field(default_factory=dict)
+    """Ops that may compute much but have no FLOP formula (their bytes are counted): name -> calls."""
+    by_op: dict = field(default_factory=dict)
+    """aten op -> [calls, FLOPs, bytes] over the whole run: where the compute goes."""
+
+    def to_json(self) -> dict:
+        return {"rank": self.rank, "items": self.items, "peak_bytes": self.peak_bytes, "peak_at": self.peak_at,
+                "ops": self.ops, "uncounted": self.uncounted, "by_op": self.by_op}
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "WorkLog":
+        return cls(doc["rank"], doc["items"], doc["peak_bytes"], doc["peak_at"], doc["ops"], doc["uncounted"],
+                   doc["by_op"])
+
+    @classmethod
+    def read(cls, path) -> "WorkLog":
+        return cls.from_json(json.loads(path.read_text()))
+
+
+HEAVY_WITHOUT_FORMULA = ("_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+                         "linalg_", "cholesky", "fft_", "_fft", "_fused_moe", "_grouped_mm")
+"""Name prefixes of ops torch's registry has no formula for that can still dominate a step: named in the
+log's `uncounted` so the forecast can say what its compute misses."""
+
+
+class WorkCounter:
+    """Counts a rank's work as its ops pass the dispatch mode (module doc). `context` is the rank's
+    `capture.job_context.JobContext` (phase, module, step)."""
+
+    def __init__(self, rank: int, context):
+        self.log = WorkLog(rank)
+        self.context = context
+        self.formulas = _flop_formulas()
+        self._phase = None
+        self._step = context.step
+        self._mm: dict[str, int] = {}  # matmul FLOPs by dtype
+        self._mm_bytes = 0  # bytes the matmuls read and wrote
+        self._bytes = 0  # bytes the other ops read and wrote
+        self._pending: dict[int, list[int]] = {}  # storage key -> calls that wrote it, not yet needed
+        self._in_backward: set[int] = set()  # calls issued in backward, not yet needed
+        self._live: dict[int, tuple] = {}  # storage key -> (weak ref, bytes, phase made in)
+        self._live_bytes = 0
+        self._by_phase: dict[str, int] = {}  # live bytes by the phase that made them
+        self._since_poll = 0
+        self._made_since = 0  # bytes made since the last poll
+
+    # -- the hot path: one call per aten op ------------------------------------------------------------
+    def op(self, func, args, kwargs, out) -> None:
+        if getattr(_outside, "depth", 0):
+            return
+        log = self.log
+        log.ops += 1
+        if self.context.step != self._step:
+            self._stepped()
+        phase = self.context.phase()
+        if phase != self._phase:
+            self._close()
+            if self._phase == "backward" and self._in_backward:
+                self._backward_done()
+            self._poll()  # what the phase before made and dropped (an optimizer's temporaries) is gone
+            self._phase = phase
+        pending = self._pending
+        name = func._overloadpacket.__name__
+        nbytes = 0
+        for a in args:
+            for t in _tensors(a):
+                if pending:
+                    key = t.untyped_storage()._cdata
+                    if key in pending:
+                        self._close()
+                        calls = pending.pop(key)
+                        log.items.extend([WAIT, c] for c in calls)
+                        self._in_backward.difference_update(calls)
+                nbytes += t.nbytes
+        if name in VIEWS or not (func._schema.is_mutable or next(_tensors(out), None) is not None):
+            return  # a view, or a query (prim::device, is_same_size): nothing moved, nothing made
+        formula = self.formulas.get(func._overloadpacket)
+        self._since_poll += 1
+        # before its results count: what the ops before it freed is gone by now
+        if (self._since_poll >= POLL_OPS and self._since_poll * 16 >= len(self._live)) or \
+                self._made_since > self._live_bytes * POLL_SHARE:
+            self._poll()
+        for t in _tensors(out):
+            nbytes += t.nbytes
+            self._made(t, phase)
+        if name in ALLOCATIONS:
+            nbytes = 0
+        flops = 0
+        if formula is not None:
+            flops = formula(*args, **(kwargs or {}), out_val=out)
+            dtype = str(args[0].dtype if isinstance(args[0], torch.Tensor) else out.dtype).removeprefix("torch.")
+            self._mm[dtype] = self._mm.get(dtype, 0) + flops
+            self._mm_bytes += nbytes
+        else:
+            if name.startswith(HEAVY_WITHOUT_FORMULA):
+                log.uncounted[name] = log.uncounted.get(name, 0) + 1
+            self._bytes += nbytes
+        tally = log.by_op.get(name)
+        if tally is None:
+            tally = log.by_op[name] = [0, 0, 0]
+        tally[0] += 1
+        tally[1] += flops
+        tally[2] += nbytes
+
+    def issued(self, call: int, name: str, args, out) -> None:
+        """The rank issued its `call`-th call (c10d op `name`): what it writes is needed where first read."""
+        # (a collective never runs inside `outside_the_job`: DTensor's propagation issues none)
+        if self.context.step != self._step:
+            self._stepped()
+        self._close()
+        self.log.items.append([ISSUE, call])
+        # the tensors a call writes: its results, or for ops that return only a Work, the output argument
+        written = list(_tensors(out)) or (list(_tensors(args[0])) if name in ("alltoall_base_", "recv_",
+                                                                                 "recv_any_source_") and args else [])
+        for t in written:
+            self._pending.setdefault(t.untyped_storage()._cdata, []).append(call)
+        if written and self._phase == "backward":
+            self._in_backward.add(call)
+            self._made(t, self._phase or "other")
+        self._poll()
+
+    def _backward_done(self) -> None:
+        """Autograd finished: a call its backward issued whose result no op has read yet is needed now. DDP and
+        FSDP read theirs below Python, in a callback autograd runs at its end (torch 2.13 reducer.cpp
+        ``finalize_backward`` copies each bucket into the gradients; FSDP2's ``_root_post_backward_final_callback``
+        waits for its reduce-scatters), so the first read a dispatch mode sees would be the optimizer's, or none."""
+        done = self._in_backward
+        self.log.items.extend([WAIT, c] for c in sorted(done))
+        for key in [k for k, calls in self._pending.items() if done.intersection(calls)]:
+            rest = [c for c in self._pending[key] if c not in done]
+            if rest:
+                self._pending[key] = rest
+            else:
+                del self._pending[key]
+        self._in_backward = set()
+
+    def _stepped(self) -> None:
+        """The job's step moved on since the last op (an optimizer step returned): steps before it ended."""
+        self._close()
+        for step in range(self._step, self.context.step):
+            self.log.items.append([STEP, step])
+        self._step = self.context.step
+
+    def finish(self) -> WorkLog:
+        self._close()
+
+        return self.log
+
+    # -- segments and memory -------------------------------------------------------------------------
+    def _close(self) -> None:
+        """End the compute segment so far (if it did anything)."""
+        if self._mm or self._bytes:
+            self.log.items.append([COMPUTE, self._phase or "other", self._mm, self._mm_bytes, self._bytes])
+            self._mm, self._mm_bytes, self._bytes = {}, 0, 0
+
+    def _made(self, t: torch.Tensor, phase: str) -> None:
+        storage = t.untyped_storage()
+        key = storage._cdata
+        if key in self._live:
+            return
+        size = storage.nbytes()
+        self._live[key] = (StorageWeakRef(storage), size, phase)
+        self._live_bytes += size
+        self._made_since += size
+        self._by_phase[phase] = self._by_phase.get(phase, 0) + size
+        log = self.log
+        if self._live_bytes > log.peak_bytes and self._since_poll:
+            self._poll()  # a new peak is counted without what died since the last poll (once per op)
+        if self._live_bytes > log.peak_bytes:
+            log.peak_bytes = self._live_bytes
+            log.peak_at = {"step": self.context.step, "phase": phase, "module": self.context.region(),
+                           "by_phase": dict(self._by_phase)}
+
+    def _poll(self) -> None:
+        self._since_poll = self._made_since = 0
+        gone = [key for key, (ref, _, _) in self._live.items() if ref.expired()]
+        for key in gone:
+            _, size, made = self._live.pop(key)
+            self._in_backward.difference_update(self._pending.get(key, ()))
+            self._live_bytes -= size
+            self._by_phase[made] -= size
+            self._pending.pop(key, None)

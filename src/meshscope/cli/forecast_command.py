@@ -1,0 +1,71 @@
+"""``meshscope forecast``: trace the job in a fake world of its real size with fake tensors, counting its work
+(or read such a trace, ``--from-trace``), and put its step on the cluster ``--cluster`` names."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from ..core.errors import UsageError
+
+
+def cmd_forecast(args) -> int:
+    from ..forecast.inputs import read
+    from ..forecast.step import forecast
+    from ..report.forecast import render
+
+    cluster = _cluster(args)
+    if args.tokens is not None and args.tokens < 1:
+        raise UsageError(f"--tokens {args.tokens} must be a positive number of tokens per step")
+    if args.from_trace is not None:
+        if args.job:
+            raise UsageError("--from-trace reads a trace already made: leave out the job after '--'")
+        run_dir = args.from_trace
+    else:
+        run_dir = _trace(args)
+        if run_dir is None:
+            return 1
+    result = forecast(read(run_dir), cluster, tokens=args.tokens, tf32=args.tf32)
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        render(result)
+    return 0
+
+
+def _cluster(args):
+    from ..forecast.cluster import load_cluster
+
+    cluster = load_cluster(args.cluster)
+    if args.gpus_per_node is not None:
+        if args.gpus_per_node < 1:
+            raise UsageError(f"--gpus-per-node {args.gpus_per_node} must be a positive number of ranks")
+        cluster = dataclasses.replace(cluster, network=dataclasses.replace(cluster.network,
+                                                                           gpus_per_node=args.gpus_per_node))
+    if args.sweep is not None:
+        from ..place.links import link_from_sweep
+
+        cluster = cluster.with_intra_link(link_from_sweep(args.sweep))
+    return cluster
+
+
+def _trace(args) -> Path | None:
+    """Trace the job with fake tensors and its work counted; its run directory, or None (the verdict said why)."""
+    from ..report.trace import print_trace, verdict_lines
+    from ..trace.launch import options_of, trace
+
+    if args.fake_world is None:
+        raise UsageError("meshscope forecast traces the job in a fake world of its real size: give --fake-world N "
+                         "(or --from-trace DIR)")
+    options = dataclasses.replace(options_of(args, args.job, args.out), fake_tensors=True, work=True)
+    result = trace(options)
+    if not result.passed:
+        print_trace(result)
+        for line in verdict_lines(result):
+            print(f"meshscope forecast: {line}", file=sys.stderr)
+        print(f"meshscope forecast: the trace did not pass, so there is no step to forecast ({result.run_dir})",
+              file=sys.stderr)
+        return None
+    return Path(result.run_dir)

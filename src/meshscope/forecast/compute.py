@@ -1,0 +1,37 @@
+"""A compute segment's time on a GPU, by the roofline: matmuls at their dtype's peak, the rest at HBM bandwidth.
+
+A segment (`capture.work`) holds the matmul FLOPs per dtype, the bytes those matmuls read and wrote, and the
+bytes every other op read and wrote. Matmuls run at ``peak(dtype) x matmul_efficiency`` unless their bytes take
+longer at ``hbm_bandwidth x memory_efficiency`` (a skinny matmul is memory-bound); every other op is timed by
+its bytes (elementwise ops, norms, softmax, optimizer updates: memory-bound on any GPU of the cluster specs).
+What this leaves out, and docs/forecast.md measures: kernel launch gaps between small ops, a matmul's
+efficiency below the large-matmul ceiling at small shapes, and fused kernels that move fewer bytes than the
+ops they replace (torch.compile).
+"""
+
+from __future__ import annotations
+
+from .cluster import GpuSpec
+
+HALF = ("bfloat16", "float16")
+
+
+def peak_flops(gpu: GpuSpec, dtype: str, tf32: bool) -> float:
+    """The dense tensor-core peak a matmul of `dtype` runs at: bf16/fp16 at the bf16 peak, fp32 at TF32's where
+    the job allows TF32 (``torch.backends.cuda.matmul.allow_tf32``, off by default since torch 1.12) else at the
+    CUDA cores' fp32 peak; 8-bit float matmuls at twice the bf16 peak (Hopper's FP8 tensor cores)."""
+    if dtype in HALF:
+        return gpu.bf16_flops
+    if dtype == "float32":
+        return gpu.tf32_flops if tf32 else gpu.fp32_flops
+    if dtype.startswith("float8"):
+        return 2 * gpu.bf16_flops
+    return gpu.fp32_flops
+
+
+def segment_seconds(item, gpu: GpuSpec, tf32: bool = False) -> float:
+    """Seconds of one ``["c", phase, {dtype: FLOPs}, matmul bytes, other bytes]`` segment on `gpu`."""
+    _, _, flops, mm_bytes, other_bytes = item
+    bandwidth = gpu.hbm_bandwidth * gpu.memory_efficiency
+    matmul = sum(f / (peak_flops(gpu, dtype, tf32) * gpu.matmul_efficiency) for dtype, f in flops.items())
+    return max(matmul, mm_bytes / bandwidth) + other_bytes / bandwidth

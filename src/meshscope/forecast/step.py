@@ -1,0 +1,65 @@
+"""A traced job's step on a cluster: its rank classes' programs timed (`compute`, `collective_time`) and run
+together (`timeline`), summed per class and axis into the `Forecast`."""
+
+from __future__ import annotations
+
+from ..capture.work import COMPUTE
+from ..core.events import human_bytes
+from ..predict.alpha_beta import model_bytes
+from .cluster import ClusterSpec
+from .collective_time import collective_time
+from .compute import segment_seconds
+from .inputs import TracedJob
+from .result import AxisTime, ClassForecast, Forecast
+from .timeline import Simulation
+
+
+def forecast(job: TracedJob, cluster: ClusterSpec, tokens: int | None = None, tf32: bool = False) -> Forecast:
+    notes: list[str] = []
+    unmodelled: dict[str, int] = {}
+
+    def call_s(e) -> float:
+        try:
+            return collective_time(e, cluster).seconds
+        except ValueError:
+            unmodelled[e.op] = unmodelled.get(e.op, 0) + 1
+            return 0.0
+
+    sim = Simulation(job.programs, job.ledgers, job.represent.__getitem__,
+                     lambda item: segment_seconds(item, cluster.gpu, tf32), call_s)
+    timelines = sim.run()
+    classes = []
+    for rank, tl in sorted(timelines.items()):
+        flops: dict[str, int] = {}
+        for item in job.programs[rank]:
+            if item[0] == COMPUTE:
+                for dtype, f in item[2].items():
+                    flops[dtype] = flops.get(dtype, 0) + f
+        by_axis: dict[str, list] = {}
+        for call in tl.calls.values():
+            by_axis.setdefault(call.event.axis, []).append(call)
+        axes = tuple(AxisTime(axis, len(calls), sum(model_bytes(c.event) for c in calls),
+                              sum(c.seconds for c in calls), sum(c.waited for c in calls),
+                              sum(c.waited_for_peers for c in calls))
+                     for axis, calls in sorted(by_axis.items()))
+        work = job.work[rank]
+        classes.append(ClassForecast(rank, job.classes.get(rank, 1), tl.end_s, tl.compute_s,
+                                     dict(tl.compute_by_phase), flops, axes, work.peak_bytes, work.peak_at))
+        for name, n in work.uncounted.items():
+            notes.append(f"rank {rank}: {n} call(s) of {name} have no FLOP formula in torch; timed by their bytes")
+    if unmodelled:
+        notes.append("no time model for " + ", ".join(f"{op} ({n} calls)" for op, n in sorted(unmodelled.items()))
+                     + ": timed as 0 s")
+    if sim.unmatched:
+        notes.append(f"{len(sim.unmatched)} call(s) were timed without a partner's matching call (the trace shows "
+                     f"none at the same position of the same axis): their start waits for no other rank")
+    critical = max(classes, key=lambda c: c.step_s)
+    peak = max(classes, key=lambda c: c.peak_bytes)
+    if peak.peak_bytes > cluster.gpu.hbm_bytes:
+        notes.append(f"rank {peak.rank}'s class holds {human_bytes(peak.peak_bytes)} of tensors at its peak, more "
+                     f"than the {human_bytes(cluster.gpu.hbm_bytes)} of a {cluster.gpu.name}: it would run out of memory")
+    source = (f"counted FLOPs and bytes of the fake tensors' ops (torch's FlopCounterMode formulas), by the roofline "
+              f"of a {cluster.gpu.name}: matmuls at {cluster.gpu.matmul_efficiency:.0%} of peak"
+              f"{' (fp32 as TF32)' if tf32 else ''}, other ops at {cluster.gpu.memory_efficiency:.0%} of HBM bandwidth")
+    return Forecast(str(job.run_dir), cluster.to_json(), job.world, job.step, critical.step_s, critical.rank,
+                    tuple(classes), source, tokens, tuple(notes))

@@ -1,0 +1,217 @@
+"""One step of a job on a cluster, rank class by rank class: compute on the compute stream, each call on its
+group's stream, from where the job issued it to where it first needs what the call produced.
+
+Each traced rank's program (`capture.work`: compute segments, calls issued, calls first needed, in order)
+runs on two kinds of streams, as a GPU runs it:
+
+- **the compute stream**: its segments one after the other; at a call's first use it waits until the call
+  has finished (the time it waits is that call's *exposed* part);
+- **one stream per group** (NCCL runs each communicator's kernels on its own stream): a group's calls run in
+  issue order, each starting once the rank has issued it (after the compute before it, which the call's
+  stream waits for, as ``ProcessGroupNCCL`` makes it), its previous call on the group has finished, and every
+  member has issued its matching call. Point-to-point calls issued back to back on one group with no compute
+  between them run together (``batch_isend_irecv``: one NCCL group call), a send and its receive at once.
+
+A rank that was not traced is played by its class's representative (`FakeWorld.classes`): a member's
+matching call is the representative's call of the same axis, size and position, a pipeline peer's receive
+the representative's receive from the class of the sender. Calls on different groups share no bandwidth in
+this model (docs/forecast.md says what that leaves out), and every rank starts the step at 0: the step's
+own syncs (gradient all-reduce, a loss broadcast) align the ranks the way a real step's previous end does.
+
+The result per traced rank: when its step ended, the compute it ran, and per call the start, end and the
+time the compute stream waited on it, split into waiting for a member that had not issued yet (a pipeline
+bubble, a slower rank class) and waiting for the transfer itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..capture.work import COMPUTE, ISSUE, WAIT
+from ..core.events import P2P, CommEvent
+
+
+@dataclass
+class CallTime:
+    """One call of one traced rank in the forecast step."""
+
+    event: CommEvent
+    seconds: float
+    """Its time on its link (`collective_time`), alone."""
+    issued: float | None = None
+    """When the rank issued it (its compute stream's time there); None until the simulation reaches it."""
+    ready: float = 0.0
+    """When it could have started on this rank alone: issued, and the group's stream free."""
+    start: float | None = None
+    end: float | None = None
+    waited: float = 0.0
+    """How long the compute stream waited for it (its exposed time)."""
+    waited_for_peers: float = 0.0
+    """Of `waited`, the part before every member had issued it (a bubble, a slower class)."""
+    alone: bool = False
+    """Timed without its partners: their matching calls were not found in the trace."""
+
+
+@dataclass
+class RankTimeline:
+    """One traced rank's forecast step."""
+
+    rank: int
+    compute_s: float = 0.0
+    """Compute-stream busy time."""
+    end_s: float = 0.0
+    """When its step ended: its last compute, or its last call if later."""
+    calls: dict[int, CallTime] = field(default_factory=dict)
+    """Ledger index -> its call, in issue order."""
+    compute_by_phase: dict[str, float] = field(default_factory=dict)
+
+
+class Simulation:
+    """The step of every traced rank, resolved together (module doc).
+
+    `programs`: traced rank -> its step's items (`capture.work.WorkLog.items` between two step marks);
+    `ledgers`: traced rank -> its whole ledger (the items' call indices point into it); `represent`: global rank
+    -> the traced rank playing it; `compute_s(item)` and `call_s(event)`: seconds."""
+
+    def __init__(self, programs: dict[int, list], ledgers: dict[int, list[CommEvent]], represent,
+                 compute_s, call_s):
+        self.programs, self.ledgers, self.represent = programs, ledgers, represent
+        self.compute_s = compute_s
+        self.ranks = {r: RankTimeline(r) for r in programs}
+        for r, items in programs.items():
+            for item in items:
+                if item[0] == ISSUE:
+                    e = ledgers[r][item[1]]
+                    self.ranks[r].calls[item[1]] = CallTime(e, call_s(e))
+        self._keys: dict[tuple[int, int], tuple] = {}  # (rank, call) -> its matching key
+        self._by_key = {r: self._positions(r) for r in programs}
+        self._stream_free: dict[tuple[int, tuple], float] = {}  # (rank, group) -> when its last call ended
+        self._batch: dict[tuple[int, int], list[int]] = {}  # (rank, call) -> the P2P calls issued with it
+        self.unmatched: set[tuple[int, int]] = set()
+        """(rank, call) of calls with a partner whose matching call the trace does not show, or timed alone
+        (`CallTime.alone`) to untie a wait."""
+
+    def _positions(self, r: int) -> dict:
+        """Matching key -> call index: (axis, group size, op, n) for the n-th such call on groups of that axis and size;
+        (direction, peer's representative, n) for the n-th send to (or receive from) ranks that rank plays."""
+        out, counts = {}, {}
+        for index in self.ranks[r].calls:
+            e = self.ledgers[r][index]
+            kind = (e.op, self.represent(e.peer)) if e.op in P2P else (e.axis, len(e.group), e.op)
+            n = counts.get(kind, 0)
+            counts[kind] = n + 1
+            out[(*kind, n)] = index
+            self._keys[(r, index)] = (*kind, n)
+        return out
+
+    def _partners(self, r: int, index: int) -> list[tuple[int, int]]:
+        """(traced rank, call index) of the calls that must be issued before `r`'s call `index` can run."""
+        e = self.ledgers[r][index]
+        key = self._keys[(r, index)]
+        if e.op in P2P:
+            other = self.represent(e.peer)
+            found = self._by_key.get(other, {}).get(("recv" if e.op == "send" else "send", r, key[-1]))
+            if found is None:
+                self.unmatched.add((r, index))
+            return [(other, found)] if found is not None else []
+        out = []
+        for member in e.group:
+            other = self.represent(member)
+            if other != r and other in self._by_key:
+                found = self._by_key[other].get(key)
+                if found is None:
+                    self.unmatched.add((r, index))
+                else:
+                    out.append((other, found))
+        return out
+
+    # -- running it -----------------------------------------------------------------------------------
+    def run(self) -> dict[int, RankTimeline]:
+        pc = {r: 0 for r in self.programs}
+        clock = {r: 0.0 for r in self.programs}
+        last_issue: dict[int, int | None] = {r: None for r in self.programs}
+        while True:
+            progress = False
+            for r, items in self.programs.items():
+                while pc[r] < len(items):
+                    if not self._advance(r, items[pc[r]], clock, last_issue):
+                        break
+                    pc[r] += 1
+                    progress = True
+            if all(pc[r] == len(items) for r, items in self.programs.items()):
+                break
+            if not progress:
+                # waits no partner's issue can untie (a call whose match the trace does not show, or issued
+                # after the wait on it in a partner's order): time the first such call without its partners
+                r = next(r for r, items in self.programs.items() if pc[r] < len(items))
+                self._resolve(r, self.programs[r][pc[r]][1], alone=True)
+        for r, tl in self.ranks.items():  # calls the step never waited on (a last bucket, a send): they end it
+            for index, call in tl.calls.items():
+                if call.end is None and not self._resolve(r, index):
+                    self._resolve(r, index, alone=True)
+            tl.end_s = max([clock[r], *(c.end for c in tl.calls.values())])
+        return self.ranks
+
+    def _advance(self, r: int, item, clock, last_issue) -> bool:
+        """Run one item of `r`'s program; False if it must wait for a partner not reached yet."""
+        tl = self.ranks[r]
+        if item[0] == COMPUTE:
+            s = self.compute_s(item)
+            clock[r] += s
+            tl.compute_s += s
+            tl.compute_by_phase[item[1]] = tl.compute_by_phase.get(item[1], 0.0) + s
+            last_issue[r] = None
+        elif item[0] == ISSUE:
+            call = tl.calls[item[1]]
+            call.issued = clock[r]
+            prev = last_issue[r]
+            if prev is not None and call.event.op in P2P and tl.calls[prev].event.op in P2P \
+                    and tl.calls[prev].event.group == call.event.group:
+                batch = self._batch.setdefault((r, prev), [prev])
+                batch.append(item[1])
+                self._batch[(r, item[1])] = batch
+            last_issue[r] = item[1]
+        elif item[0] == WAIT:
+            call = tl.calls.get(item[1])
+            if call is None:  # issued in an earlier step: finished by now
+                return True
+            if call.end is None and not self._resolve(r, item[1]):
+                return False
+            if call.end > clock[r]:
+                wait = call.end - clock[r]
+                call.waited += wait
+                call.waited_for_peers += min(wait, max(0.0, call.start - max(call.ready, clock[r])))
+                clock[r] = call.end
+            last_issue[r] = None
+        return True
+
+    def _resolve(self, r: int, index: int, alone: bool = False) -> bool:
+        """Give `r`'s call `index` (and the calls batched with it) a start and an end, once every partner has
+        issued its own; False if one has not yet."""
+        tl = self.ranks[r]
+        batch = self._batch.get((r, index), [index])
+        calls = [tl.calls[i] for i in batch]
+        if any(c.issued is None for c in calls):
+            return False
+        ready = max(c.issued for c in calls)
+        if not alone:
+            for i in batch:
+                for other, j in self._partners(r, i):
+                    partner = self.ranks[other].calls[j]
+                    if partner.issued is None:
+                        return False
+                    ready = max(ready, partner.issued)
+        group = calls[0].event.group
+        for i, c in tl.calls.items():  # the group's earlier calls run first on its stream
+            if i >= min(batch):
+                break
+            if c.event.group == group and c.end is None and not self._resolve(r, i, alone):
+                return False
+        free = self._stream_free.get((r, group), 0.0)
+        start, seconds = max(ready, free), max(c.seconds for c in calls)
+        for c in calls:
+            c.ready, c.start, c.end, c.alone = max(c.issued, free), start, start + seconds, alone
+        if alone:
+            self.unmatched.update((r, i) for i in batch)
+        self._stream_free[(r, group)] = start + seconds
+        return True

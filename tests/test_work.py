@@ -1,0 +1,85 @@
+"""What a ``--work`` rank counts (`capture.work`), in-process on a two-layer MLP under FakeTensorMode: FLOPs by
+hand from the layers' shapes, the first use of an all-reduced gradient, the step marks, and the memory held."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from meshscope.capture.dispatch import ModeRecorder
+from meshscope.capture.job_context import JobContext
+from meshscope.capture.work import WorkCounter
+
+B, D, H, O = 16, 64, 128, 32
+
+
+@pytest.fixture
+def fake_pg():
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    yield
+    dist.destroy_process_group()
+
+
+def _train(steps: int):
+    """Two steps of Linear(D, H) -> ReLU -> Linear(H, O) (no biases, fp32), the first layer's gradient all-reduced
+    after backward, SGD: returns the counter's log."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    context = JobContext()
+    context.install()
+    calls = []
+
+    def sink(*call):
+        calls.append(call[0])
+        return len(calls) - 1
+
+    counter = WorkCounter(0, context)
+    try:
+        with FakeTensorMode(), ModeRecorder(sink, None, counter):
+            model = torch.nn.Sequential(torch.nn.Linear(D, H, bias=False), torch.nn.ReLU(),
+                                        torch.nn.Linear(H, O, bias=False))
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(steps):
+                model(torch.randn(B, D)).sum().backward()
+                dist.all_reduce(model[0].weight.grad)
+                opt.step()
+                opt.zero_grad()
+            torch.randn(1)  # an op after the last step: its mark is written when the next op runs
+    finally:
+        context.remove()
+    return counter.finish(), calls
+
+
+def test_a_step_counts_the_matmul_flops_of_its_shapes_and_marks_its_end(fake_pg):
+    log, calls = _train(2)
+    assert calls == ["all_reduce", "all_reduce"]
+    assert [item[1] for item in log.items if item[0] == "s"] == [0, 1]
+    first = log.items[: next(i for i, item in enumerate(log.items) if item[0] == "s")]
+    flops = sum(f for item in first if item[0] == "c" for f in item[2].values())
+    forward = 2 * B * D * H + 2 * B * H * O
+    # backward: layer 2's input and weight gradients, layer 1's weight gradient (its input needs none)
+    backward = 2 * B * O * H + 2 * O * B * H + 2 * H * B * D
+    assert flops == forward + backward
+    phases = {item[1] for item in first if item[0] == "c" and item[2]}
+    assert phases == {"forward", "backward"}
+
+
+def test_the_all_reduced_gradient_is_first_needed_by_the_optimizer(fake_pg):
+    log, _ = _train(1)
+    kinds = [item[0] if item[0] != "c" else f"c:{item[1]}" for item in log.items]
+    issue, wait = kinds.index("i"), kinds.index("w")
+    assert log.items[issue][1] == log.items[wait][1] == 0
+    # between the issue and the wait nothing reads the gradient; the wait comes right before the optimizer's work
+    assert issue < wait and kinds[wait + 1] == "c:optimizer"
+
+
+def test_the_peak_holds_parameters_gradients_and_a_steps_activations(fake_pg):
+    log, _ = _train(2)
+    params = 4 * (D * H + H * O)
+    activations = 4 * (B * D + 2 * B * H + B * O)  # the input, the hidden layer and its ReLU, the output
+    assert 2 * params <= log.peak_bytes <= 2 * params + activations + 4 * (B * H + B * O)
+    # made outside any module's forward: the model, and each step's input and loss (a few bytes)
+    assert 0 <= log.peak_at["by_phase"]["other"] - params - 4 * B * D < 64
