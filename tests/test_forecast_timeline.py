@@ -9,8 +9,8 @@ def _event(rank, index, op, group, axis="dp", peer=None):
     return CommEvent(rank, index, op, axis, tuple(group), "backward", "float32", 1024, 1024, peer=peer, step=1)
 
 
-def _compute(seconds):
-    return ["c", "backward", {"float32": seconds}, 0, 0]
+def _compute(seconds, stream=0):
+    return ["c", "backward", {"float32": seconds}, 0, 0, stream]
 
 
 def _sim(programs, ledgers, represent=None, seconds=None):
@@ -24,7 +24,7 @@ def test_a_call_waited_at_once_is_exposed_whole_and_one_waited_later_hides_behin
     # rank 0 alone in its group: compute 2 s, issue call 0 (1 s), wait at once -> exposed 1 s;
     # issue call 1 (1 s), compute 3 s, wait -> hidden
     ledger = [_event(0, 0, "all_reduce", [0]), _event(0, 1, "all_reduce", [0])]
-    program = [_compute(2.0), ["i", 0], ["w", 0], ["i", 1], _compute(3.0), ["w", 1]]
+    program = [_compute(2.0), ["i", 0, 0], ["w", 0, 0], ["i", 1, 0], _compute(3.0), ["w", 1, 0]]
     tl = _sim({0: program}, {0: ledger})[0]
     assert tl.calls[0].waited == 1.0 and tl.calls[1].waited == 0.0
     assert tl.compute_s == 5.0 and tl.end_s == 6.0  # 2 + 1 (exposed) + 3
@@ -33,7 +33,7 @@ def test_a_call_waited_at_once_is_exposed_whole_and_one_waited_later_hides_behin
 def test_calls_on_one_group_queue_on_its_stream():
     # two 1-s calls issued back to back at t=0 on one group, waited together: the second ends at 2 s
     ledger = [_event(0, 0, "all_reduce", [0]), _event(0, 1, "all_reduce", [0])]
-    tl = _sim({0: [["i", 0], ["i", 1], ["w", 0], ["w", 1]]}, {0: ledger})[0]
+    tl = _sim({0: [["i", 0, 0], ["i", 1, 0], ["w", 0, 0], ["w", 1, 0]]}, {0: ledger})[0]
     assert (tl.calls[0].end, tl.calls[1].start, tl.calls[1].end) == (1.0, 1.0, 2.0)
     assert tl.end_s == 2.0
 
@@ -43,7 +43,7 @@ def test_a_collective_starts_when_its_slowest_member_issued_it():
     # 4-s wait is 3 s of waiting for its peer and 1 s of the transfer
     group = [0, 1]
     ledgers = {0: [_event(0, 0, "all_reduce", group)], 1: [_event(1, 0, "all_reduce", group)]}
-    programs = {0: [_compute(1.0), ["i", 0], ["w", 0]], 1: [_compute(4.0), ["i", 0], ["w", 0]]}
+    programs = {0: [_compute(1.0), ["i", 0, 0], ["w", 0, 0]], 1: [_compute(4.0), ["i", 0, 0], ["w", 0, 0]]}
     out = _sim(programs, ledgers)
     assert out[0].end_s == out[1].end_s == 5.0
     assert out[0].calls[0].waited == 4.0 and out[0].calls[0].waited_for_peers == 3.0
@@ -54,7 +54,7 @@ def test_a_pipeline_receive_waits_for_the_stage_before_it():
     # stage 0 computes 2 s and sends (0.5 s); stage 1 receives, then computes 1 s: it ends at 3.5 s
     pp = [0, 1]
     ledgers = {0: [_event(0, 0, "send", pp, "pp", peer=1)], 1: [_event(1, 0, "recv", pp, "pp", peer=0)]}
-    programs = {0: [_compute(2.0), ["i", 0]], 1: [["i", 0], ["w", 0], _compute(1.0)]}
+    programs = {0: [_compute(2.0), ["i", 0, 0]], 1: [["i", 0, 0], ["w", 0, 0], _compute(1.0)]}
     out = _sim(programs, ledgers, seconds={(0, 0): 0.5, (1, 0): 0.5})
     assert out[1].calls[0].start == 2.0 and out[1].end_s == 3.5
     assert out[1].calls[0].waited_for_peers == 2.0  # the bubble
@@ -65,7 +65,7 @@ def test_an_untraced_rank_is_played_by_its_class():
     # a world of 4 in one dp group; ranks 2, 3 are played by rank 1 (4 s of compute), 0 by itself (1 s)
     group = [0, 1, 2, 3]
     ledgers = {0: [_event(0, 0, "all_reduce", group)], 1: [_event(1, 0, "all_reduce", group)]}
-    programs = {0: [_compute(1.0), ["i", 0], ["w", 0]], 1: [_compute(4.0), ["i", 0], ["w", 0]]}
+    programs = {0: [_compute(1.0), ["i", 0, 0], ["w", 0, 0]], 1: [_compute(4.0), ["i", 0, 0], ["w", 0, 0]]}
     out = _sim(programs, ledgers, represent={0: 0, 1: 1, 2: 1, 3: 1}.get)
     assert out[0].end_s == 5.0
 
@@ -75,15 +75,33 @@ def test_batched_sends_and_receives_run_together():
     pp = [0, 1]
     ledgers = {0: [_event(0, 0, "send", pp, "pp", peer=1), _event(0, 1, "recv", pp, "pp", peer=1)],
                1: [_event(1, 0, "recv", pp, "pp", peer=0), _event(1, 1, "send", pp, "pp", peer=0)]}
-    programs = {0: [["i", 0], ["i", 1], ["w", 1]], 1: [["i", 0], ["i", 1], ["w", 0]]}
+    programs = {0: [["i", 0, 0], ["i", 1, 0], ["w", 1, 0]], 1: [["i", 0, 0], ["i", 1, 0], ["w", 0, 0]]}
     out = _sim(programs, ledgers)
     assert out[0].end_s == out[1].end_s == 1.0
+
+
+def test_a_call_issued_on_a_side_stream_runs_beside_compute_until_the_compute_stream_waits_for_it():
+    # FSDP2's pattern: the side stream 1 waits for nothing, issues an all-gather (2 s) while the compute
+    # stream computes 3 s, then the compute stream reads it: hidden. A reduce-scatter issued after the side
+    # stream waited for the compute stream (wait_stream) starts only then: 3 s + 1 s, exposed 1 s at the end.
+    ledger = [_event(0, 0, "all_gather", [0]), _event(0, 1, "reduce_scatter", [0])]
+    program = [["i", 0, 1], _compute(3.0), ["w", 0, 0], ["j", 1, 0], ["i", 1, 1], ["w", 1, 0]]
+    tl = _sim({0: program}, {0: ledger}, seconds={(0, 0): 2.0, (0, 1): 1.0})[0]
+    assert tl.calls[0].waited == 0.0 and tl.calls[1].start == 3.0 and tl.calls[1].waited == 1.0
+    assert tl.end_s == 4.0
+
+
+def test_an_event_orders_the_compute_stream_after_a_side_streams_work():
+    # side stream 1 computes 2 s (a copy) and records event 0; the compute stream waits for it at t = 0.5
+    program = [_compute(0.5), _compute(2.0, stream=1), ["e", 0, 1], ["v", 0, 0], _compute(1.0)]
+    tl = _sim({0: program}, {0: []})[0]
+    assert tl.end_s == 3.0 and tl.waited_on_streams_s == 1.5 and tl.side_compute_s == 2.0
 
 
 def test_a_wait_whose_partner_never_issues_is_timed_alone_and_counted():
     group = [0, 1]
     ledgers = {0: [_event(0, 0, "all_reduce", group)], 1: [_event(1, 0, "all_gather", group)]}
-    sim = Simulation({0: [["i", 0], ["w", 0]], 1: [["i", 0], ["w", 0]]}, ledgers, lambda r: r,
+    sim = Simulation({0: [["i", 0, 0], ["w", 0, 0]], 1: [["i", 0, 0], ["w", 0, 0]]}, ledgers, lambda r: r,
                      compute_s=lambda item: 0.0, call_s=lambda e: 1.0)
     out = sim.run()
     assert out[0].end_s == 1.0 and sim.unmatched == {(0, 0), (1, 0)}

@@ -52,6 +52,9 @@ ALLOCATIONS = frozenset({"empty", "empty_strided", "empty_like", "new_empty", "n
 """aten ops that only allocate: they hold memory and move no bytes (zeros and full write theirs, and count)."""
 
 COMPUTE, ISSUE, WAIT, STEP = "c", "i", "w", "s"
+STREAM_WAITS, RECORDED, EVENT_WAITED = "j", "e", "v"
+"""Orders between streams: a stream waits for another's work so far; an event recorded on a stream; a stream
+waits for an event."""
 """An `Item`'s kinds: a compute segment, a call issued, a call first needed, a step's end."""
 
 _outside = threading.local()
@@ -121,9 +124,13 @@ class WorkLog:
 
     rank: int
     items: list = field(default_factory=list)
-    """In program order: ``["c", phase, {dtype: matmul FLOPs}, matmul bytes, other ops' bytes]`` (a
-    compute segment: the matmuls are timed by their FLOPs, the other ops by the bytes they move), ``["i", call]``,
-    ``["w", call]`` (the call's index in the rank's ledger), ``["s", step]`` (step `step` ended)."""
+    """In program order: ``["c", phase, {dtype: matmul FLOPs}, matmul bytes, other ops' bytes, stream]`` (a
+    compute segment: the matmuls are timed by their FLOPs, the other ops by the bytes they move),
+    ``["j", stream, other]`` (`stream` waits for the work on `other` so far), ``["e", event, stream]``,
+    ``["v", event, stream]`` (an event recorded on a stream, waited for on another), where a stream is 0 for
+    the default one and 1, 2, ... for the others in the order they were first used; ``["i", call, stream]``,
+    ``["w", call, stream]`` (the call's index in the rank's ledger; the stream it was issued on, first read
+    on), ``["s", step]`` (step `step` ended)."""
     peak_bytes: int = 0
     """Most bytes of storage the rank held at once."""
     peak_at: dict = field(default_factory=dict)
@@ -158,11 +165,18 @@ log's `uncounted` so the forecast can say what its compute misses."""
 
 class WorkCounter:
     """Counts a rank's work as its ops pass the dispatch mode (module doc). `context` is the rank's
-    `capture.job_context.JobContext` (phase, module, step)."""
+    `capture.job_context.JobContext` (phase, module, step); `current_stream()` the stream selected now (None: the
+    default one), where the job's streams are known (a fake world's stand-ins, which also call `stream_waits`,
+    `event_recorded` and `event_waited`)."""
 
-    def __init__(self, rank: int, context):
+    def __init__(self, rank: int, context, current_stream=lambda: None):
         self.log = WorkLog(rank)
         self.context = context
+        self.current_stream = current_stream
+        self._streams: dict[int, int] = {}  # id(stream) -> its number (0: the default one)
+        self._keep: list = []  # the streams and events numbered, kept alive so that no id is reused
+        self._events: dict[int, int] = {}
+        self._stream = 0  # of the open segment
         self.formulas = _flop_formulas()
         self._phase = None
         self._step = context.step
@@ -186,6 +200,10 @@ class WorkCounter:
         if self.context.step != self._step:
             self._stepped()
         phase = self.context.phase()
+        stream = self._number(self.current_stream())
+        if stream != self._stream:
+            self._close()
+            self._stream = stream
         if phase != self._phase:
             self._close()
             if self._phase == "backward" and self._in_backward:
@@ -202,7 +220,7 @@ class WorkCounter:
                     if key in pending:
                         self._close()
                         calls = pending.pop(key)
-                        log.items.extend([WAIT, c] for c in calls)
+                        log.items.extend([WAIT, c, stream] for c in calls)
                         self._in_backward.difference_update(calls)
                 nbytes += t.nbytes
         if name in VIEWS or not (func._schema.is_mutable or next(_tensors(out), None) is not None):
@@ -241,7 +259,7 @@ class WorkCounter:
         if self.context.step != self._step:
             self._stepped()
         self._close()
-        self.log.items.append([ISSUE, call])
+        self.log.items.append([ISSUE, call, self._number(self.current_stream())])
         # the tensors a call writes: its results, or for ops that return only a Work, the output argument
         written = list(_tensors(out)) or (list(_tensors(args[0])) if name in ("alltoall_base_", "recv_",
                                                                                  "recv_any_source_") and args else [])
@@ -258,7 +276,7 @@ class WorkCounter:
         ``finalize_backward`` copies each bucket into the gradients; FSDP2's ``_root_post_backward_final_callback``
         waits for its reduce-scatters), so the first read a dispatch mode sees would be the optimizer's, or none."""
         done = self._in_backward
-        self.log.items.extend([WAIT, c] for c in sorted(done))
+        self.log.items.extend([WAIT, c, self._stream] for c in sorted(done))
         for key in [k for k, calls in self._pending.items() if done.intersection(calls)]:
             rest = [c for c in self._pending[key] if c not in done]
             if rest:
@@ -266,6 +284,35 @@ class WorkCounter:
             else:
                 del self._pending[key]
         self._in_backward = set()
+
+    # -- orders between streams (`current_stream`'s stand-ins call these) ---------------------------------
+    def stream_waits(self, stream, other) -> None:
+        self._close()
+        self.log.items.append([STREAM_WAITS, self._number(stream), self._number(other)])
+
+    def event_recorded(self, event, stream) -> None:
+        self._close()
+        self.log.items.append([RECORDED, self._event(event), self._number(stream)])
+
+    def event_waited(self, event, stream) -> None:
+        self._close()
+        self.log.items.append([EVENT_WAITED, self._event(event), self._number(stream)])
+
+    def _number(self, stream) -> int:
+        if stream is None:
+            return 0
+        number = self._streams.get(id(stream))
+        if number is None:
+            number = self._streams[id(stream)] = len(self._streams) + 1
+            self._keep.append(stream)
+        return number
+
+    def _event(self, event) -> int:
+        number = self._events.get(id(event))
+        if number is None:
+            number = self._events[id(event)] = len(self._events)
+            self._keep.append(event)
+        return number
 
     def _stepped(self) -> None:
         """The job's step moved on since the last op (an optimizer step returned): steps before it ended."""
@@ -283,7 +330,8 @@ class WorkCounter:
     def _close(self) -> None:
         """End the compute segment so far (if it did anything)."""
         if self._mm or self._bytes:
-            self.log.items.append([COMPUTE, self._phase or "other", self._mm, self._mm_bytes, self._bytes])
+            self.log.items.append([COMPUTE, self._phase or "other", self._mm, self._mm_bytes, self._bytes,
+                                   self._stream])
             self._mm, self._mm_bytes, self._bytes = {}, 0, 0
 
     def _made(self, t: torch.Tensor, phase: str) -> None:

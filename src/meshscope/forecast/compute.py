@@ -30,8 +30,8 @@ def peak_flops(gpu: GpuSpec, dtype: str, tf32: bool) -> float:
 
 
 def segment_seconds(item, gpu: GpuSpec, tf32: bool = False) -> float:
-    """Seconds of one ``["c", phase, {dtype: FLOPs}, matmul bytes, other bytes]`` segment on `gpu`."""
-    _, _, flops, mm_bytes, other_bytes = item
+    """Seconds of one ``["c", phase, {dtype: FLOPs}, matmul bytes, other bytes, stream]`` segment on `gpu`."""
+    _, _, flops, mm_bytes, other_bytes, _ = item
     bandwidth = gpu.hbm_bandwidth * gpu.memory_efficiency
     matmul = sum(f / (peak_flops(gpu, dtype, tf32) * gpu.matmul_efficiency) for dtype, f in flops.items())
     return max(matmul, mm_bytes / bandwidth) + other_bytes / bandwidth

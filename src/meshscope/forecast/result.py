@@ -30,7 +30,12 @@ class ClassForecast:
     """Ranks of the world it plays."""
     step_s: float
     compute_s: float
+    """Busy time of the compute (default) stream."""
     compute_by_phase: dict[str, float]
+    side_compute_s: float
+    """Busy time of the job's other streams (FSDP2's copy-in and copy-out)."""
+    waited_on_streams_s: float
+    """How long the compute stream waited for the job's other streams."""
     flops: dict[str, int]
     """Matmul FLOPs per dtype in the step (torch's FlopCounterMode convention, recomputation included)."""
     axes: tuple[AxisTime, ...]

@@ -1,14 +1,17 @@
-"""One step of a job on a cluster, rank class by rank class: compute on the compute stream, each call on its
+"""One step of a job on a cluster, rank class by rank class: compute on the job's streams, each call on its
 group's stream, from where the job issued it to where it first needs what the call produced.
 
-Each traced rank's program (`capture.work`: compute segments, calls issued, calls first needed, in order)
-runs on two kinds of streams, as a GPU runs it:
+Each traced rank's program (`capture.work`: compute segments, calls issued, calls first needed, orders between
+streams, in order) runs on the streams a GPU runs it on:
 
-- **the compute stream**: its segments one after the other; at a call's first use it waits until the call
-  has finished (the time it waits is that call's *exposed* part);
+- **the job's streams**: the default (compute) stream and each stream the job selected (FSDP2's copy-in,
+  all-gather and reduce-scatter streams), each running its segments one after the other, ordered against
+  each other only where the job ordered them (``wait_stream``, an event recorded and waited for): the CPU is
+  taken to run ahead of the GPU, as it does between two waits; at a call's first read a stream waits until the
+  call has finished (the compute stream's wait is the call's *exposed* part);
 - **one stream per group** (NCCL runs each communicator's kernels on its own stream): a group's calls run in
-  issue order, each starting once the rank has issued it (after the compute before it, which the call's
-  stream waits for, as ``ProcessGroupNCCL`` makes it), its previous call on the group has finished, and every
+  issue order, each starting once the rank has issued it (after the work before it on the stream it was issued
+  on, which the call's stream waits for, as ``ProcessGroupNCCL`` makes it), its previous call on the group has finished, and every
   member has issued its matching call. Point-to-point calls issued back to back on one group with no compute
   between them run together (``batch_isend_irecv``: one NCCL group call), a send and its receive at once.
 
@@ -27,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..capture.work import COMPUTE, ISSUE, WAIT
+from ..capture.work import COMPUTE, EVENT_WAITED, ISSUE, RECORDED, STREAM_WAITS, WAIT
 from ..core.events import P2P, CommEvent
 
 
@@ -59,6 +62,10 @@ class RankTimeline:
     rank: int
     compute_s: float = 0.0
     """Compute-stream busy time."""
+    side_compute_s: float = 0.0
+    """Busy time of the job's other streams (FSDP2's copy-in and copy-out, a side stream's own work)."""
+    waited_on_streams_s: float = 0.0
+    """How long the compute stream waited for the job's other streams (``wait_stream``, an event)."""
     end_s: float = 0.0
     """When its step ended: its last compute, or its last call if later."""
     calls: dict[int, CallTime] = field(default_factory=dict)
@@ -128,7 +135,8 @@ class Simulation:
     # -- running it -----------------------------------------------------------------------------------
     def run(self) -> dict[int, RankTimeline]:
         pc = {r: 0 for r in self.programs}
-        clock = {r: 0.0 for r in self.programs}
+        clock = {r: {0: 0.0} for r in self.programs}  # rank -> stream -> when its work so far ends
+        self._events: dict[tuple[int, int], float] = {}
         last_issue: dict[int, int | None] = {r: None for r in self.programs}
         while True:
             progress = False
@@ -149,21 +157,35 @@ class Simulation:
             for index, call in tl.calls.items():
                 if call.end is None and not self._resolve(r, index):
                     self._resolve(r, index, alone=True)
-            tl.end_s = max([clock[r], *(c.end for c in tl.calls.values())])
+            tl.end_s = max([*clock[r].values(), *(c.end for c in tl.calls.values())])
         return self.ranks
 
     def _advance(self, r: int, item, clock, last_issue) -> bool:
         """Run one item of `r`'s program; False if it must wait for a partner not reached yet."""
         tl = self.ranks[r]
-        if item[0] == COMPUTE:
-            s = self.compute_s(item)
-            clock[r] += s
-            tl.compute_s += s
-            tl.compute_by_phase[item[1]] = tl.compute_by_phase.get(item[1], 0.0) + s
+        streams = clock[r]
+        kind = item[0]
+        if kind == COMPUTE:
+            s, stream = self.compute_s(item), item[5]
+            streams[stream] = streams.get(stream, 0.0) + s
+            if stream:
+                tl.side_compute_s += s
+            else:
+                tl.compute_s += s
+                tl.compute_by_phase[item[1]] = tl.compute_by_phase.get(item[1], 0.0) + s
             last_issue[r] = None
-        elif item[0] == ISSUE:
+        elif kind in (STREAM_WAITS, EVENT_WAITED):
+            stream = item[1] if kind == STREAM_WAITS else item[2]
+            until = streams.get(item[2], 0.0) if kind == STREAM_WAITS else self._events.get((r, item[1]), 0.0)
+            if until > streams.get(stream, 0.0):
+                if stream == 0:
+                    tl.waited_on_streams_s += until - streams[0]
+                streams[stream] = until
+        elif kind == RECORDED:
+            self._events[(r, item[1])] = streams.get(item[2], 0.0)
+        elif kind == ISSUE:
             call = tl.calls[item[1]]
-            call.issued = clock[r]
+            call.issued = streams.get(item[2], 0.0)
             prev = last_issue[r]
             if prev is not None and call.event.op in P2P and tl.calls[prev].event.op in P2P \
                     and tl.calls[prev].event.group == call.event.group:
@@ -171,17 +193,20 @@ class Simulation:
                 batch.append(item[1])
                 self._batch[(r, item[1])] = batch
             last_issue[r] = item[1]
-        elif item[0] == WAIT:
+        elif kind == WAIT:
             call = tl.calls.get(item[1])
             if call is None:  # issued in an earlier step: finished by now
                 return True
             if call.end is None and not self._resolve(r, item[1]):
                 return False
-            if call.end > clock[r]:
-                wait = call.end - clock[r]
-                call.waited += wait
-                call.waited_for_peers += min(wait, max(0.0, call.start - max(call.ready, clock[r])))
-                clock[r] = call.end
+            stream = item[2]
+            now = streams.get(stream, 0.0)
+            if call.end > now:
+                if stream == 0:  # the compute stream waits: the call's exposed time
+                    wait = call.end - now
+                    call.waited += wait
+                    call.waited_for_peers += min(wait, max(0.0, call.start - max(call.ready, now)))
+                streams[stream] = call.end
             last_issue[r] = None
         return True
 

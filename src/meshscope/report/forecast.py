@@ -19,9 +19,10 @@ def render(f: Forecast, console=None) -> None:
     rate = f", {f.tokens_per_s_per_gpu:,.0f} tokens/s per GPU" if f.tokens_per_s_per_gpu else ""
     console.print(f"step {_s(f.step_s)} (rank {f.critical_rank}'s class paces it){rate}; HFU {f.hfu:.1%} "
                   f"(counted matmul FLOPs, recomputation included, over the bf16 peak)")
-    print_table(console, "rank classes", ("rank", "plays", "step", "compute", "exposed comm", "peak memory",
-                                          "peak at"),
-                [(c.rank, c.ranks, _s(c.step_s), _s(c.compute_s), _s(c.exposed_s), human_bytes(c.peak_bytes),
+    print_table(console, "rank classes", ("rank", "plays", "step", "compute", "exposed comm", "waits on side streams",
+                                          "peak memory", "peak at"),
+                [(c.rank, c.ranks, _s(c.step_s), _s(c.compute_s), _s(c.exposed_s), _s(c.waited_on_streams_s),
+                  human_bytes(c.peak_bytes),
                   f"step {c.peak_at.get('step')} {c.peak_at.get('phase')} {c.peak_at.get('module') or ''}".strip())
                  for c in f.classes])
     print_table(console, "communication per axis (each class's step)",

@@ -48,6 +48,71 @@ from .devices import mark, unmapped, used
 PACKAGES = ("torch.cuda", "torch.accelerator")
 
 
+class StreamWatch:
+    """What the stand-in streams tell a listener (``--work``'s `capture.work.WorkCounter`): which stream is
+    selected, and each order the script puts between streams (``wait_stream``, an event recorded on one and
+    waited for on another). On a CPU they order nothing; on a GPU they are what lets FSDP2's all-gathers run
+    beside compute (its copy-in and all-gather streams, torch 2.13 distributed/fsdp/_fully_shard/
+    _fsdp_collectives.py), so a forecast of the GPU's timeline follows them. The default stream is None."""
+
+    listener = None
+    selected: list = []  # the stand-in's stack of selected streams (`_kinds`' ``current``)
+    default = None
+
+    @classmethod
+    def current(cls):
+        top = cls.selected[-1] if cls.selected else None
+        if top is None or top is cls.default:
+            import torch.cpu
+
+            top = torch.cpu.current_stream()  # a CPU mesh's job (below)
+        return cls.key(top)
+
+    @classmethod
+    def key(cls, stream):
+        import torch.cpu
+
+        return None if stream is None or stream is cls.default or stream is torch.cpu._default_cpu_stream else stream
+
+
+class _Recorded:
+    """What a watched ``torch.cpu.Stream.record_event`` returns: an event its stream recorded."""
+
+
+@functools.cache
+def cpu_streams_watched() -> None:
+    """torch.cpu's streams report to `StreamWatch` as the CUDA stand-ins do. A fake world's DeviceMesh for CUDA is
+    a CPU mesh, so FSDP2 takes its device, and its streams, from torch.cpu (torch 2.13 distributed/fsdp/
+    _fully_shard/_fsdp_init.py ``_get_device_from_mesh``; _fsdp_param_group.py ``lazy_init``), whose
+    ``Stream`` does nothing and whose ``record_event`` returns None (torch/cpu/__init__.py). Without a listener
+    they behave as before; with one, each order FSDP2 puts between its copy-in, all-gather, reduce-scatter
+    streams and the default one is reported, and ``record_event`` returns an event to wait for."""
+    import torch.cpu
+
+    stream = torch.cpu.Stream
+    wait_stream, record_event, wait_event = stream.wait_stream, stream.record_event, stream.wait_event
+
+    def watched_wait_stream(self, other) -> None:
+        if StreamWatch.listener is None:
+            return wait_stream(self, other)
+        StreamWatch.listener.stream_waits(StreamWatch.key(self), StreamWatch.key(other))
+
+    def watched_record_event(self, event=None):
+        if StreamWatch.listener is None:
+            return record_event(self)
+        event = event if event is not None else _Recorded()
+        StreamWatch.listener.event_recorded(event, StreamWatch.key(self))
+        return event
+
+    def watched_wait_event(self, event) -> None:
+        if StreamWatch.listener is None or event is None:
+            return wait_event(self, event)
+        StreamWatch.listener.event_waited(event, StreamWatch.key(self))
+
+    stream.wait_stream, stream.record_event, stream.wait_event = (watched_wait_stream, watched_record_event,
+                                                                  watched_wait_event)
+
+
 def local_world() -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 
@@ -107,10 +172,12 @@ def _kinds() -> dict[str, object]:
         cuda_stream = 0
 
         def wait_stream(self, stream) -> None:
-            pass
+            if StreamWatch.listener is not None:
+                StreamWatch.listener.stream_waits(StreamWatch.key(self), StreamWatch.key(stream))
 
         def wait_event(self, event) -> None:
-            pass
+            if StreamWatch.listener is not None:
+                StreamWatch.listener.event_waited(event, StreamWatch.key(self))
 
         def record_event(self, event=None):
             event = event if event is not None else Event()
@@ -145,9 +212,14 @@ def _kinds() -> dict[str, object]:
 
         def record(self, stream=None) -> None:
             self.at = time.perf_counter()
+            if StreamWatch.listener is not None:
+                StreamWatch.listener.event_recorded(self, StreamWatch.key(stream) if stream is not None
+                                                    else StreamWatch.current())
 
         def wait(self, stream=None) -> None:
-            pass
+            if StreamWatch.listener is not None:
+                StreamWatch.listener.event_waited(self, StreamWatch.key(stream) if stream is not None
+                                                  else StreamWatch.current())
 
         def query(self) -> bool:
             return True
@@ -159,6 +231,7 @@ def _kinds() -> dict[str, object]:
             return (end.at - self.at) * 1e3
 
     default = torch.Stream.__new__(Stream, device="cpu")  # torch's own, not the script's: not marked
+    StreamWatch.selected, StreamWatch.default = current, default
 
     class stream:  # torch.cuda.stream(s): the context manager that selects `s`
         def __init__(self, selected):

@@ -63,7 +63,10 @@ class FakeMode:
         if self.options.work:
             from ...capture.work import WorkCounter
 
-            self.work = WorkCounter(self.rank, trace.context)
+            from .cuda_api import StreamWatch
+
+            self.work = WorkCounter(self.rank, trace.context, StreamWatch.current)
+            StreamWatch.listener = self.work
 
     def assumed(self, index: int, group: str, op: str, input_splits, output_splits, t: float) -> tuple[str, ...]:
         """The fields of this rank's `index`-th call (on `group`, issued at `t`) it could not know."""
