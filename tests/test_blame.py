@@ -1,18 +1,21 @@
 """Whose failure a rank's own failure was (`doctor.blame`): the script's (``script-error``), meshscope's own
 (``meshscope-error``: its frame kept, `trace.script_frames.failed_in`) or the fake world's
-(``fake-world-gap``: CUDA-only work that a CPU build of torch refuses, `core.rank_end.CUDA_ONLY`).
+(``fake-world-gap``: CUDA-only work that a CPU build of torch refuses, `core.rank_end.CUDA_ONLY`, or a failure
+after a receive of integers the fake world made up, `core.rank_end.RankEnd.made_up`).
 
 Oracles: the messages this torch itself raises for CUDA-only work (raised here, on a CPU build); the
 lines of meshscope's source and of the jobs that carry the marked call, found by their text; the job
 ``tests/jobs/faults/cuda_binding.py``'s docstring (its binding is absent from a CPU build, after 1
-all_reduce); and records written by hand. Two cases launch jobs: the fake world of 2 (that job), and a
-gloo world of 2 whose ranks load a ``sitecustomize`` that breaks meshscope's group log the way
-nanotron's numpy ranks did (its ``json.dumps`` raised inside meshscope, before f17a67e)."""
+all_reduce) and ``tests/jobs/received_sizes.py``'s (the sizes rank 0 receives); and records written by
+hand. Three cases launch jobs: fake worlds of 2 (those jobs), and a gloo world of 2 whose ranks load a
+``sitecustomize`` that breaks meshscope's group log the way nanotron's numpy ranks did (its ``json.dumps``
+raised inside meshscope, before f17a67e)."""
 
 from __future__ import annotations
 
 import json
 import textwrap
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -86,9 +89,13 @@ def test_what_this_torch_says_of_cuda_only_work_is_cuda_only(call):
 
 
 def test_a_gpu_only_kernel_of_a_library_is_cuda_only():
-    """fbgemm-gpu-cpu 1.8.0's lookups refuse the CPU tensors a fake world gives TorchRec's row-wise tables on their
-    CUDA path (`meshscope trace --fake-world 2 -- tests/jobs/torchrec_dlrm.py --sharding row_wise`): the message
-    as its library holds it."""
+    """fbgemm-gpu-cpu 1.8.0's CUDA table-batched embedding refuses, at its first lookup, the CPU tensors that stand
+    for its GPU's (fbgemm_gpu_tbe_training_backward_pt2.so; one table on ``ComputeDevice.CUDA`` with device cpu,
+    exact SGD or Adam alike): the message as its library holds it. A fake world builds such a TBE as the CPU's
+    (`trace.fake.fbgemm`: TorchRec's row-wise tables on their CUDA path, which said this, now trace) and refuses
+    what the CPU's has no kernel for in one line (an optimizer such as Adam: ``Unmapped: ...``, CUDA-only too,
+    test_torchrec.py::test_an_optimizer_without_a_cpu_kernel_is_one_line); a CUDA TBE that row does not build
+    says this."""
     error = "RuntimeError: weights[0] must be a GPU or MTIA tensor; it is currently on device CPU"
     assert RankEnd(0, "error", error=error).cuda_only
 
@@ -136,6 +143,25 @@ def test_each_kind_says_whose_failure_it_was(tmp_path):
     assert [f.kind for f in order([hang, f_gap], blocked([gap], {}))] == ["fake-world-gap", "missing"]
 
 
+def test_a_failure_after_a_receive_the_fake_world_made_up_is_its_gap_naming_the_receive(tmp_path):
+    """By hand: a fake world's rank that failed after a receive of integers it held zeros in (Colossal-AI 0.5.0's
+    rank 0 unpickled a P2P message sized by one: ``EOFError``) is the fake world's gap, its cause naming that
+    receive and the fix (trace the sender first); the same record in a real job, which makes nothing up, is
+    the script's, and so is a fake world's rank that made nothing up; a CUDA-only error keeps its own words."""
+    made_up = "recv on pp [0-1] at step 0 (rank 1 not traced before it): it held zeros"
+    eof = RankEnd(0, "error", error="EOFError: Ran out of input", exception="EOFError", where="job.py:30",
+                  exit_code=1, time=1.0, made_up=made_up)
+    fake, real = _trace_dir(tmp_path, True), _trace_dir(tmp_path, False)
+    [finding] = script_errors([eof], fake)
+    assert finding.kind == "fake-world-gap" and finding.entry == "EOFError: Ran out of input at job.py:30"
+    assert made_up in finding.cause and "--ranks" in finding.cause and "the script itself" not in finding.cause
+    assert [f.kind for f in script_errors([eof], real)] == ["script-error"]
+    assert [f.kind for f in script_errors([replace(eof, made_up="")], fake)] == ["script-error"]
+    [gap] = script_errors([replace(eof, error=GAP, exception="AttributeError")], fake)
+    assert gap.kind == "fake-world-gap" and "no mapping" in gap.cause and made_up not in gap.cause
+    assert RankEnd.from_json(json.loads(json.dumps(eof.to_json()))) == eof
+
+
 def test_a_record_keeps_meshscopes_frame(tmp_path):
     end = RankEnd(0, "error", error="TypeError: x", meshscope_frame="/x/meshscope/trace/created.py:37")
     assert RankEnd.from_json(json.loads(json.dumps(end.to_json()))) == end
@@ -157,6 +183,20 @@ def test_a_fake_worlds_unmapped_cuda_binding_is_its_gap_not_the_scripts(tmp_path
     assert "meshscope/" not in root["entry"]  # a frame of meshscope's refusing or passing on is no origin
     assert "docs/trace.md" in root["cause"] and "the script itself" not in root["cause"]
     assert sum(e["op"] == "all_reduce" for r in doc["per_rank"] for s in r["steps"] for e in s["events"]) == 2
+
+
+def test_a_rank_that_failed_on_a_size_it_could_not_know_is_the_fake_worlds_gap(tmp_path):
+    """received_sizes.py (its docstring) with ``--check 0``, rank 0 alone in a fake world of 2: its first received
+    value that is not gloo's is the all-gather of sizes, whose rank 1 part (5) it cannot know, rank 1 not being
+    traced: it exits there, holding its own (2). The doctor names that receive, not the script."""
+    job = JOBS / "received_sizes.py"
+    proc, doc = trace_json(tmp_path / "run", "--fake-world", 2, "--ranks", "0", [str(job), "--check", "0"])
+    assert proc.returncode == 1 and doc["outcome"] == "failed", proc.stderr[-3000:]
+    root = doc["doctor"]["findings"][0]
+    assert root["root_cause"] and root["kind"] == "fake-world-gap" and root["ranks"] == [0], root
+    assert root["entry"].startswith("the script exited: rank 0: all_gather received [2, 2], not [2, 5] at ")
+    assert ("all_gather on default_pg [0-1] at step 0 (rank 1 not traced before it): it held the rank's own"
+            in root["cause"]), root["cause"]
 
 
 def test_meshscope_failing_in_its_own_code_is_its_error_with_its_frame(tmp_path, monkeypatch):

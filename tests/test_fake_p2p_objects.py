@@ -48,13 +48,16 @@ def test_pickled_metadata_over_batch_isend_irecv_reaches_every_stage_as_on_gloo(
 def test_a_stage_whose_sender_is_not_traced_is_named_with_the_receive_that_held_zeros(tmp_path):
     """``--ranks 3``: no rank ever sends rank 3 its inputs' metadata, so its first receive (the pickle's length)
     holds zeros and the job's own unpickling fails; the result names that receive and the rank to trace,
-    instead of leaving the script's EOFError unexplained."""
+    instead of leaving the script's EOFError unexplained, and the doctor blames the fake world, not the script."""
     proc, doc = trace_json(tmp_path / "alone", "--fake-world", 4, "--ranks", "3", JOB)
     assert proc.returncode == 1 and not doc["passed"]
     (note,) = [n for n in doc["notes"] if "held zeros" in n]
-    assert note.startswith("fake backend: rank 3 failed after a point-to-point receive of integers"), note
+    assert note.startswith("fake backend: rank 3 failed after a receive of integers"), note
     assert "recv on axis1 [1,3] at step 0 (rank 1 not traced before it)" in note
     assert note.endswith("trace rank 1 too (--ranks)"), note
+    root = doc["doctor"]["findings"][0]  # the rank's record names it too (`RankEnd.made_up`): the doctor's blame
+    assert root["root_cause"] and root["kind"] == "fake-world-gap" and root["entry"].startswith("EOFError"), root
+    assert "recv on group [1,3] at step 0 (rank 1 not traced before it): it held zeros" in root["cause"], root
 
 
 def test_a_rank_that_passed_on_a_p2p_stand_in_is_traced_again_after_its_sender(tmp_path):

@@ -1,6 +1,7 @@
 """What a fake world's rank receives from tensor collectives and P2P messages: what the traced rank that sent
-it sent (`trace.fake.replay`), else its own integers, named in a note, with what they sized assumed; a rank that
-failed on values it made up is traced again after their sender (`trace.fake.world.retrace`).
+it sent (`trace.fake.replay`), else a stand-in (its own part in that place, else zeros), named in a note, with
+what it sized assumed; a rank that failed on values it made up is traced again after their sender
+(`trace.fake.world.retrace`).
 
 Oracles: the hand count of tests/jobs/received_sizes.py's docstring (every call after the first of each
 pair is sized by values received in it), and the real gloo trace of the same script under `meshscope diff`."""
@@ -151,3 +152,89 @@ def test_retrace_takes_a_failed_rank_after_its_senders_and_a_rank_they_cut_short
     stood_in.clear(run_dir, 0)
     assert retrace(run_dir, [0, 1, 2], [0]) == [1]
     assert retrace(run_dir, [0, 1, 2], []) == []
+
+
+def test_retrace_takes_a_rank_that_left_no_record_after_the_senders_it_kept_its_own_for(tmp_path):
+    """A rank killed in native code may leave no record, only the stand-ins it wrote as they happened (TorchRec's
+    rank 0, fbgemm's heap corruption: ``free(): invalid pointer``, SIGABRT): it is traced again once rank 1,
+    whose counts it kept its own for, ended; one that kept its own for a rank never traced is not."""
+    run_dir = RunDir(tmp_path)
+    run_dir.rank_end(1).parent.mkdir(exist_ok=True)
+    run_dir.rank_end(1).write_text(json.dumps(RankEnd(1, "ok", time=2.0).to_json()))
+    for rank, sender in ((0, 1), (2, 5)):
+        stood_in.write(run_dir, rank, 1, [stood_in.StandIn("all_to_all", "default_pg", (0, 1, 2), 0,
+                                                           ((sender, stood_in.UNTRACED),))])
+    assert run_dir.read_end(0).status == "missing"
+    assert retrace(run_dir, [0, 1, 2]) == [0]
+
+
+@pytest.fixture
+def rank_0_of_2(tmp_path, monkeypatch):
+    """This process as rank 0 of a fake group of 2 whose rank 1 was never traced (an empty run directory), in
+    process: `replay.Call`s record and read there."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    from meshscope.trace.fake.objects import EXCHANGE
+
+    for name, value in (("run_dir", RunDir(tmp_path)), ("rank", 0), ("alongside", {}), ("earlier", set()),
+                        ("calls", {}), ("unheard", set())):
+        monkeypatch.setattr(EXCHANGE, name, value)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        yield dist.group.WORLD
+    finally:
+        dist.destroy_process_group()
+
+
+LEFT = -7
+"""What a backend that writes nothing leaves in a receive buffer (``torch.empty``'s bytes), in these tests."""
+
+
+def _left(*shape):
+    return torch.full(shape, LEFT)
+
+
+STAND_INS = {  # c10d function -> (its arguments on rank 0, what it receives into, what that holds after: by hand)
+    # its own chunk [10, 11, 12] stands for rank 1's of as many rows; where rank 1's is said to be 2 rows, zeros
+    "all_to_all_single": (lambda: {"output": _left(6), "input": torch.tensor([10, 11, 12, 20, 21]),
+                                   "output_split_sizes": [3, 3], "input_split_sizes": [3, 2]},
+                          lambda g: g["output"], [10, 11, 12, 10, 11, 12]),
+    "all_to_all_single uneven": (lambda: {"output": _left(5), "input": torch.tensor([10, 11, 12, 20, 21]),
+                                          "output_split_sizes": [3, 2], "input_split_sizes": [3, 2]},
+                                 lambda g: g["output"], [10, 11, 12, 0, 0]),
+    "all_to_all": (lambda: {"output_tensor_list": [_left(2), _left(2)],
+                            "input_tensor_list": [torch.tensor([1, 2]), torch.tensor([3, 4])]},
+                   lambda g: torch.cat(g["output_tensor_list"]), [1, 2, 1, 2]),
+    "all_gather": (lambda: {"tensor_list": [_left(2), _left(2)], "tensor": torch.tensor([5, 6])},
+                   lambda g: torch.cat(g["tensor_list"]), [5, 6, 5, 6]),
+    "all_gather_into_tensor": (lambda: {"output_tensor": _left(4), "input_tensor": torch.tensor([5, 6])},
+                               lambda g: g["output_tensor"], [5, 6, 5, 6]),
+    "gather": (lambda: {"tensor": torch.tensor([5, 6]), "gather_list": [_left(2), _left(2)], "dst": 0},
+               lambda g: torch.cat(g["gather_list"]), [5, 6, 5, 6]),
+    "scatter": (lambda: {"tensor": _left(2), "src": 1}, lambda g: g["tensor"], [0, 0]),
+    "broadcast": (lambda: {"tensor": torch.tensor([3, 4]), "src": 1}, lambda g: g["tensor"], [3, 4]),
+}
+
+
+@pytest.mark.parametrize("case", list(STAND_INS))
+def test_a_part_from_a_rank_not_traced_is_the_ranks_own_in_its_place_or_zeros(rank_0_of_2, case):
+    """Whatever the backend left in a part rank 1 (not traced) sends rank 0, rank 0 holds a stand-in: its own
+    part in that place (an all-to-all's chunk to itself, an all-gather's or gather's input, a broadcast's own
+    tensor) where it is of the part's size, else zeros (a scatter's receiver has none). Not the bytes left
+    there: the backend here writes nothing (torch.empty's bytes), and torch 2.13's fills an uneven all-to-all's
+    chunk j with the rank's first rows (FakeProcessGroup.hpp ``alltoall_base``), so the KJT lengths TorchRec's
+    rank 0 took for rank 1's came from one chunk of its input and their ids' count from another: fbgemm's
+    permute ran off the end of its buffer. The call names rank 1 (noted, and what it sized assumed); only
+    zeros leave it unfilled."""
+    from meshscope.trace.fake.replay import Call
+
+    function = case.split()[0]
+    make, received, want = STAND_INS[case]
+    op, handle = receives.HANDLERS[function]
+    given = make()
+    call = Call(op, rank_0_of_2, False).collective()
+    handle(call, lambda: None, given)
+    assert received(given).tolist() == want
+    assert call.missing == {1: stood_in.UNTRACED}
+    assert call.unfilled == (want[-1] == 0)

@@ -27,11 +27,12 @@ def steady(doc: dict, rank: int) -> Counter:
     return step_calls(doc, rank, doc["steady"][str(rank)]["first"])
 
 
-def by_hand(lengths: int, ids: int, pooled: tuple[str, int], dense: int = 4804) -> Counter:
-    """A steady step of the job's docstring: the KJT splits (48 B), lengths and ids all-to-alls and the pooled
-    embeddings' collective forward; the pooled gradient's (1,536 B) and DDP's one bucket backward."""
+def by_hand(lengths: int, ids: int, pooled: tuple[str, int], dense: int = 4804, world: int = 2) -> Counter:
+    """A steady step of the job's docstring: the KJT splits (3W int64: 48 B at W = 2), lengths and ids
+    all-to-alls and the pooled embeddings' collective forward; the pooled gradient's (1,536 B) and DDP's one
+    bucket backward."""
     backward = "all_gather" if pooled[0] == "reduce_scatter" else "all_to_all"
-    return Counter({("all_to_all", "forward", "int64", 48): 1, ("all_to_all", "forward", "int32", lengths): 1,
+    return Counter({("all_to_all", "forward", "int64", 24 * world): 1, ("all_to_all", "forward", "int32", lengths): 1,
                     ("all_to_all", "forward", "int64", ids): 1, (pooled[0], "forward", "float32", pooled[1]): 1,
                     (backward, "backward", "float32", 1536): 1, ("all_reduce", "backward", "float32", dense): 1})
 
@@ -76,8 +77,8 @@ def test_column_wise_fake_world_equals_gloo(tmp_path):
 def test_row_wise_on_the_cpu_path_steady_step_by_hand(tmp_path):
     """row_wise on 2 gloo ranks, named by the plan (TorchRec offers it for compute device cuda only): the ids
     bucketized by row block (lengths 192 B, ids 384 B), the partial sums reduce-scattered forward (3,072 B)
-    and their gradient all-gathered backward (1,536 B). Real gloo: in a fake world the first rank traced makes
-    up the uneven bucket counts its peers send it, on which fbgemm's KJT permute can corrupt the heap."""
+    and their gradient all-gathered backward (1,536 B). Real gloo: the fake world's (CUDA path) is the test
+    below."""
     proc, doc = trace_json(tmp_path / "rw", "--nproc-per-node", 2, [str(JOB), "--sharding", "row_wise", "--cpu"])
     assert proc.returncode == 0 and doc["outcome"] == "passed", proc.stderr[-3000:]
     for rank in (0, 1):
@@ -98,6 +99,31 @@ def test_row_wise_on_the_cuda_path_fake_world_equals_gloo_and_the_hand_count(tmp
     assert any("fbgemm's CUDA embedding tables" in n for n in doc["notes"]), doc["notes"]
     for rank in (0, 1):
         assert steady(doc, rank) == by_hand(192, 384, ("reduce_scatter", 3072))
+
+
+@pytest.mark.parametrize("world, sharding, steady_step", [
+    (2, "table_wise", by_hand(96, 384, ("all_to_all", 2048))),
+    (4, "row_wise", by_hand(384, 384, ("reduce_scatter", 6144), world=4))])
+def test_rank_0_alone_on_the_cuda_path_takes_its_own_chunks_for_its_peers(tmp_path, world, sharding, steady_step):
+    """Rank 0 alone on TorchRec's CUDA path: no peer is traced, so every chunk of the KJT all-to-alls its peers
+    send it is its own chunk to itself (`trace.fake.replay`), whose counts, lengths and ids agree. It used to
+    be the fake backend's: the counts of its chunk to that peer and the lengths of its chunk to rank 0 (torch
+    2.13 FakeProcessGroup.hpp ``alltoall_base``), and fbgemm's permute corrupted the heap (table-wise: SIGSEGV,
+    or SIGABRT "free(): invalid pointer") or its bounds check aborted (row-wise at 4: "last element in offsets:
+    55, indices size: 53"). Its steady step is the docstring's hand count (row-wise at W = 4: splits 3W int64,
+    96 B; lengths W x 3B int32, 384 B; ids 6B int64, 384 B; the reduce-scatter's (W B, 48) fp32, 6,144 B);
+    table-wise, what rank 1 sends it is what rank 1 would: f0's and f2's 16 lengths and 8 x (1 + 3) = 32 ids
+    (assumed, and named)."""
+    proc, doc = trace_json(tmp_path / sharding, "--fake-world", world, "--ranks", 0,
+                           [str(JOB), "--sharding", sharding])
+    assert proc.returncode == 0 and doc["outcome"] == "passed", proc.stderr[-3000:]
+    assert steady(doc, 0) == steady_step
+    if sharding == "table_wise":
+        (rank0,) = [r for r in doc["per_rank"] if r["rank"] == 0]
+        lengths, ids = [e for e in rank0["steps"][3]["events"] if e["op"] == "all_to_all"][1:3]
+        assert (lengths["output_splits"], ids["output_splits"]) == ([16, 16], [32, 32])
+        assert "output_splits" in lengths["assumed"] and "output_splits" in ids["assumed"]
+    assert any("rank 0: all_to_all on default_pg" in n and "not traced before it" in n for n in doc["notes"])
 
 
 @pytest.fixture

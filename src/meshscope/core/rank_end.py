@@ -137,9 +137,15 @@ class RankEnd:
     """A fake world's object collectives that got a stand-in for a rank not traced before (``trace.fake.objects``):
     the sizes of the calls they issued are assumed."""
     unheard: tuple[str, ...] = ()
-    """The records (paths under the run directory, ``*`` for any rank) a fake world's rank looked for in a P2P
-    object message and did not find (``trace.fake.objects``): a rank that then failed is traced again once
-    one of them has been written (``trace.fake.world``)."""
+    """The records (paths under the run directory, ``*`` for any rank) of P2P messages a fake world's rank
+    received and did not find: an object message's (``trace.fake.objects``), or a tensor message's of
+    integers, for which it took a stand-in (``trace.fake.replay``: what it sent its peer the other way, else
+    zeros). A rank that then failed is traced again once one of them has been written (``trace.fake.world``)."""
+    made_up: str = ""
+    """A fake world's rank: the first receive of integers (a size, a count) whose sender's values were not
+    known, so the fake world made them up (``trace.fake.replay``: zeros, or the rank's own), in words:
+    ``recv on default_pg [0-1] at step 0 (rank 0 not traced before it): it held zeros``. A failure after it
+    may be the fake world's, not the script's (``doctor.blame``)."""
     events: int = 0
     optimizer_steps: int = 0
     groups: tuple[GroupUse, ...] = ()

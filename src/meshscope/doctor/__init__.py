@@ -18,7 +18,8 @@ Diagnoses:
   script-error    a rank's script raised (or exited non-zero) outside any collective    (`ends`)
   meshscope-error meshscope's own code failed in the rank (its frame named): a bug to report (`blame`)
   fake-world-gap  a fake world's rank failed on CUDA-only work it has no mapping for (a CPU build's
-                  "Torch not compiled with CUDA enabled", a missing ``torch._C._cuda_*``) (`blame`)
+                  "Torch not compiled with CUDA enabled", a missing ``torch._C._cuda_*``), or after a
+                  receive of integers it made up, its sender not traced before it (`blame`)
   group-order     ranks created process groups in different orders                  (`collective`)
   group-members   ranks created a group with different members (or sizes)             (`collective`)
   missing         some ranks never issued collective #k of a group the others wait in (`collective`)

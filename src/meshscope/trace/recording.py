@@ -86,6 +86,9 @@ class RankTrace:
         self.assume = lambda index, group, op, ins, outs, t: ()
         """(the call's index in issue order, group name, op, input splits, output splits, issue time) -> the
         event's assumed fields (a fake world's: `fake.mode.FakeMode.assumed`)."""
+        self.last_words = dict
+        """() -> the mode's `RankEnd` fields for a rank dying of a signal in native code (`_fatal`), asked on the
+        flusher's thread (a fake world's: the receive it made values up in)."""
         if recorder == "native":
             try:
                 self.native = native.NativeRecorder(native.build(log=self._log), context)
@@ -326,7 +329,8 @@ class RankTrace:
         try:
             self.flush(then=[json.dumps({"t": time.time(), "kind": "mark", "text": _killed(number), "step": None})])
             self.run_dir.write_end(self._killed_end(number, steps=self.context.step, events=len(self.calls),
-                                                    optimizer_steps=self.context.optimizers_seen))
+                                                    optimizer_steps=self.context.optimizers_seen,
+                                                    **self.last_words()))
         finally:
             os.write(self._answer_w, b"\1")
 

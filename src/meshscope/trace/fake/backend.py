@@ -314,7 +314,7 @@ def _carrying():
     return Carrying()
 
 
-def assumed(op: str, input_splits, output_splits) -> tuple[str, ...]:
+def assumed(op: str, input_splits, output_splits, passed: bool = False) -> tuple[str, ...]:
     """What a fake world's rank cannot know of one call, by the fields that hold it.
 
     What an all-to-all receives is what its peers send: the fake backend hands back this rank's own
@@ -322,10 +322,11 @@ def assumed(op: str, input_splits, output_splits) -> tuple[str, ...]:
     are assumed too: a rank computes them from counts it received earlier (a MoE combine sends back
     what its dispatch received), and the ledger cannot tell them from splits it chose itself (a
     dispatch's routing), so neither is presented as known. Even input splits are the even split of
-    the tensor the script allocated and are kept.
+    the tensor the script allocated and are kept, unless the caller knows the script `passed` them:
+    counts a rank received as its own for every peer's are even (`replay.Call.put`).
     """
     if op != "all_to_all":
         return ()
-    if input_splits and len(set(input_splits)) > 1:
+    if passed or input_splits and len(set(input_splits)) > 1:
         return ("input_splits", "output_splits", "bytes_in", "bytes_out")
     return ("output_splits", "bytes_out")

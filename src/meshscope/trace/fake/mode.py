@@ -14,7 +14,8 @@ answer, `values.value_read`, reported for its first cause; a pipeline that excha
 CUDA type check; an attention DTensor cannot shard on the CPU); `record` adds what it mapped and
 patched, what the rank wrote in its own layer of files (`files`, taken by the fork server), the
 stand-in GPU's answers and, under ``--fake-tensors``, the value reads it answered (`values.reads`), and
-writes the calls it kept its own integers in (`replay.StandIn`).
+writes the calls it kept its own integers in (`replay.StandIn`), naming the first in its end (`RankEnd.made_up`,
+also where it dies of a signal: `last_words`).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ class FakeMode:
         # a FakeTensor holds nothing to send: --fake-tensors replays nothing
         replay.REPLAY.begin(self.run_dir, self.rank, trace.context, on=not self.options.fake_tensors)
         trace.assume = self.assumed
+        trace.last_words = lambda: {"made_up": replay.REPLAY.made_up()}  # dead in native code on it: fbgemm's crash
         if self.options.work:
             from ...capture.work import WorkCounter
 
@@ -117,5 +119,5 @@ class FakeMode:
         return {"mapped": tuple(mapped), "patched": tuple(self.patched),
                 "device": gpu.lookup(self.options.fake_device or gpu.DEFAULT) if devices.needed() else "",
                 "device_calls": tuple(gpu.answered), "answered": answered, "stood_in": len(objects.EXCHANGE.stood_in),
-                "unheard": tuple(sorted(objects.EXCHANGE.unheard)),
+                "unheard": tuple(sorted(objects.EXCHANGE.unheard)), "made_up": replay.REPLAY.made_up(),
                 **files.record()}

@@ -3,7 +3,9 @@
 (``issue()``: the fake backend returns at once) and writes into each part of its output what the member it
 comes from sent (``call.put``, ``call.reduce_into``), reading torch 2.13's signatures
 (distributed_c10d.py). Where the rank itself is the source of a part (a scatter's source, an all-to-all's
-own chunk), it gets its own input, as a real backend gives it."""
+own chunk, an all-gather's own slot), it gets its own input, as a real backend gives it, whatever the fake one
+wrote. Each part a member not known sends is handed with this rank's own part in its place (``own``), which
+stands in for it (`replay.Call.put`: else zeros)."""
 
 from __future__ import annotations
 
@@ -57,7 +59,7 @@ def _broadcast(call, issue, given):
         call.send([tensor])
         return issue()
     out = issue()
-    call.put(tensor, root)
+    call.put(tensor, root, own=tensor)  # the fake backend leaves it: its own tensor stands in
     return out
 
 
@@ -80,7 +82,10 @@ def _all_gather(call, issue, given):
     out = issue()
     for j, slot in enumerate(slots):
         if j != call.me:
-            call.put(slot, j)
+            call.put(slot, j, own=tensor)
+        elif slot.shape == tensor.shape:  # what a backend writes: not left to the fake one
+            with torch.no_grad():
+                slot.copy_(tensor)
     return out
 
 
@@ -92,7 +97,10 @@ def _all_gather_single(call, issue, given):
     if flat is not None and flat.numel() == k * call.n:
         for j in range(call.n):
             if j != call.me:
-                call.put(flat[j * k:(j + 1) * k], j)
+                call.put(flat[j * k:(j + 1) * k], j, own=inp)
+            else:  # what a backend writes: not left to the fake one
+                with torch.no_grad():
+                    flat[j * k:(j + 1) * k].copy_(inp.reshape(-1))
     return out
 
 
@@ -103,7 +111,7 @@ def _gather(call, issue, given):
     if call.me == call.root(given, "dst"):
         for j, slot in enumerate(given.get("gather_list") or ()):
             if j != call.me:
-                call.put(slot, j)
+                call.put(slot, j, own=tensor)
             elif slot.shape == tensor.shape:
                 with torch.no_grad():
                     slot.copy_(tensor)
@@ -165,7 +173,7 @@ def _all_to_all_single(call, issue, given):
     if parts is not None:
         for j, part in enumerate(parts):
             if j != call.me:
-                call.put(part, j, lambda data: data[call.me])
+                call.put(part, j, lambda data: data[call.me], own)
             elif part.shape == own.shape:
                 with torch.no_grad():
                     part.copy_(own)
@@ -179,7 +187,7 @@ def _all_to_all(call, issue, given):
     out = issue()
     for j, part in enumerate(outputs):
         if j != call.me:
-            call.put(part, j, lambda data: data[call.me])
+            call.put(part, j, lambda data: data[call.me], own)
         elif own is not None and part.shape == own.shape:
             with torch.no_grad():
                 part.copy_(own)

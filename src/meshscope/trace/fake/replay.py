@@ -2,11 +2,12 @@
 sent it sent, where that rank ran before it.
 
 The fake backend hands a rank back what it holds (torch 2.13's fake process group: a broadcast's receiver
-keeps its own tensor, an all-gather's slots and an all-to-all's chunks hold the rank's own input, a scatter's
-receiver and a receive get nothing). A value received that decides what comes next was then made up without
-a word: DeepSpeed 0.19.8's ZeRO-3 broadcasts rank 0's module-trace length at its first forward and every
-other rank compares its own, -1 (runtime/zero/utils.py, ``assert_lst_len_same_as_other_ranks``), so every
-rank but 0 failed as if the script were wrong; TorchRec 1.8.0's uneven KJT all-to-alls delivered counts
+keeps its own tensor, an all-gather's slots and an even all-to-all's chunks hold the rank's own input, an
+uneven all-to-all's chunk j its first rows, FakeProcessGroup.hpp ``alltoall_base``; a scatter's receiver and a
+receive get nothing, torch.empty's bytes). A value received that decides what comes next was then made up
+without a word: DeepSpeed 0.19.8's ZeRO-3 broadcasts rank 0's module-trace length at its first forward and
+every other rank compares its own, -1 (runtime/zero/utils.py, ``assert_lst_len_same_as_other_ranks``), so
+every rank but 0 failed as if the script were wrong; TorchRec 1.8.0's uneven KJT all-to-alls delivered counts
 that disagree with the indices, and fbgemm corrupted the heap.
 
 So, as `objects` does for object collectives, what a traced rank sends is put into what a later rank
@@ -26,26 +27,38 @@ receives:
   only marked so: a record is a file written by every traced rank per call, and an activation's or a
   gradient's values size nothing a trace holds; the counts, lengths, offsets and flags that do are small.
 
-What is not known stays the rank's own (the fake backend's; a receive's zeros, `objects.ZEROED`; in an
-integer reduction a member not known is taken to send what this rank sends): the sender was not traced
-before this rank (rank 0 runs first, so its sends reach every later rank; what later ranks send does not
-reach rank 0), or its record was itself sent after it kept its own integers (`Call.derived`). A P2P receive
-of integers from a sender with no record takes what this rank sent that peer in the message in its place the
-other way, where that was integers of its size (`Call.mirror`): a pipeline's backward mirrors its forward,
-so a stage traced before the next one gets its gradients' sizes from its activations'. Colossal-AI 0.5.0
-pickles each stage's metadata into a P2P message of its length, then one of its bytes, and unpickles what it
-receives (pipeline/p2p.py ``_send_recv_serialization_object``): at tp 2 x pp 2 its rank 0 unpickled zeros
-for its gradients' metadata, rank 3 beside it zeros for its inputs', both failed (``EOFError``) and the
-trace stopped there. Where there is no such message (a stage's first receive from the stage before it), the
-receive holds zeros, and a rank that then fails is named with that call (`stood_in.UNFILLED`). Where that
-payload is integers or booleans, which can size a later call, the call is noted (`stood_in.StandIn`, read by
-`world` into the result's note), and what it may have sized is marked assumed (`Replay.assumed`): the sizes
-of the calls the function that received it issues after it while it runs (the rule of `values.Reads` for a
-value read without data), and every later all-to-all's splits (they are passed down from far above). A
-floating-point payload's stand-in is not noted: it sizes nothing. A rank that failed on what it made up, got
-it from a sender traced again since, or got a P2P message's from a rank that ended after it, is traced once
-more after its senders (`world.retrace`: TorchRec's rank 0, traced first, crashed in fbgemm on the counts it
-made up; each stage of a pipeline hears from the others in a second run).
+What is not known is stood in for, never left as the fake backend left it (`Call.put`): the sender was not
+traced before this rank (rank 0 runs first, so its sends reach every later rank; what later ranks send does
+not reach rank 0), or its record was itself sent after it kept its own integers (`Call.derived`). A
+collective's part takes the rank's own part in its place, where it is of the part's size: an all-to-all's
+chunk to itself, an all-gather's or a gather's input; a broadcast's receiver keeps its tensor; in an integer
+reduction a member not known is taken to send what this rank sends. Else it holds zeros (a scatter's receiver
+has no part of its own). Where ranks are alike, the own chunk is what a peer sends: TorchRec 1.8.0's KJT
+all-to-alls send each rank its own tables' features, so the counts, the lengths and the ids it takes for a
+peer's agree, as fbgemm's permute and bounds check need. The fake backend's did not (the counts of its chunk
+to that peer, the lengths of its first chunk): table-wise at 2, rank 0 corrupted the heap in fbgemm's
+``permute_2D_sparse_data`` (SIGSEGV, or SIGABRT ``free(): invalid pointer`` leaving no record); row-wise at 4,
+fbgemm's bounds check aborted ("last element in offsets: 55, indices size: 53").
+
+A P2P receive of integers from a sender with no record takes what this rank sent that peer in the message in
+its place the other way, where that was integers of its size (`Call.mirror`): a pipeline's backward mirrors
+its forward, so a stage traced before the next one gets its gradients' sizes from its activations'.
+Colossal-AI 0.5.0 pickles each stage's metadata into a P2P message of its length, then one of its bytes, and
+unpickles what it receives (pipeline/p2p.py ``_send_recv_serialization_object``): at tp 2 x pp 2 its rank 0
+unpickled zeros for its gradients' metadata, rank 3 beside it zeros for its inputs', both failed
+(``EOFError``) and the trace stopped there. Where there is no such message (a stage's first receive from the
+stage before it), the receive holds zeros (a job's floating-point receive too, `objects.ZEROED`: torch.empty's
+bytes can be NaN). A rank that fails after a receive of integers that held zeros (a P2P message's, or a
+collective's part) is named with that call (`stood_in.UNFILLED`).
+
+Where a stand-in's payload is integers or booleans, which can size a later call, the call is noted
+(`stood_in.StandIn`, read by `world` into the result's note), and what it may have sized is marked assumed
+(`Replay.assumed`): the sizes of the calls the function that received it issues after it while it runs (the
+rule of `values.Reads` for a value read without data), and every later all-to-all's splits (they are passed
+down from far above). A floating-point payload's stand-in is not noted: it sizes nothing. A rank that failed
+on what it made up, got it from a sender traced again since, or got a P2P message's from a rank that ended
+after it, is traced once more after its senders (`world.retrace`: each stage of a pipeline hears from the
+others in a second run); so is a rank killed in native code after it kept its own, which leaves no record.
 
 Not replayed: torch's functional collectives (DTensor's, compiled graphs', ``_functional_collectives``) and
 the calls C++ issues itself (FSDP2's gathers, DDP's rebuild broadcasts: their sizes are the parameters'; a
@@ -120,6 +133,8 @@ class Replay:
         """Calls one of those issued directly after: their sizes are assumed."""
         self.exchanged = _Windows()
         """All-to-alls that went through `receives.HANDLERS` (a functional one does not)."""
+        self.split = _Windows()
+        """Those of them the script passed input splits to (`assumed`)."""
         self.tainted = math.inf
         """When this rank first kept its own integers for a peer's (perf_counter)."""
         self.unreplayed = math.inf
@@ -150,6 +165,8 @@ class Replay:
             self.derived.add(group.group_name, t0, t1)
         if op == "all_to_all":
             self.exchanged.add(group.group_name, t0, t1)
+            if given.get("input_split_sizes"):
+                self.split.add(group.group_name, t0, t1)
         if call.missing:
             self._stood(call, t0, caller)
         return out
@@ -184,18 +201,28 @@ class Replay:
     def assumed(self, group: str, op: str, input_splits, output_splits, t: float) -> tuple[str, ...]:
         """The fields of the call issued at `t` on `group` that a stand-in may have sized (module doc): an
         all-to-all's by `backend.assumed` unless it was replayed before this rank kept its own integers for
-        a peer's (or an all-to-all went by unreplayed); the sizes of a call a function issued after it kept
-        its own. Asked in issue order (`RankTrace.ledger`)."""
+        a peer's (or an all-to-all went by unreplayed), and its input splits where the script passed them,
+        even ones; the sizes of a call a function issued after it kept its own. Asked in issue order
+        (`RankTrace.ledger`)."""
         fields: tuple[str, ...] = ()
         if op == "all_to_all":
             through = self.on and self.exchanged.holds(group, t)
             if self.on and not through:
                 self.unreplayed = min(self.unreplayed, t)
             if not through or t >= min(self.tainted, self.unreplayed):
-                fields = backend.assumed(op, input_splits, output_splits)
+                # even input splits the script passed may be what it received as its own for every peer's: a
+                # MoE combine sends back what its dispatch received ([14, 14] on tests/jobs/moe_a2a.py's rank 0)
+                fields = backend.assumed(op, input_splits, output_splits, through and self.split.holds(group, t))
         if self.derived.holds(group, t):
             fields = tuple(dict.fromkeys(fields + SIZES))
         return fields
+
+    def made_up(self) -> str:
+        """The first receive of integers this rank took a stand-in for, the first that held zeros where one
+        did (`RankEnd.made_up`); empty where none."""
+        if self.unfilled is not None:
+            return f"{self.unfilled.text({})}: it held zeros"
+        return f"{self.named[0].text({})}: it held the rank's own" if self.named else ""
 
     def write(self) -> None:
         """This rank's stand-ins, for `world`'s note and its tracing again (nothing when it kept none)."""
@@ -230,6 +257,13 @@ def _unpack(packed) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype).reshape(shape)
 
 
+def _shaped(value: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+    """`value` in `like`'s shape, where it is of `like`'s dtype and size; else None."""
+    if value is None or value.numel() != like.numel() or value.dtype != like.dtype:
+        return None
+    return value if value is like else value.reshape(like.shape)
+
+
 class Call:
     """One wrapped call: its name on the run directory, what it sends, and the senders it did not hear."""
 
@@ -241,7 +275,7 @@ class Call:
         self.reply: str | None = None
         """A P2P message's: the key of the message in the same place the other way (`mirror`)."""
         self.unfilled = False
-        """A receive of integers from an unknown sender that nothing stood in for: it holds zeros."""
+        """A receive of integers from an unknown sender that nothing stood in for: it holds zeros (`put`)."""
         self._heard: dict[int, tuple[list | None, str | None]] = {}
         self.missing: dict[int, str] = {}
         """Global rank -> why this rank kept its own integers for what it sent."""
@@ -297,23 +331,30 @@ class Call:
         if data is None:
             return None, why
         try:
-            value = pick(data)
+            value = _shaped(pick(data), like)
         except (IndexError, RuntimeError):
             value = None
-        if value is None or value.numel() != like.numel() or value.dtype != like.dtype:
+        if value is None:
             return None, "sent a tensor of another size"
-        return value.reshape(like.shape), why
+        return value, why
 
-    def put(self, dst: torch.Tensor, j: int, pick=lambda data: data[0]) -> None:
-        """`dst` (a view of the output) is what group rank `j` sent, where known; else it is the rank's own (for
-        a P2P receive of integers, what it sent `j` the other way: `mirror`)."""
+    def put(self, dst: torch.Tensor, j: int, pick=lambda data: data[0], own: torch.Tensor | None = None) -> None:
+        """`dst` (a view of the output) is what group rank `j` sent, where known; else a stand-in (module doc):
+        for a P2P receive of integers what this rank sent `j` the other way (`mirror`), for a collective's part
+        `own`, this rank's own part in its place (an all-to-all's chunk to itself, an all-gather's input; a
+        broadcast's receiver passes `dst`, and keeps it), where it is of `dst`'s dtype and size; else zeros."""
         value, why = self._value(j, pick, dst)
         if self.reply is not None:
             mirror = self.mirror(dst)
             if value is None and why in UNKNOWN and _counts(dst):
-                value, self.unfilled = mirror, mirror is None
-        if value is not None:
-            with torch.no_grad():  # an output may be a leaf that requires grad
+                value = mirror
+        elif value is None:
+            value = _shaped(own, dst)
+        self.unfilled = self.unfilled or value is None and why in UNKNOWN and _counts(dst)
+        with torch.no_grad():  # an output may be a leaf that requires grad
+            if value is None:  # not what the fake backend left: torch.empty's bytes, or a pattern of its own
+                dst.zero_()
+            elif value is not dst:
                 dst.copy_(value)
         self.miss(j, dst, why)
 
@@ -322,10 +363,7 @@ class Call:
         to it for the k-th from it), where that was integers of `like`'s dtype and size (module doc); asked
         once per receive, which drops it."""
         packed = REPLAY.p2p_sent.pop(self.reply, None)
-        value = _unpack(packed[0]) if packed is not None and len(packed) == 1 else None
-        if value is None or value.numel() != like.numel() or value.dtype != like.dtype:
-            return None
-        return value.reshape(like.shape)
+        return _shaped(_unpack(packed[0]) if packed is not None and len(packed) == 1 else None, like)
 
     def miss(self, j: int, like: torch.Tensor, why: str | None) -> None:
         if why is not None and _counts(like):

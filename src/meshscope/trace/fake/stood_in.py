@@ -1,7 +1,8 @@
 """The calls in which a fake world's rank kept its own integers where a peer's were not known (`replay`): one
 writer (the rank, at its end) and one reader (`world`, for the result's note), without torch (the trace's
-own process reads it). Apart from them, the first P2P receive of integers that nothing stood in for
-(`UNFILLED`): a rank that then failed is named with it, its failure likely that receive's, not the script's."""
+own process reads it). Apart from them, the first receive of integers that nothing stood in for, which held
+zeros (`UNFILLED`: a P2P message's, or a collective's part of another size than the rank's own): a rank that
+then failed is named with it, its failure likely that receive's, not the script's."""
 
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def _stand_in(doc: dict) -> StandIn:
 
 
 def unfilled(run_dir: RunDir, ranks) -> dict[int, StandIn]:
-    """Rank -> the P2P receive of integers it held zeros in, for those of `ranks` that had one."""
+    """Rank -> the receive of integers it held zeros in, for those of `ranks` that had one."""
     paths = {rank: run_dir.objects(rank) / UNFILLED for rank in ranks}
     return {rank: _stand_in(json.loads(path.read_text())) for rank, path in paths.items() if path.exists()}
 
@@ -96,8 +97,8 @@ def unfilled_note(failed: dict[int, StandIn], axes: dict[tuple[int, ...], str]) 
     said = "; ".join(call.text(axes) if len(failed) == 1 else f"rank {rank}: {call.text(axes)}"
                      for rank, call in sorted(failed.items()))
     return (f"fake backend: rank{'s' if len(failed) > 1 else ''} {rank_ranges(list(failed))} failed after a "
-            f"point-to-point receive of integers (a size, a count) that held zeros, its sender's message not being "
-            f"known: {said}; the error may be the fake world's, not the script's. A fake world replays what a rank "
+            f"receive of integers (a size, a count) that held zeros, what its sender sent not being known: "
+            f"{said}; the error may be the fake world's, not the script's. A fake world replays what a rank "
             f"traced before the receiver sent: trace rank{'s' if len(senders) > 1 else ''} {rank_ranges(senders)} "
             f"too (--ranks)")
 

@@ -97,7 +97,7 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
         if classes else "the ranks given" if options.chosen_ranks() is not None else
         "the first ranks only: they failed the same way, so the classes were not traced", patched, stand_in(ends))
     result = assemble(run_dir, account=failure, fake_world=section)
-    failed = [end.rank for end in ends if end.status == "error"]
+    failed = [end.rank for end in ends if end.status in FAILED]
     result.notes += fake_notes(result, stood_in.read(run_dir, traced), stood_in.unfilled(run_dir, failed))
     if again:
         result.notes.append(f"ranks {again} were traced again after the others: they failed after receiving values "
@@ -115,19 +115,25 @@ RETRACE_ROUNDS = 4
 (rank 0's stage 2 needs stage 1's shapes, which need stage 0's), so each round lets one more stage through."""
 
 
+FAILED = ("error", "missing")
+"""How a rank that `retrace` may take again for its failure ended: a rank killed in native code by what it made
+up may leave no record (fbgemm's heap corruption: SIGABRT, ``free(): invalid pointer``), only its stand-ins,
+written as they happen (`replay.Replay._stood`)."""
+
+
 def retrace(run_dir: RunDir, traced: list[int], again: Collection[int] = ()) -> list[int]:
     """The ranks of `traced` to trace once more, after all the others, so that they receive what was sent
-    (`objects`, `pipeline`, `replay`): those that failed after a P2P message they got a stand-in for, where a
-    record they looked for has been written since (`RankEnd.unheard`), or after they kept their own integers
-    for what a rank sent that ended after them (`stood_in.unsent`); those that passed but kept their own for
-    what a rank traced `again` in the last round sent (its first run was cut short, or sized what it sent by
-    a stand-in of its own); and those that passed but kept their own integers in a P2P receive from a rank
-    that ended after them. A pipeline's last stage runs beside rank 0, before any rank of the stage that
-    sends it its inputs' shapes, and rank 0 before every rank of the stage that sends it its gradients'
-    (Colossal-AI 0.5.0 pickles both into P2P messages, pipeline/p2p.py ``_send_recv_serialization_object``:
-    each rank of a pipeline gets what the others send only in a second run, `replay.Call.mirror`); rank 0 runs
-    before every rank whose counts it receives (TorchRec's KJT all-to-alls: fbgemm crashed on counts it made
-    up)."""
+    (`objects`, `pipeline`, `replay`): those that failed or left no record (`FAILED`) after a P2P message they
+    got a stand-in for, where a record they looked for has been written since (`RankEnd.unheard`), or after
+    they kept their own integers for what a rank sent that ended after them (`stood_in.unsent`); those that
+    passed but kept their own for what a rank traced `again` in the last round sent (its first run was cut
+    short, or sized what it sent by a stand-in of its own); and those that passed but kept their own integers
+    in a P2P receive from a rank that ended after them. A pipeline's last stage runs beside rank 0, before any
+    rank of the stage that sends it its inputs' shapes, and rank 0 before every rank of the stage that sends
+    it its gradients' (Colossal-AI 0.5.0 pickles both into P2P messages, pipeline/p2p.py
+    ``_send_recv_serialization_object``: each rank of a pipeline gets what the others send only in a second
+    run, `replay.Call.mirror`); rank 0 runs before every rank whose counts it receives (TorchRec's KJT
+    all-to-alls: fbgemm crashed on the counts the fake backend left it, `replay.Call.put`)."""
     ends = {r: run_dir.read_end(r) for r in traced}
     stood = stood_in.read(run_dir, traced)
 
@@ -136,7 +142,7 @@ def retrace(run_dir: RunDir, traced: list[int], again: Collection[int] = ()) -> 
         return any(s in ends and s in among and ends[s].time > ends[rank].time for s in senders)
 
     return [r for r, end in ends.items()
-            if end.status == "error" and (any(any(run_dir.path.glob(p)) for p in end.unheard) or later(r, ends))
+            if end.status in FAILED and (any(any(run_dir.path.glob(p)) for p in end.unheard) or later(r, ends))
             or end.ended and (later(r, again) or later(r, ends, P2P))]
 
 
