@@ -2,7 +2,8 @@
 compute model to a real kernel timeline (docs/forecast.md, "Compute on one H100").
 
 Run as a user would (``torchrun --nproc-per-node 1 benchmarks/forecast_llama_layers.py``): on a GPU it prints
-the median step time of the steps after the warm-up, timed with CUDA events around each whole step; on the CPU
+the median step time of the steps after the warm-up, timed with CUDA events around each whole step, and the most
+memory its tensors held (``torch.cuda.max_memory_allocated``); on the CPU
 (a fake world) it just runs. Shapes are Llama 3 8B's (dim 4096, 32 heads, 8 KV heads, FFN 14336, RMSNorm,
 rotary embeddings, SwiGLU), bf16 parameters and AdamW, causal SDPA; only the number of blocks is smaller, so
 the model fits one GPU with its optimizer state.
@@ -102,6 +103,7 @@ def main() -> None:
     if cuda and dist.get_rank() == 0:
         steady = times[3:]
         print(f"step_ms median {statistics.median(steady):.2f} min {min(steady):.2f} max {max(steady):.2f} "
+              f"peak_allocated_gib {torch.cuda.max_memory_allocated() / 2**30:.2f} "
               f"(steps 3-{args.steps - 1}; layers {args.layers}, batch {args.batch}, seq {args.seq}, "
               f"{torch.cuda.get_device_name()}, torch {torch.__version__})", flush=True)
     dist.destroy_process_group()

@@ -5,6 +5,8 @@ verdict same)."""
 
 from __future__ import annotations
 
+import pytest
+
 from .helpers import ROOT, fake_equals_real, skip_unless_installed, steady_calls, trace_json
 
 skip_unless_installed("deepspeed")
@@ -25,6 +27,7 @@ def test_zero_2_steady_step_and_its_step_is_the_optimizers(tmp_path):
     assert [r["steps"] for r in doc["ranks"]] == [4, 4]  # one boundary per engine.step(), through its Adam
 
 
+@pytest.mark.frameworks  # CI keeps ZeRO-2 on gloo and ZeRO-3 fake == gloo; this one is bench_frameworks.py's
 def test_zero_2_with_overlap_comm_fake_world_equals_gloo(tmp_path):
     """``overlap_comm: true`` (a common config) records each reduced bucket's stream on the CPU tensor that
     stands for a CUDA one (``Tensor.record_stream``, stage_1_and_2.py:1531): the fake world of 2 issues what

@@ -52,7 +52,8 @@ def steady_counts(doc: dict) -> dict[int, list[Counter]]:
             for r in doc["per_rank"]}
 
 
-@pytest.mark.parametrize("sp", [False, True], ids=["tp", "tp_sp"])
+# sequence parallel is the frameworks subset's (bench_frameworks.py): CI keeps one Megatron case, plain TP
+@pytest.mark.parametrize("sp", [False, pytest.param(True, marks=pytest.mark.frameworks)], ids=["tp", "tp_sp"])
 @pytest.mark.parametrize("release", [
     pytest.param("0.16.1", marks=only_with("megatron-core", "0.16.1")),
     pytest.param("0.19.2", marks=[only_with("megatron-core", "0.19.2"), pytest.mark.frameworks])])
