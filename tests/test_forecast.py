@@ -38,6 +38,7 @@ def test_a_step_holds_the_flops_of_its_layers_and_ddps_buckets(traced):
     assert doc["step_s"] == max(c["step_s"] for c in doc["classes"])
     assert doc["tokens_per_s_per_gpu"] == pytest.approx(4 * B / doc["step_s"] / 4)
     assert doc["cluster"]["name"] == "h100-sxm" and "counted FLOPs" in doc["compute_source"]
+    assert doc["figure"].endswith("figures/forecast-h100-sxm.png") and (traced[0] / "figures").is_dir()
 
 
 def test_the_same_trace_reads_again_on_another_cluster(traced):

@@ -14,7 +14,8 @@ from ..core.errors import UsageError
 def cmd_forecast(args) -> int:
     from ..forecast.inputs import read
     from ..forecast.step import forecast
-    from ..report.forecast import render
+    from ..core.rundir import RunDir
+    from ..report.forecast import plot, render
 
     cluster = _cluster(args)
     if args.tokens is not None and args.tokens < 1:
@@ -28,10 +29,12 @@ def cmd_forecast(args) -> int:
         if run_dir is None:
             return 1
     result = forecast(read(run_dir), cluster, tokens=args.tokens, tf32=args.tf32)
+    figure = plot(result, RunDir(run_dir).figures / f"forecast-{Path(cluster.name).stem}.png")
     if args.json:
-        print(json.dumps(result.to_json()))
+        print(json.dumps({**result.to_json(), "figure": figure}))
     else:
         render(result)
+        print(f"figure: {figure}")
     return 0
 
 

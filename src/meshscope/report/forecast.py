@@ -1,6 +1,9 @@
-"""``meshscope forecast`` on the terminal: the step, each rank class, each axis's exposed communication."""
+"""``meshscope forecast`` on the terminal (the step, each rank class, each axis's exposed communication) and its
+figure (``figures/forecast-<cluster>.png`` in the trace's directory)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from ..core.events import human_bytes
 from ..forecast.result import Forecast
@@ -32,3 +35,51 @@ def render(f: Forecast, console=None) -> None:
     console.print(f"compute: {f.compute_source}")
     for note in f.notes:
         console.print(f"note: {note}")
+
+
+def plot(f: Forecast, path: Path) -> str:
+    """Per rank class: the step as compute, each axis's exposed communication and the rest (waits on side streams),
+    with each axis's hidden part beside it; and the peak memory by the phase that made it, against the GPU's."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    classes = list(f.classes)
+    names = [f"rank {c.rank} ({c.ranks})" for c in classes]
+    axes_names = sorted({a.axis for c in classes for a in c.axes})
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 2.6 + 0.45 * len(classes)), layout="constrained")
+    y = range(len(classes))
+    start = [0.0] * len(classes)
+
+    def bar(values, label, hatch=None):
+        left.barh(y, values, left=start, label=label, hatch=hatch)
+        for i, v in enumerate(values):
+            start[i] += v
+
+    bar([c.compute_s * 1e3 for c in classes], "compute")
+    for axis in axes_names:
+        bar([sum(a.exposed_s for a in c.axes if a.axis == axis) * 1e3 for c in classes], f"{axis} exposed")
+    bar([c.waited_on_streams_s * 1e3 for c in classes], "waits on side streams")
+    for axis in axes_names:
+        bar([sum(a.seconds - a.exposed_s for a in c.axes if a.axis == axis) * 1e3 for c in classes],
+            f"{axis} hidden (beside the step)", hatch="//")
+    left.set_yticks(list(y), names)
+    left.set_xlabel("ms (hatched: communication that ran beside compute)")
+    left.set_title(f"step on {f.cluster['name']}: {f.step_s * 1e3:.1f} ms")
+    left.legend(fontsize="small", loc="upper left", bbox_to_anchor=(0, -0.2), ncol=2, frameon=False)
+    phases = sorted({p for c in classes for p in c.peak_at.get("by_phase", {})})
+    start = [0.0] * len(classes)
+    for phase in phases:
+        values = [c.peak_at.get("by_phase", {}).get(phase, 0) / 2**30 for c in classes]
+        right.barh(y, values, left=start, label=f"made in {phase}")
+        start = [s + v for s, v in zip(start, values)]
+    right.axvline(f.cluster["gpu"]["hbm_bytes"] / 2**30, color="black", linestyle="--", label="GPU memory")
+    right.set_yticks(list(y), names)
+    right.set_xlabel("GiB at the peak")
+    right.set_title("peak tensor memory per rank class")
+    right.legend(fontsize="small", loc="upper left", bbox_to_anchor=(0, -0.2), ncol=3, frameon=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
