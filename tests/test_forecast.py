@@ -101,3 +101,22 @@ def test_fsdp2s_collectives_are_issued_on_its_own_streams(tmp_path):
     assert proc.returncode == 0, proc.stderr
     (axis,) = json.loads(proc.stdout)["classes"][0]["axes"]
     assert axis["exposed_s"] < axis["seconds"]  # some of it runs beside compute
+
+
+def test_a_moe_whose_routing_sizes_its_calls_is_forecast_with_real_tensors(tmp_path):
+    """tests/jobs/moe_a2a.py at world 4 (one Linear(16, 16) expert per rank; every rank sends [14, 2, 2, 2]
+    tokens, so expert 0 gets 56 and the others 8: the job's docstring): its routing counts tokens with
+    ``bincount``, which fake tensors cannot, so ``--real-tensors``; each class's FLOPs are its expert's forward,
+    input gradient and weight gradient at the tokens it received, 3 x 2 x tokens x 16 x 16."""
+    proc = cli_here("forecast", "--fake-world", 4, "--real-tensors", "--cluster", "h100-sxm", "--out", tmp_path / "t",
+                    "--json", "--", "tests/jobs/moe_a2a.py", "--steps", 5)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    flops = {c["ranks"]: c["flops"] for c in doc["classes"]}
+    assert flops == {1: {"float32": 3 * 2 * 56 * 16 * 16}, 3: {"float32": 3 * 2 * 8 * 16 * 16}}
+    for cls in doc["classes"]:
+        (axis,) = cls["axes"]
+        assert axis["calls"] == 5  # counts, dispatch, combine, and the two backward all-to-alls
+    proc = cli_here("forecast", "--fake-world", 4, "--real-tensors", "--fake-tensors", "--cluster", "h100-sxm",
+                    "--", "tests/jobs/moe_a2a.py")
+    assert proc.returncode == 2 and "--real-tensors" in proc.stderr and proc.stderr.count("\n") == 1

@@ -361,3 +361,36 @@ class WorkCounter:
             self._live_bytes -= size
             self._by_phase[made] -= size
             self._pending.pop(key, None)
+
+
+class CountingMode:
+    """`WorkCounter` for a rank whose tensors hold data (a fake world without ``--fake-tensors``: value-dependent
+    routing, MoE): a dispatch mode that counts every aten op as `ModeRecorder` does under fake tensors, while the
+    dispatcher's recorder (`Recorder`, the Python kernel: its calls are numbered in Python) records the calls
+    below it. A c10d op is the call or calls `issued_so_far()` grew by while it ran. Built on first use, so that
+    this module imports no dispatch-mode machinery where nothing counts."""
+
+    def __new__(cls, counter: WorkCounter, issued_so_far):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        class Counting(TorchDispatchMode):
+            supports_higher_order_operators = True
+
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                if any(t not in (torch.Tensor, torch.nn.Parameter) for t in types):
+                    return NotImplemented  # a subclass (DTensor) desugars first; its ops come back here
+                if func.namespace.startswith("c10d") or func.namespace.startswith("_c10d_functional"):
+                    before = issued_so_far()
+                    out = func(*args, **(kwargs or {}))
+                    issued = range(before, issued_so_far())
+                    name = func._schema.name.split("::", 1)[1]
+                    for call in issued:
+                        counter.issued(call, name, args, out)
+                    if not issued:  # wait_tensor: where the job needs a functional collective's result
+                        counter.op(func, args, kwargs, out)
+                    return out
+                out = func(*args, **(kwargs or {}))
+                counter.op(func, args, kwargs, out)
+                return out
+
+        return Counting()

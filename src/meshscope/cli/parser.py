@@ -148,6 +148,9 @@ def build_parser() -> argparse.ArgumentParser:
     fc.add_argument("--tokens", type=int, default=None,
                     help="tokens the whole job trains on per step (global batch x sequence): gives tokens/s per GPU")
     fc.add_argument("--tf32", action="store_true", help="fp32 matmuls run as TF32 (the job allows it)")
+    fc.add_argument("--real-tensors", action="store_true",
+                    help="trace with tensors that hold data (routing that sizes calls from values, MoE): slower, and "
+                         "each traced rank's model must fit this machine (default: fake tensors)")
     fc.add_argument("--from-trace", type=Path, default=None, metavar="DIR",
                     help="forecast a trace already made with --fake-world N --fake-tensors --work")
     fc.add_argument("--out", type=Path, default=None, help="run directory of the trace (default traces/<script>-<time>)")

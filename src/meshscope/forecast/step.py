@@ -59,7 +59,7 @@ def forecast(job: TracedJob, cluster: ClusterSpec, tokens: int | None = None, tf
     if peak.peak_bytes > cluster.gpu.hbm_bytes:
         notes.append(f"rank {peak.rank}'s class holds {human_bytes(peak.peak_bytes)} of tensors at its peak, more "
                      f"than the {human_bytes(cluster.gpu.hbm_bytes)} of a {cluster.gpu.name}: it would run out of memory")
-    source = (f"counted FLOPs and bytes of the fake tensors' ops (torch's FlopCounterMode formulas), by the roofline "
+    source = (f"counted FLOPs and bytes of the traced ranks' ops (torch's FlopCounterMode formulas), by the roofline "
               f"of a {cluster.gpu.name}: matmuls at {cluster.gpu.matmul_efficiency:.0%} of peak"
               f"{' (fp32 as TF32)' if tf32 else ''}, other ops at {cluster.gpu.memory_efficiency:.0%} of HBM bandwidth")
     return Forecast(str(job.run_dir), cluster.to_json(), job.world, job.step, critical.step_s, critical.rank,

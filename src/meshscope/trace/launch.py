@@ -58,8 +58,9 @@ class TraceOptions:
     """With ``fake_world``: run the script under FakeTensorMode, its tensors shapes without data (no
     memory, no arithmetic; `trace.fake.tensors` says what it supports)."""
     work: bool = False
-    """With ``fake_tensors``: each rank counts its ops' FLOPs and bytes between its calls and the memory it
-    holds, into ``work/rank<R>.json`` (`capture.work`; what ``meshscope forecast`` reads)."""
+    """With ``fake_world``: each rank counts its ops' FLOPs and bytes between its calls and the memory it
+    holds, into ``work/rank<R>.json`` (`capture.work`; what ``meshscope forecast`` reads); with real tensors,
+    through the Python kernel recorder."""
     fake_device: str | None = None
     """With ``fake_world``: the stand-in GPU (a `trace.fake.gpu.GPUS` name) that torch.cuda's device and memory
     queries answer as where CUDA is mapped to the CPU; None: `trace.fake.gpu.DEFAULT`."""
@@ -122,9 +123,8 @@ class TraceOptions:
             self.chosen_ranks()
         elif self.fake_tensors:
             raise UsageError("--fake-tensors needs --fake-world N: a real job's tensors hold its data")
-        if self.work and not self.fake_tensors:
-            raise UsageError("--work needs --fake-world N --fake-tensors: the ops are counted as fake tensors pass "
-                             "them, without running them")
+        if self.work and self.fake_world is None:
+            raise UsageError("--work needs --fake-world N: the ops are counted as a fake world's ranks run them")
         if self.fake_device is not None:
             if self.fake_world is None:
                 raise UsageError(f"--fake-device needs --fake-world N: a real job asks its own GPU ({_gpu_names()})")
@@ -153,7 +153,9 @@ class TraceOptions:
         """What every rank is told (`trace.options.RankOptions`)."""
         return RankOptions(run_dir=run_dir, target=self.target, steps=self.steps, timeout=self.timeout,
                            step_optimizer=self.step_optimizer, fake=bool(self.fake_world),
-                           fake_tensors=self.fake_tensors, work=self.work, cheap=self.cheap, recorder=self.recorder,
+                           fake_tensors=self.fake_tensors, work=self.work, cheap=self.cheap,
+                           # real tensors' work is counted above the Python kernel, whose calls it numbers
+                           recorder="python" if self.work and not self.fake_tensors else self.recorder,
                            flight_recorder=self.flight_recorder,
                            fake_device=(gpu.lookup(self.fake_device or gpu.DEFAULT) if self.fake_world else ""))
 
@@ -196,8 +198,8 @@ def add_trace_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", default="auto",
                    help="with --fake-world: auto (one rank per class, the default) or a comma list such as 0,7,1023")
     p.add_argument("--work", action="store_true",
-                   help="with --fake-world N --fake-tensors: count each op's FLOPs and bytes between the calls and "
-                        "the memory each rank holds, into RUN_DIR/work/ (what meshscope forecast reads)")
+                   help="with --fake-world N: count each op's FLOPs and bytes between the calls and the memory each "
+                        "rank holds, into RUN_DIR/work/ (what meshscope forecast reads)")
 
 
 def options_of(args: argparse.Namespace, target, out: Path | None = None) -> TraceOptions:
@@ -214,7 +216,7 @@ def options_of(args: argparse.Namespace, target, out: Path | None = None) -> Tra
 def ready_recorder(options: TraceOptions, echo=None) -> TraceOptions:
     """Build the C++ recorder before any rank starts (a rank only loads it), or fall back to the
     Python kernel, saying why. Not with fake tensors: their calls are recorded by a dispatch mode."""
-    if options.recorder != "native" or options.fake_tensors:
+    if options.recorder != "native" or options.fake_tensors or options.work:
         return options
     from ..capture.native_build import NativeUnavailable, ensure  # torch only if it must be compiled
 

@@ -38,7 +38,7 @@ class RankOptions:
     fake_tensors: bool = False
     """With `fake`: the script's tensors without data (`trace.fake.tensors`)."""
     work: bool = False
-    """With `fake_tensors`: count every op's FLOPs and bytes and the memory held (`capture.work`)."""
+    """With `fake`: count every op's FLOPs and bytes and the memory held (`capture.work`)."""
     fake_device: str = ""
     """With `fake`: the stand-in GPU torch.cuda's device queries answer as (a `trace.fake.gpu.GPUS` name)."""
     cheap: bool = False

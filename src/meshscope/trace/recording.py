@@ -101,6 +101,8 @@ class RankTrace:
         self.raw: list[tuple] = []
         self.completed: list[tuple[int, float]] = []
         """(call id, t) from the Python kernel's completion callbacks (the C++ recorder keeps its own)."""
+        self.issued = 0
+        """Calls recorded so far (`sink`'s)."""
         self._ids = itertools.count()
         self._by_id: dict[int, int] = {}  # call id -> index in `calls`, until it completed
         self._early: dict[int, float] = {}  # completions drained before their call's record
@@ -151,6 +153,7 @@ class RankTrace:
     def sink(self, op, group, dtype, b_in, b_out, peer, ins, outs) -> int:
         ctx = self.context
         call_id = next(self._ids)
+        self.issued = call_id + 1
         self.raw.append((op, group, dtype, b_in, b_out, peer, ins, outs, ctx.phase(), ctx.region(), ctx.step,
                          time.perf_counter(), call_id))
         return call_id

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import traceback
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, ExitStack
 
 from ...core.rundir import RunDir
 from .. import script_frames
@@ -81,7 +81,16 @@ class FakeMode:
         return fields
 
     def recording(self, trace: RankTrace) -> AbstractContextManager:
-        return tensors.shapes_only(trace.sink, self.work) if self.options.fake_tensors else trace.recording()
+        if self.options.fake_tensors:
+            return tensors.shapes_only(trace.sink, self.work)
+        if self.work is not None:  # counted above the dispatcher's recorder (`capture.work.CountingMode`)
+            from ...capture.work import CountingMode
+
+            stack = ExitStack()
+            stack.enter_context(trace.recording())
+            stack.enter_context(CountingMode(self.work, lambda: trace.issued))
+            return stack
+        return trace.recording()
 
     def explain(self, exc: BaseException) -> Explained:
         read = None

@@ -280,7 +280,7 @@ PATCHES = (
           "a fake world's CUDA mesh is a CPU mesh, so FSDP2 orders its copy-in, all-gather and reduce-scatter "
           "streams with torch.cpu's, which do nothing (record_event returns None); --work's forecast needs those "
           "orders (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_init.py _get_device_from_mesh, torch/cpu/__init__.py)",
-          "2.13", FAKE_TENSORS, cuda_api.cpu_streams_watched),
+          "2.13", FAKE_WORLD, cuda_api.cpu_streams_watched),
     Patch("DTensor's sharding propagation is not the job's work",
           ("torch.distributed.tensor._sharding_prop.ShardingPropagator._propagate_tensor_meta_non_cached",),
           "it runs each new op again at its global shape, in the fake mode it finds: on a GPU that is its own, in "
