@@ -105,3 +105,23 @@ def test_a_wait_whose_partner_never_issues_is_timed_alone_and_counted():
                      compute_s=lambda item: 0.0, call_s=lambda e: 1.0)
     out = sim.run()
     assert out[0].end_s == 1.0 and sim.unmatched == {(0, 0), (1, 0)}
+
+
+def test_sends_to_one_peer_in_one_batch_run_one_after_another():
+    # two 1-s sends to rank 1 in one batch share the link to it: 2 s, not 1
+    pp = [0, 1]
+    ledgers = {0: [_event(0, 0, "send", pp, "pp", peer=1), _event(0, 1, "send", pp, "pp", peer=1)],
+               1: [_event(1, 0, "recv", pp, "pp", peer=0), _event(1, 1, "recv", pp, "pp", peer=0)]}
+    programs = {0: [["i", 0, 0], ["i", 1, 0]], 1: [["i", 0, 0], ["i", 1, 0], ["w", 0, 0], ["w", 1, 0]]}
+    out = _sim(programs, ledgers)
+    assert out[0].end_s == out[1].end_s == 2.0
+
+
+def test_a_collective_starts_on_every_member_at_once():
+    # rank 0's first call (an uneven all-to-all) takes 3 s, rank 1's side of it 1 s; the second call waits for
+    # both members' streams: it runs 3-4 s on both ranks
+    group = [0, 1]
+    ledgers = {r: [_event(r, 0, "all_to_all", group), _event(r, 1, "all_reduce", group)] for r in (0, 1)}
+    programs = {r: [["i", 0, 0], ["i", 1, 0], ["w", 1, 0]] for r in (0, 1)}
+    out = _sim(programs, ledgers, seconds={(0, 0): 3.0, (1, 0): 1.0, (0, 1): 1.0, (1, 1): 1.0})
+    assert [(out[r].calls[1].start, out[r].calls[1].end) for r in (0, 1)] == [(3.0, 4.0), (3.0, 4.0)]

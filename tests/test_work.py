@@ -83,3 +83,34 @@ def test_the_peak_holds_parameters_gradients_and_a_steps_activations(fake_pg):
     assert 2 * params <= log.peak_bytes <= 2 * params + activations + 4 * (B * H + B * O)
     # made outside any module's forward: the model, and each step's input and loss (a few bytes)
     assert 0 <= log.peak_at["by_phase"]["other"] - params - 4 * B * D < 64
+
+
+def test_what_an_op_writes_in_place_is_read_from_its_schema():
+    """A coalesced all-reduce returns only a Work (Megatron's DDP buckets): the tensors it writes come from its
+    schema (``Tensor(a!)[] tensors``); a foreach op returns nothing, and still writes its list."""
+    from meshscope.capture.work import _written
+
+    assert _written(torch.ops.c10d.allreduce_coalesced_.default) == (0,)
+    assert _written(torch.ops.c10d.alltoall_base_.default) == (0,)
+    assert _written(torch.ops.aten._foreach_add_.Scalar) == (0,)
+    assert _written(torch.ops.aten.add.Tensor) == () and _written(torch.ops.c10d.send.default) == ()
+
+
+def test_a_foreach_update_counts_what_it_reads_and_writes_and_a_sparse_tensor_counts_its_parts():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class Context:
+        step, phase, region = 0, staticmethod(lambda: "optimizer"), staticmethod(lambda: "")
+
+    counter = WorkCounter(0, Context())
+    with FakeTensorMode(), ModeRecorder(lambda *call: 0, None, counter):
+        params = [torch.zeros(256) for _ in range(4)]  # 1 KiB each
+        counter._close()
+        counter.log.items.clear()
+        torch._foreach_add_(params, 1.0)
+    (segment,) = [item for item in counter.finish().items if item[0] == "c"]
+    assert segment[4] == 2 * 4 * 1024  # read and written
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.tensor([1.0, 2.0]), (4,), check_invariants=True)
+    from meshscope.capture.work import _tensors
+
+    assert sum(t.nbytes for t in _tensors(sparse)) == 2 * 8 + 2 * 4  # int64 indices, float32 values

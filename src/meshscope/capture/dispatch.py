@@ -382,7 +382,7 @@ class ModeRecorder(TorchDispatchMode):
                 _tls.busy = False
             if self.work is not None:
                 if issued is not None:
-                    self.work.issued(issued, name, args, out)
+                    self.work.issued(issued, func, args, out)
                 else:  # wait_tensor: where the job needs a functional collective's result
                     self.work.op(func, args, kwargs, out)
             return out

@@ -19,7 +19,7 @@ A ``--fake-tensors`` rank runs every aten op of its job through one dispatch mod
   torch's ``StorageWeakRef``, every `POLL_OPS` ops and at each call), with the phase it was made in; the
   peak, and where it was (step, phase, module), is the rank's peak memory.
 
-The log is a flat list of items in program order (`Item`); `WorkLog` is what a rank writes to
+The log is a flat list of items in program order (`WorkLog.items`); `WorkLog` is what a rank writes to
 ``work/rank<R>.json`` and ``forecast`` reads.
 """
 
@@ -107,16 +107,38 @@ def _halved_if_causal(formula, position: int):
 
 
 def _tensors(value):
-    """The tensors of an op's argument or result, one level into lists (cat, foreach ops, c10d's lists)."""
+    """The strided tensors of an op's argument or result, into lists at any depth (cat, foreach ops, c10d's lists
+    of lists). A sparse tensor's own storages are its indices' and values'."""
     if isinstance(value, torch.Tensor):
-        yield value
+        if value.layout == torch.strided:
+            yield value
+        elif value.layout == torch.sparse_coo:
+            yield value._indices()
+            yield value._values()
     elif isinstance(value, (list, tuple)):
         for v in value:
-            if isinstance(v, torch.Tensor):
-                yield v
-            elif isinstance(v, (list, tuple)):
-                yield from (t for t in v if isinstance(t, torch.Tensor))
+            yield from _tensors(v)
 
+
+def _written(func) -> tuple[int, ...]:
+    """Positions of the arguments `func` writes in place: an aten op's ``Tensor(a!)`` (an in-place op's self, a
+    foreach op's lists); a c10d op's first argument, its output (``allreduce_coalesced_``, ``gather_``,
+    ``recv_``: torch 2.13's c10d schemas mark no aliasing, and several return only a Work), but a send's and
+    a barrier's, which it reads."""
+    found = _WRITTEN.get(func)
+    if found is None:
+        if func.namespace == "c10d":
+            found = () if func._schema.name.split("::")[1] in C10D_READS_ONLY else (0,)
+        else:
+            found = tuple(i for i, a in enumerate(func._schema.arguments)
+                          if a.alias_info is not None and a.alias_info.is_write)
+        _WRITTEN[func] = found
+    return found
+
+
+_WRITTEN: dict = {}
+C10D_READS_ONLY = frozenset({"send", "barrier", "monitored_barrier_", "check_for_nan"})
+"""c10d ops whose first argument is not written (torch 2.13's c10d namespace, read off its schemas)."""
 
 @dataclass
 class WorkLog:
@@ -136,21 +158,16 @@ class WorkLog:
     peak_at: dict = field(default_factory=dict)
     """Where the peak was: ``step``, ``phase``, ``module``, and ``by_phase`` (the live bytes at the peak by
     the phase that made them: ``other`` before the first step holds the model)."""
-    ops: int = 0
-    """aten ops counted."""
     uncounted: dict = field(default_factory=dict)
     """Ops that may compute much but have no FLOP formula (their bytes are counted): name -> calls."""
-    by_op: dict = field(default_factory=dict)
-    """aten op -> [calls, FLOPs, bytes] over the whole run: where the compute goes."""
 
     def to_json(self) -> dict:
         return {"rank": self.rank, "items": self.items, "peak_bytes": self.peak_bytes, "peak_at": self.peak_at,
-                "ops": self.ops, "uncounted": self.uncounted, "by_op": self.by_op}
+                "uncounted": self.uncounted}
 
     @classmethod
     def from_json(cls, doc: dict) -> "WorkLog":
-        return cls(doc["rank"], doc["items"], doc["peak_bytes"], doc["peak_at"], doc["ops"], doc["uncounted"],
-                   doc["by_op"])
+        return cls(doc["rank"], doc["items"], doc["peak_bytes"], doc["peak_at"], doc["uncounted"])
 
     @classmethod
     def read(cls, path) -> "WorkLog":
@@ -196,7 +213,6 @@ class WorkCounter:
         if getattr(_outside, "depth", 0):
             return
         log = self.log
-        log.ops += 1
         if self.context.step != self._step:
             self._stepped()
         phase = self.context.phase()
@@ -234,6 +250,8 @@ class WorkCounter:
         for t in _tensors(out):
             nbytes += t.nbytes
             self._made(t, phase)
+        if next(_tensors(out), None) is None:  # an in-place op that returns nothing (foreach, fused optimizers)
+            nbytes += sum(t.nbytes for i in _written(func) if i < len(args) for t in _tensors(args[i]))
         if name in ALLOCATIONS:
             nbytes = 0
         flops = 0
@@ -246,28 +264,24 @@ class WorkCounter:
             if name.startswith(HEAVY_WITHOUT_FORMULA):
                 log.uncounted[name] = log.uncounted.get(name, 0) + 1
             self._bytes += nbytes
-        tally = log.by_op.get(name)
-        if tally is None:
-            tally = log.by_op[name] = [0, 0, 0]
-        tally[0] += 1
-        tally[1] += flops
-        tally[2] += nbytes
 
-    def issued(self, call: int, name: str, args, out) -> None:
-        """The rank issued its `call`-th call (c10d op `name`): what it writes is needed where first read."""
+    def issued(self, call: int, func, args, out) -> None:
+        """The rank issued its `call`-th call (c10d op `func`): what it writes is needed where first read."""
         # (a collective never runs inside `outside_the_job`: DTensor's propagation issues none)
         if self.context.step != self._step:
             self._stepped()
         self._close()
+        phase = self.context.phase()  # now, not the last op's: a call right after backward is not backward's
         self.log.items.append([ISSUE, call, self._number(self.current_stream())])
-        # the tensors a call writes: its results, or for ops that return only a Work, the output argument
-        written = list(_tensors(out)) or (list(_tensors(args[0])) if name in ("alltoall_base_", "recv_",
-                                                                                 "recv_any_source_") and args else [])
-        for t in written:
-            self._pending.setdefault(t.untyped_storage()._cdata, []).append(call)
-        if written and self._phase == "backward":
+        # what a call writes: the arguments its schema writes (an all-reduce's tensors, an all-to-all's or a
+        # receive's output, a coalesced op's outputs) and its results (a functional collective's)
+        written = {t.untyped_storage()._cdata: t for t in (
+            *(t for i in _written(func) if i < len(args) for t in _tensors(args[i])), *_tensors(out))}
+        for key, t in written.items():
+            self._pending.setdefault(key, []).append(call)
+            self._made(t, phase)
+        if written and phase == "backward":
             self._in_backward.add(call)
-            self._made(t, self._phase or "other")
         self._poll()
 
     def _backward_done(self) -> None:
@@ -323,7 +337,6 @@ class WorkCounter:
 
     def finish(self) -> WorkLog:
         self._close()
-
         return self.log
 
     # -- segments and memory -------------------------------------------------------------------------
@@ -383,9 +396,8 @@ class CountingMode:
                     before = issued_so_far()
                     out = func(*args, **(kwargs or {}))
                     issued = range(before, issued_so_far())
-                    name = func._schema.name.split("::", 1)[1]
                     for call in issued:
-                        counter.issued(call, name, args, out)
+                        counter.issued(call, func, args, out)
                     if not issued:  # wait_tensor: where the job needs a functional collective's result
                         counter.op(func, args, kwargs, out)
                     return out

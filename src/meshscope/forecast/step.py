@@ -25,7 +25,7 @@ def forecast(job: TracedJob, cluster: ClusterSpec, tokens: int | None = None, tf
             unmodelled[e.op] = unmodelled.get(e.op, 0) + 1
             return 0.0
 
-    sim = Simulation(job.programs, job.ledgers, job.represent.__getitem__,
+    sim = Simulation(job.programs, job.ledgers, job.represent.get,  # None for a receive from any source (peer -1)
                      lambda item: segment_seconds(item, cluster.gpu, tf32), call_s)
     timelines = sim.run()
     classes = []

@@ -94,6 +94,7 @@ class Simulation:
         self._by_key = {r: self._positions(r) for r in programs}
         self._stream_free: dict[tuple[int, tuple], float] = {}  # (rank, group) -> when its last call ended
         self._batch: dict[tuple[int, int], list[int]] = {}  # (rank, call) -> the P2P calls issued with it
+        self._resolving: set[tuple[int, int]] = set()  # (rank, first call of a batch) being resolved
         self.unmatched: set[tuple[int, int]] = set()
         """(rank, call) of calls with a partner whose matching call the trace does not show, or timed alone
         (`CallTime.alone`) to untie a wait."""
@@ -104,7 +105,7 @@ class Simulation:
         out, counts = {}, {}
         for index in self.ranks[r].calls:
             e = self.ledgers[r][index]
-            kind = (e.op, self.represent(e.peer)) if e.op in P2P else (e.axis, len(e.group), e.op)
+            kind = (e.op, self.represent(e.peer)) if e.op in P2P else (e.axis, len(e.group), e.op)  # peer -1: any
             n = counts.get(kind, 0)
             counts[kind] = n + 1
             out[(*kind, n)] = index
@@ -212,31 +213,57 @@ class Simulation:
 
     def _resolve(self, r: int, index: int, alone: bool = False) -> bool:
         """Give `r`'s call `index` (and the calls batched with it) a start and an end, once every partner has
-        issued its own; False if one has not yet."""
-        tl = self.ranks[r]
+        issued its own; False if one has not yet. A collective starts on every member at once: when the last
+        member issued it and every member's stream of the group is free."""
         batch = self._batch.get((r, index), [index])
+        if (r, min(batch)) in self._resolving:  # reached again through a partner: its own resolution decides
+            return False
+        self._resolving.add((r, min(batch)))
+        try:
+            return self._resolve_batch(r, batch, alone)
+        finally:
+            self._resolving.discard((r, min(batch)))
+
+    def _resolve_batch(self, r: int, batch: list[int], alone: bool) -> bool:
+        tl = self.ranks[r]
         calls = [tl.calls[i] for i in batch]
-        if any(c.issued is None for c in calls):
+        if any(c.issued is None for c in calls) or not self._earlier_done(r, min(batch), calls[0].event.group, alone):
             return False
         ready = max(c.issued for c in calls)
+        free = self._stream_free.get((r, calls[0].event.group), 0.0)
+        partners_free = free
+        started = None  # a partner's start, where its side has run already: the call starts there on every member
         if not alone:
             for i in batch:
                 for other, j in self._partners(r, i):
                     partner = self.ranks[other].calls[j]
-                    if partner.issued is None:
+                    if partner.end is not None:
+                        started = partner.start if started is None else max(started, partner.start)
+                        continue
+                    first = min(self._batch.get((other, j), [j]))  # its batch runs together with it
+                    if partner.issued is None or not self._earlier_done(other, first, partner.event.group, False):
                         return False
                     ready = max(ready, partner.issued)
-        group = calls[0].event.group
-        for i, c in tl.calls.items():  # the group's earlier calls run first on its stream
-            if i >= min(batch):
-                break
-            if c.event.group == group and c.end is None and not self._resolve(r, i, alone):
-                return False
-        free = self._stream_free.get((r, group), 0.0)
-        start, seconds = max(ready, free), max(c.seconds for c in calls)
+                    partners_free = max(partners_free, self._stream_free.get((other, partner.event.group), 0.0))
+        # batched sends and receives run at once, but several to one peer in one direction one after another
+        lanes: dict[tuple, float] = {}
+        for c in calls:
+            lanes[(c.event.op, c.event.peer)] = lanes.get((c.event.op, c.event.peer), 0.0) + c.seconds
+        start = max(ready, partners_free) if started is None else max(started, free)
+        seconds = max(lanes.values())
         for c in calls:
             c.ready, c.start, c.end, c.alone = max(c.issued, free), start, start + seconds, alone
         if alone:
             self.unmatched.update((r, i) for i in batch)
-        self._stream_free[(r, group)] = start + seconds
+        self._stream_free[(r, calls[0].event.group)] = start + seconds
+        return True
+
+    def _earlier_done(self, r: int, index: int, group, alone: bool) -> bool:
+        """Whether `r`'s calls on `group` before `index` have run (resolving them where they can): a group's
+        calls run in issue order on its stream."""
+        for i, c in self.ranks[r].calls.items():
+            if i >= index:
+                return True
+            if c.event.group == group and c.end is None and not self._resolve(r, i, alone):
+                return False
         return True

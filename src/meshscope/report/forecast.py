@@ -62,7 +62,7 @@ def plot(f: Forecast, path: Path) -> str:
         bar([sum(a.exposed_s for a in c.axes if a.axis == axis) * 1e3 for c in classes], f"{axis} exposed")
     bar([c.waited_on_streams_s * 1e3 for c in classes], "waits on side streams")
     for axis in axes_names:
-        bar([sum(a.seconds - a.exposed_s for a in c.axes if a.axis == axis) * 1e3 for c in classes],
+        bar([max(0.0, sum(a.seconds - a.exposed_s for a in c.axes if a.axis == axis)) * 1e3 for c in classes],
             f"{axis} hidden (beside the step)", hatch="//")
     left.set_yticks(list(y), names)
     left.set_xlabel("ms (hatched: communication that ran beside compute)")

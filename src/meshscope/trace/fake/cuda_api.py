@@ -84,7 +84,7 @@ def cpu_streams_watched() -> None:
     """torch.cpu's streams report to `StreamWatch` as the CUDA stand-ins do. A fake world's DeviceMesh for CUDA is
     a CPU mesh, so FSDP2 takes its device, and its streams, from torch.cpu (torch 2.13 distributed/fsdp/
     _fully_shard/_fsdp_init.py ``_get_device_from_mesh``; _fsdp_param_group.py ``lazy_init``), whose
-    ``Stream`` does nothing and whose ``record_event`` returns None (torch/cpu/__init__.py). Without a listener
+    ``Stream`` and ``Event`` do nothing and whose ``record_event`` returns None (torch/cpu/__init__.py). Without a listener
     they behave as before; with one, each order FSDP2 puts between its copy-in, all-gather, reduce-scatter
     streams and the default one is reported, and ``record_event`` returns an event to wait for."""
     import torch.cpu
@@ -111,6 +111,23 @@ def cpu_streams_watched() -> None:
 
     stream.wait_stream, stream.record_event, stream.wait_event = (watched_wait_stream, watched_record_event,
                                                                   watched_wait_event)
+    # FSDP2 also records events by themselves (``device_handle.Event().record()``, _fsdp_param_group.py:473, 505)
+    event = torch.cpu.Event
+    record, wait = event.record, event.wait
+
+    def watched_record(self, stream=None) -> None:
+        if StreamWatch.listener is None:
+            return record(self, stream)
+        StreamWatch.listener.event_recorded(self, StreamWatch.key(stream) if stream is not None
+                                            else StreamWatch.current())
+
+    def watched_wait(self, stream=None) -> None:
+        if StreamWatch.listener is None:
+            return wait(self, stream)
+        StreamWatch.listener.event_waited(self, StreamWatch.key(stream) if stream is not None
+                                          else StreamWatch.current())
+
+    event.record, event.wait = watched_record, watched_wait
 
 
 def local_world() -> int:

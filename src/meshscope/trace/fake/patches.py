@@ -276,7 +276,8 @@ PATCHES = (
           "(whose own calls it leaves to them); else the rank's own integers are noted and what they sized assumed",
           "2.13", FAKE_WORLD, replay.replay_tensors),
     Patch("torch.cpu's streams watched", ("torch.cpu.Stream.wait_stream", "torch.cpu.Stream.record_event",
-                                           "torch.cpu.Stream.wait_event"),
+                                           "torch.cpu.Stream.wait_event", "torch.cpu.Event.record",
+                                           "torch.cpu.Event.wait"),
           "a fake world's CUDA mesh is a CPU mesh, so FSDP2 orders its copy-in, all-gather and reduce-scatter "
           "streams with torch.cpu's, which do nothing (record_event returns None); --work's forecast needs those "
           "orders (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_init.py _get_device_from_mesh, torch/cpu/__init__.py)",
