@@ -60,6 +60,7 @@ def test_the_same_trace_reads_again_on_another_cluster(traced):
      "--gpus-per-node 0"),
     (("--cluster", "h100-sxm", "--from-trace", "/nonexistent/trace"), "/nonexistent/trace"),
     (("--cluster", "h100-sxm", "--fake-world", "2", "--", "no/such/script.py"), "no/such/script.py"),
+    (("--cluster", "h100-sxm"), "--from-trace DIR"),
 ])
 def test_bad_input_is_one_line(args, words):
     proc = cli_here("forecast", *args)

@@ -218,7 +218,7 @@ def split_job(argv: list[str]) -> tuple[list[str], list[str], list[str] | None]:
         return own, [], None
     if "--" not in argv and command != "check" and not (command == "forecast" and "--from-trace" in own):
         raise UsageError(f"meshscope {command} needs '--' before the job: meshscope {command} [options] -- SCRIPT "
-                         f"[ARGS...]")
+                         f"[ARGS...]{' (or --from-trace DIR)' if command == 'forecast' else ''}")
     cut = argv.index("--") if "--" in argv else len(argv)
     job = argv[cut + 1:]
     if command in ("trace", "forecast"):
