@@ -74,22 +74,34 @@ import torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from meshscope.trace.fake import patches
 patches.apply(patches.modes(fake_tensors=False))
-dist.init_process_group(sys.argv[1] or None)
-groups = {"default": None, "new_group()": dist.new_group([0, 1]), "new_group(gloo)": dist.new_group([0, 1], backend="gloo"),
-          "split": dist.split_group(split_ranks=[[0, 1]]), "mesh": init_device_mesh("cpu", (2,)).get_group()}
-print(json.dumps({name: [dist.get_backend(group), (group or dist.group.WORLD).name(),
-                         (group or dist.group.WORLD)._get_backend_name()] for name, group in groups.items()}))
+out = {}
+for asked in sys.argv[1:]:
+    dist.init_process_group(asked or None)
+    groups = {"default": None, "new_group()": dist.new_group([0, 1]), "new_group(gloo)": dist.new_group([0, 1], backend="gloo"),
+              "split": dist.split_group(split_ranks=[[0, 1]]), "mesh": init_device_mesh("cpu", (2,)).get_group()}
+    out[asked] = {name: [dist.get_backend(group), (group or dist.group.WORLD).name(),
+                         (group or dist.group.WORLD)._get_backend_name()] for name, group in groups.items()}
+    dist.destroy_process_group()
+print(json.dumps(out))
 """
+ASKED = ["gloo", "nccl", "cpu:gloo,cuda:nccl", ""]
 
 
-@pytest.mark.parametrize("asked", ["gloo", "nccl", "cpu:gloo,cuda:nccl", ""])
-def test_get_backend_and_name_answer_the_backend_the_script_named(asked):
+@pytest.fixture(scope="module")
+def fake_backends() -> dict:
+    """What every group answers in a fake world, per backend asked (`ASKED`, and "cpu:gloo" for the real groups'
+    comparison; one process: each starts and ends its world)."""
+    return _run(BACKENDS, *ASKED, "cpu:gloo", RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2")
+
+
+@pytest.mark.parametrize("asked", ASKED)
+def test_get_backend_and_name_answer_the_backend_the_script_named(fake_backends, asked):
     """Every group answers the backend the script named for it, not "fake", as torch keeps init_process_group's
     name ("undefined" for none, distributed_c10d.py:1843), a new_group's, else the default's (5976), a split its
     parent's (5623), a 1-D mesh of the world the default group (device_mesh.py:530-540) or, for gloo where
     CUDA is available, a new group of the default's backend; its name() (not "custom") is the default backend
     torch makes of that (`_DEFAULT`)."""
-    got = _run(BACKENDS, asked, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2")
+    got = fake_backends[asked]
     named = asked or "undefined"
     backends = {"default": named, "new_group()": named, "new_group(gloo)": "gloo", "split": named, "mesh": named}
     assert {group: answers[0] for group, answers in got.items()} == backends
@@ -106,19 +118,27 @@ accelerator to its default backend, 419-425), as a fake world mapping CUDA prese
 REAL_NAMES = r"""
 import json, sys
 import torch.distributed as dist
-dist.init_process_group(sys.argv[1], store=dist.HashStore(), rank=0, world_size=1)
-group = dist.new_group([0])
-print(json.dumps([dist.group.WORLD.name(), group.name(), group._get_backend_name()]))
+out = {}
+for asked in sys.argv[1:]:
+    dist.init_process_group(asked, store=dist.HashStore(), rank=0, world_size=1)
+    group = dist.new_group([0])
+    out[asked] = [dist.group.WORLD.name(), group.name(), group._get_backend_name()]
+    dist.destroy_process_group()
+print(json.dumps(out))
 """
 
 
+@pytest.fixture(scope="module")
+def real_names() -> dict:
+    return _run(REAL_NAMES, "gloo", "cpu:gloo")
+
+
 @pytest.mark.parametrize("asked", ["gloo", "cpu:gloo"])
-def test_a_fake_groups_name_is_a_real_gloo_groups(asked):
+def test_a_fake_groups_name_is_a_real_gloo_groups(fake_backends, real_names, asked):
     """Colossal-AI 0.5.0 pipeline/p2p.py:160 compares ``pg.name()`` with ``Backend.NCCL`` and otherwise reads
     ``Backend.HCCL``, which torch lacks: a fake group's name() is "custom" unpatched. Oracle: torch's own groups of
     the same backend on this machine's gloo (a CPU build; "cpu:gloo" is a map of one, 2089-2093)."""
-    real = _run(REAL_NAMES, asked)
-    fake = _run(BACKENDS, asked, RANK="0", WORLD_SIZE="2", LOCAL_RANK="0", LOCAL_WORLD_SIZE="2")
+    real, fake = real_names[asked], fake_backends[asked]
     assert real == ["gloo"] * 3
     assert [fake["default"][1], fake["new_group()"][1], fake["new_group()"][2]] == real
 
