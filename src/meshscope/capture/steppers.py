@@ -18,9 +18,10 @@ fork server may have learned it), and unwrapped by `remove`.
 from __future__ import annotations
 
 import functools
-import importlib.abc
 import sys
 from dataclasses import dataclass
+
+from .after_import import AfterImport
 
 
 @dataclass(frozen=True)
@@ -47,7 +48,7 @@ class Wrapped:
         self.context = context
         self.by_module = {s.module: s for s in steppers}
         self.originals: list[tuple[type, str, object]] = []
-        self.finder = _AfterImport(self)
+        self.finder = AfterImport(self.by_module.__contains__, self.wrap)
 
     def install(self) -> None:
         for name, stepper in self.by_module.items():
@@ -81,31 +82,3 @@ class Wrapped:
         step.__meshscope_stepper__ = True
         setattr(cls, stepper.method, step)
         self.originals.append((cls, stepper.method, original))
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds a stepper's module through the finders after it, and wraps its stepper once the module ran."""
-
-    def __init__(self, wrapped: Wrapped):
-        self.wrapped = wrapped
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in self.wrapped.by_module:
-            return None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if finder is not self and find is not None else None
-            if spec is not None:
-                break
-        else:
-            return None
-        exec_module = getattr(spec.loader, "exec_module", None)
-        if exec_module is None:
-            return spec
-
-        def exec_then_wrap(module):
-            exec_module(module)
-            self.wrapped.wrap(module)
-
-        spec.loader.exec_module = exec_then_wrap  # this spec's own loader object (PathFinder makes one per find)
-        return spec

@@ -33,16 +33,16 @@ quantized pooled output (:832-837). fbgemm's inference TBE (``IntNBitTableBatche
 TorchRec's quantized tables) and its SSD tables are not mapped.
 
 fbgemm is imported by the script (through TorchRec), and importing it costs 0.5 s: the row (`patch`) waits for
-the import (a finder ahead of the others on ``sys.meta_path``, as `capture.steppers` does), or patches at once
+the import (`capture.after_import`, as `capture.steppers` does), or patches at once
 where it was imported already (a fork server that learned it).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.abc
 import sys
 
+from ...capture.after_import import AfterImport
 from ..entry_points import arguments
 from .devices import mark, unmapped
 
@@ -63,7 +63,7 @@ def patch() -> None:
     if MODULE in sys.modules:
         cpu_tables(sys.modules[MODULE])
     else:
-        sys.meta_path.insert(0, _AfterImport())
+        sys.meta_path.insert(0, AfterImport(MODULE.__eq__, cpu_tables))
 
 
 def cpu_tables(module) -> None:
@@ -103,28 +103,3 @@ def _cpu_can(given: dict) -> None:
     if output is not None and output.name not in CPU_OUTPUTS:
         raise unmapped(f"fbgemm's table-batched embedding with a {output.name} pooled output (its CPU kernels: "
                        f"{', '.join(CPU_OUTPUTS)})")
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds `MODULE` through the finders after it, and patches it once the module's code ran."""
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname != MODULE:
-            return None
-        for finder in sys.meta_path:
-            find = getattr(finder, "find_spec", None)
-            spec = find(fullname, path, target) if finder is not self and find is not None else None
-            if spec is not None:
-                break
-        else:
-            return None
-        exec_module = getattr(spec.loader, "exec_module", None)
-        if exec_module is None:
-            return spec
-
-        def exec_then_patch(module):
-            exec_module(module)
-            cpu_tables(module)
-
-        spec.loader.exec_module = exec_then_patch  # this spec's own loader object (PathFinder makes one per find)
-        return spec
