@@ -191,7 +191,7 @@ class WorkCounter:
         self.context = context
         self.current_stream = current_stream
         self._streams: dict[int, int] = {}  # id(stream) -> its number (0: the default one)
-        self._keep: list = []  # the streams and events numbered, kept alive so that no id is reused
+        self._keep: list = []  # the streams and events numbered
         self._events: dict[int, int] = {}
         self._stream = 0  # of the open segment
         self.formulas = _flop_formulas()
@@ -239,7 +239,8 @@ class WorkCounter:
                         log.items.extend([WAIT, c, stream] for c in calls)
                         self._in_backward.difference_update(calls)
                 nbytes += t.nbytes
-        if name in VIEWS or not (func._schema.is_mutable or next(_tensors(out), None) is not None):
+        results = list(_tensors(out))
+        if name in VIEWS or not (func._schema.is_mutable or results):
             return  # a view, or a query (prim::device, is_same_size): nothing moved, nothing made
         formula = self.formulas.get(func._overloadpacket)
         self._since_poll += 1
@@ -247,10 +248,10 @@ class WorkCounter:
         if (self._since_poll >= POLL_OPS and self._since_poll * 16 >= len(self._live)) or \
                 self._made_since > self._live_bytes * POLL_SHARE:
             self._poll()
-        for t in _tensors(out):
+        for t in results:
             nbytes += t.nbytes
             self._made(t, phase)
-        if next(_tensors(out), None) is None:  # an in-place op that returns nothing (foreach, fused optimizers)
+        if not results:  # an in-place op that returns nothing (foreach, fused optimizers)
             nbytes += sum(t.nbytes for i in _written(func) if i < len(args) for t in _tensors(args[i]))
         if name in ALLOCATIONS:
             nbytes = 0
@@ -313,19 +314,17 @@ class WorkCounter:
         self.log.items.append([EVENT_WAITED, self._event(event), self._number(stream)])
 
     def _number(self, stream) -> int:
-        if stream is None:
-            return 0
-        number = self._streams.get(id(stream))
-        if number is None:
-            number = self._streams[id(stream)] = len(self._streams) + 1
-            self._keep.append(stream)
-        return number
+        """0 for the default stream, 1, 2, ... for the others in the order they were first seen."""
+        return 0 if stream is None else self._numbered(self._streams, stream, 1)
 
     def _event(self, event) -> int:
-        number = self._events.get(id(event))
+        return self._numbered(self._events, event, 0)
+
+    def _numbered(self, table: dict, obj, first: int) -> int:
+        number = table.get(id(obj))
         if number is None:
-            number = self._events[id(event)] = len(self._events)
-            self._keep.append(event)
+            number = table[id(obj)] = len(table) + first
+            self._keep.append(obj)  # kept alive, so that no id is reused
         return number
 
     def _stepped(self) -> None:

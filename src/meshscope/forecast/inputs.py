@@ -17,7 +17,7 @@ from ..core.events import CommEvent, parse_rank_ranges
 from ..core.rundir import RunDir
 from ..core.steady import MIN_RUN
 from ..core.trace_result import TraceResult
-from ..trace.assemble import load, rank_events
+from ..trace.assemble import load
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,10 @@ def read(path: Path | str, flag: str = "--from-trace") -> TracedJob:
     step = max(steps)
     work = {r: WorkLog.read(run_dir.work(r)) for r in traced}
     programs = {r: _step_items(work[r].items, step) for r in traced}
-    ledgers = {r: rank_events(run_dir, r) for r in traced}
+    ledgers: dict[int, list[CommEvent]] = {r: [] for r in traced}
+    for e in result.events:  # each rank's in issue order, as its ledger file holds them
+        if e.rank in ledgers:
+            ledgers[e.rank].append(e)
     represent, classes = _players(result, traced)
     return TracedJob(run_dir.path, result, step, ledgers, work, programs, represent, classes)
 
