@@ -14,6 +14,7 @@ skip_unless_installed("deepspeed")
 JOB = ROOT / "tests" / "jobs" / "deepspeed_zero.py"
 
 
+@pytest.mark.frameworks  # CI keeps ZeRO-3 fake == gloo; this one and ZeRO-2 + overlap_comm are bench_frameworks.py's
 def test_zero_2_steady_step_and_its_step_is_the_optimizers(tmp_path):
     """ZeRO-2 on 2 gloo ranks: per step the gradients' one all_reduce (808 fp32, 3,232 B), then inside
     ``engine.step()`` the overflow flag's all_reduce and, after the inner Adam's step, the all-gather of

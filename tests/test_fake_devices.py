@@ -339,6 +339,7 @@ def test_inductor_compiles_the_mapped_tensors_where_triton_is_installed(tmp_path
             ("all_reduce", "forward", 256), ("all_reduce", "backward", 256)]
 
 
+@pytest.mark.frameworks  # inductor compiles flex_attention (10 s warm, 30 s on a cold cache): bench_frameworks.py's
 def test_compiled_code_flex_attention_and_cuda_graphs_where_cuda_is_mapped(tmp_path):
     """What torchtitan 0.3.0's llama3 asks of torch on torch 2.15 (a CUDA build without a GPU), in one process
     with CUDA mapped: Dynamo's current stream is the answered one (at 2.15 the compiled code fetched it from C++,

@@ -64,6 +64,7 @@ def test_table_wise_steady_step_by_hand_and_its_steps_are_the_combined_optimizer
     assert all(r.startswith("model.sparse_arch.embedding_bag_collection") for r in regions), regions
 
 
+@pytest.mark.frameworks  # CI keeps table-wise by hand and row-wise's CUDA path fake == gloo; bench_frameworks.py runs this
 def test_column_wise_fake_world_equals_gloo(tmp_path):
     """column_wise at world 2 (each rank 8 of every table's 16 columns, so every feature goes to both): the
     fake world of 2 issues what gloo does, call for call, and its steady step is the hand count (lengths 192

@@ -200,6 +200,7 @@ def test_a_closures_forward_and_backward_keep_their_phases_inside_the_optimizer_
         assert steps == {0: setup + job, 1: rebuild + job, 2: job, 3: job}
 
 
+@pytest.mark.frameworks  # 4 real ranks of megatron-core; CI keeps test_fake_megatron.py's labels at 1,024 fake ranks
 def test_megatron_groups_are_labelled_by_megatrons_own_getters(tmp_path):
     pytest.importorskip("megatron.core")
     proc = cli("trace", "--nproc-per-node", 4, "--out", tmp_path / "run", "--json", "--",
