@@ -78,6 +78,7 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--seq", type=int, default=8192)
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard per block and the root) instead of DDP")
     args = p.parse_args()
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
@@ -85,7 +86,14 @@ def main() -> None:
     if cuda:
         torch.cuda.set_device(device)
     model = Stack(args.layers, args.seq).to(device, torch.bfloat16)
-    model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    if args.fsdp:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+    else:
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     times = []
     for _ in range(args.steps):
@@ -105,6 +113,7 @@ def main() -> None:
         print(f"step_ms median {statistics.median(steady):.2f} min {min(steady):.2f} max {max(steady):.2f} "
               f"peak_allocated_gib {torch.cuda.max_memory_allocated() / 2**30:.2f} "
               f"(steps 3-{args.steps - 1}; layers {args.layers}, batch {args.batch}, seq {args.seq}, "
+              f"{'FSDP2' if args.fsdp else 'DDP'} over {dist.get_world_size()}, "
               f"{torch.cuda.get_device_name()}, torch {torch.__version__})", flush=True)
     dist.destroy_process_group()
 

@@ -24,7 +24,8 @@ def test_every_target_exists_on_this_torch(row):
             assert patches.resolve(target) is not None, target
     else:
         assert not patches.present(row), row.name
-    assert row.mode in (patches.FAKE_WORLD, patches.CUDA_MAP, patches.FAKE_TENSORS) and row.why and row.read_at
+    assert row.mode in (patches.FAKE_WORLD, patches.CUDA_MAP, patches.FAKE_TENSORS, patches.MEASURE_CUDA) and row.why \
+        and row.read_at
 
 
 def test_a_row_names_the_releases_it_is_meant_for():

@@ -147,7 +147,8 @@ class WorkLog:
     rank: int
     items: list = field(default_factory=list)
     """In program order: ``["c", phase, {dtype: matmul FLOPs}, matmul bytes, other ops' bytes, stream]`` (a
-    compute segment: the matmuls are timed by their FLOPs, the other ops by the bytes they move),
+    compute segment: the matmuls are timed by their FLOPs, the other ops by the bytes they move; with
+    ``--measure-on``, a seventh field: the seconds it took on `measured_on`),
     ``["j", stream, other]`` (`stream` waits for the work on `other` so far), ``["e", event, stream]``,
     ``["v", event, stream]`` (an event recorded on a stream, waited for on another), where a stream is 0 for
     the default one and 1, 2, ... for the others in the order they were first used; ``["i", call, stream]``,
@@ -160,14 +161,17 @@ class WorkLog:
     the phase that made them: ``other`` before the first step holds the model)."""
     uncounted: dict = field(default_factory=dict)
     """Ops that may compute much but have no FLOP formula (their bytes are counted): name -> calls."""
+    measured_on: str = ""
+    """The device whose clock timed each compute segment (``--measure-on``); empty: none did."""
 
     def to_json(self) -> dict:
         return {"rank": self.rank, "items": self.items, "peak_bytes": self.peak_bytes, "peak_at": self.peak_at,
-                "uncounted": self.uncounted}
+                "uncounted": self.uncounted, "measured_on": self.measured_on}
 
     @classmethod
     def from_json(cls, doc: dict) -> "WorkLog":
-        return cls(doc["rank"], doc["items"], doc["peak_bytes"], doc["peak_at"], doc["uncounted"])
+        return cls(doc["rank"], doc["items"], doc["peak_bytes"], doc["peak_at"], doc["uncounted"],
+                   doc.get("measured_on", ""))
 
     @classmethod
     def read(cls, path) -> "WorkLog":
@@ -186,10 +190,15 @@ class WorkCounter:
     default one), where the job's streams are known (a fake world's stand-ins, which also call `stream_waits`,
     `event_recorded` and `event_waited`)."""
 
-    def __init__(self, rank: int, context, current_stream=lambda: None):
-        self.log = WorkLog(rank)
+    def __init__(self, rank: int, context, current_stream=lambda: None, clock=None):
+        self.log = WorkLog(rank, measured_on=clock.name() if clock is not None else "")
         self.context = context
         self.current_stream = current_stream
+        self.clock = clock
+        """``--measure-on``'s `capture.segment_clock` clock, or None: each segment's start is marked before its
+        first op runs (`enter`), its end where it closes; read at the step's end (`_read_clock`)."""
+        self._opened = None  # the open segment's (start mark, stream)
+        self._marked: list = []  # (segment item, start, end) not read yet
         self._streams: dict[int, int] = {}  # id(stream) -> its number (0: the default one)
         self._keep: list = []  # the streams and events numbered
         self._events: dict[int, int] = {}
@@ -210,13 +219,22 @@ class WorkCounter:
 
     # -- the hot path: one call per aten op ------------------------------------------------------------
     def op(self, func, args, kwargs, out) -> None:
+        """An op that ran (under fake tensors: that ran nothing)."""
+        nbytes = self.enter(args)
+        if nbytes is not None:
+            self.count(func, args, kwargs, out, nbytes)
+
+    def enter(self, args) -> int | None:
+        """Before an op runs: end the segment where the step, stream or phase changed or the op reads what a call
+        wrote (it must wait for the call), and mark a segment's start; the bytes the op reads, None for an op
+        outside the job."""
         if getattr(_outside, "depth", 0):
-            return
-        log = self.log
+            return None
         if self.context.step != self._step:
             self._stepped()
         phase = self.context.phase()
-        stream = self._number(self.current_stream())
+        selected = self.current_stream()
+        stream = self._number(selected)
         if stream != self._stream:
             self._close()
             self._stream = stream
@@ -227,7 +245,6 @@ class WorkCounter:
             self._poll()  # what the phase before made and dropped (an optimizer's temporaries) is gone
             self._phase = phase
         pending = self._pending
-        name = func._overloadpacket.__name__
         nbytes = 0
         for a in args:
             for t in _tensors(a):
@@ -236,9 +253,18 @@ class WorkCounter:
                     if key in pending:
                         self._close()
                         calls = pending.pop(key)
-                        log.items.extend([WAIT, c, stream] for c in calls)
+                        self.log.items.extend([WAIT, c, stream] for c in calls)
                         self._in_backward.difference_update(calls)
                 nbytes += t.nbytes
+        if self.clock is not None and self._opened is None:
+            self._opened = (self.clock.mark(selected), selected)
+        return nbytes
+
+    def count(self, func, args, kwargs, out, nbytes: int) -> None:
+        """What the op `enter` saw computed and made (`nbytes`: what it read)."""
+        log = self.log
+        phase = self._phase
+        name = func._overloadpacket.__name__
         results = list(_tensors(out))
         if name in VIEWS or not (func._schema.is_mutable or results):
             return  # a view, or a query (prim::device, is_same_size): nothing moved, nothing made
@@ -333,18 +359,31 @@ class WorkCounter:
         for step in range(self._step, self.context.step):
             self.log.items.append([STEP, step])
         self._step = self.context.step
+        self._read_clock()
 
     def finish(self) -> WorkLog:
         self._close()
+        self._read_clock()
         return self.log
+
+    def _read_clock(self) -> None:
+        """Each measured segment's seconds, as its item's last field (read once its step ended: on a GPU this
+        waits for the stream to get there)."""
+        for item, start, end in self._marked:
+            item.append(self.clock.seconds(start, end))
+        self._marked = []
 
     # -- segments and memory -------------------------------------------------------------------------
     def _close(self) -> None:
         """End the compute segment so far (if it did anything)."""
         if self._mm or self._bytes:
-            self.log.items.append([COMPUTE, self._phase or "other", self._mm, self._mm_bytes, self._bytes,
-                                   self._stream])
+            item = [COMPUTE, self._phase or "other", self._mm, self._mm_bytes, self._bytes, self._stream]
+            self.log.items.append(item)
             self._mm, self._mm_bytes, self._bytes = {}, 0, 0
+            if self._opened is not None:
+                start, stream = self._opened
+                self._marked.append((item, start, self.clock.mark(stream)))  # on the segment's stream
+        self._opened = None
 
     def _made(self, t: torch.Tensor, phase: str) -> None:
         storage = t.untyped_storage()
@@ -383,6 +422,7 @@ class CountingMode:
     this module imports no dispatch-mode machinery where nothing counts."""
 
     def __new__(cls, counter: WorkCounter, issued_so_far):
+        from torch._subclasses.fake_tensor import FakeTensor
         from torch.utils._python_dispatch import TorchDispatchMode
 
         class Counting(TorchDispatchMode):
@@ -390,6 +430,10 @@ class CountingMode:
 
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 if any(t not in (torch.Tensor, torch.nn.Parameter) for t in types):
+                    if any(issubclass(t, FakeTensor) for t in types):
+                        # DTensor's sharding propagation on fake tensors of its own (`outside_the_job`): torch's
+                        # bookkeeping, run by FakeTensor's handler, which defers to a mode above it
+                        return func(*args, **(kwargs or {}))
                     return NotImplemented  # a subclass (DTensor) desugars first; its ops come back here
                 if func.namespace.startswith("c10d") or func.namespace.startswith("_c10d_functional"):
                     before = issued_so_far()
@@ -400,8 +444,10 @@ class CountingMode:
                     if not issued:  # wait_tensor: where the job needs a functional collective's result
                         counter.op(func, args, kwargs, out)
                     return out
+                nbytes = counter.enter(args)  # before it runs: a measured segment starts before its first op
                 out = func(*args, **(kwargs or {}))
-                counter.op(func, args, kwargs, out)
+                if nbytes is not None:
+                    counter.count(func, args, kwargs, out, nbytes)
                 return out
 
         return Counting()

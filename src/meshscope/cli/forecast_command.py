@@ -62,9 +62,11 @@ def _trace(args) -> Path | None:
     if args.fake_world is None:
         raise UsageError("meshscope forecast traces the job in a fake world of its real size: give --fake-world N "
                          "(or --from-trace DIR)")
-    if args.real_tensors and args.fake_tensors:
-        raise UsageError("--real-tensors and --fake-tensors: choose one (forecast uses fake tensors by default)")
-    options = dataclasses.replace(options_of(args, args.job, args.out), fake_tensors=not args.real_tensors, work=True)
+    real = args.real_tensors or bool(args.measure_on)  # a measured op runs for real
+    if real and args.fake_tensors:
+        raise UsageError(f"{'--measure-on' if args.measure_on else '--real-tensors'} and --fake-tensors: choose one "
+                         f"(forecast uses fake tensors by default)")
+    options = dataclasses.replace(options_of(args, args.job, args.out), fake_tensors=not real, work=True)
     result = trace(options)
     if not result.passed:
         print_trace(result)

@@ -30,7 +30,10 @@ def peak_flops(gpu: GpuSpec, dtype: str, tf32: bool) -> float:
 
 
 def segment_seconds(item, gpu: GpuSpec, tf32: bool = False) -> float:
-    """Seconds of one ``["c", phase, {dtype: FLOPs}, matmul bytes, other bytes, stream]`` segment on `gpu`."""
+    """Seconds of one ``["c", phase, {dtype: FLOPs}, matmul bytes, other bytes, stream]`` segment on `gpu`; a
+    measured segment (``--measure-on``: its seconds as a seventh field) takes what it took."""
+    if len(item) > 6:
+        return item[6]
     _, _, flops, mm_bytes, other_bytes, _ = item
     bandwidth = gpu.hbm_bandwidth * gpu.memory_efficiency
     matmul = sum(f / (peak_flops(gpu, dtype, tf32) * gpu.matmul_efficiency) for dtype, f in flops.items())

@@ -4,6 +4,7 @@ together (`timeline`), summed per class and axis into the `Forecast`."""
 from __future__ import annotations
 
 from ..capture.work import COMPUTE
+from ..core.errors import UsageError
 from ..core.events import human_bytes
 from ..predict.alpha_beta import model_bytes
 from .cluster import ClusterSpec
@@ -59,8 +60,17 @@ def forecast(job: TracedJob, cluster: ClusterSpec, tokens: int | None = None, tf
     if peak.peak_bytes > cluster.gpu.hbm_bytes:
         notes.append(f"rank {peak.rank}'s class holds {human_bytes(peak.peak_bytes)} of tensors at its peak, more "
                      f"than the {human_bytes(cluster.gpu.hbm_bytes)} of a {cluster.gpu.name}: it would run out of memory")
-    source = (f"counted FLOPs and bytes of the traced ranks' ops (torch's FlopCounterMode formulas), by the roofline "
-              f"of a {cluster.gpu.name}: matmuls at {cluster.gpu.matmul_efficiency:.0%} of peak"
-              f"{' (fp32 as TF32)' if tf32 else ''}, other ops at {cluster.gpu.memory_efficiency:.0%} of HBM bandwidth")
+    measured = sorted({w.measured_on for w in job.work.values()})
+    if measured != [""]:
+        if "" in measured:
+            raise UsageError(f"{job.run_dir}: some traced ranks' compute was measured ({', '.join(measured[1:])}) and "
+                             f"some not: trace again with or without --measure-on for all of them")
+        source = (f"measured: each compute segment of the traced ranks timed as it ran on {', '.join(measured)} "
+                  f"(--measure-on), not the roofline of a {cluster.gpu.name}")
+    else:
+        source = (f"counted FLOPs and bytes of the traced ranks' ops (torch's FlopCounterMode formulas), by the "
+                  f"roofline of a {cluster.gpu.name}: matmuls at {cluster.gpu.matmul_efficiency:.0%} of peak"
+                  f"{' (fp32 as TF32)' if tf32 else ''}, other ops at {cluster.gpu.memory_efficiency:.0%} of HBM "
+                  f"bandwidth")
     return Forecast(str(job.run_dir), cluster.to_json(), job.world, job.step, critical.step_s, critical.rank,
                     tuple(classes), source, tokens, tuple(notes))

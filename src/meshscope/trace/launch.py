@@ -61,6 +61,9 @@ class TraceOptions:
     """With ``fake_world``: each rank counts its ops' FLOPs and bytes between its calls and the memory it
     holds, into ``work/rank<R>.json`` (`capture.work`; what ``meshscope forecast`` reads); with real tensors,
     through the Python kernel recorder."""
+    measure_on: str = ""
+    """With ``work`` and real tensors: ``cuda`` or ``cpu``, the device whose clock times each compute segment of
+    each traced rank (`capture.segment_clock`), the ranks run one at a time; empty: none (the forecast's roofline)."""
     fake_device: str | None = None
     """With ``fake_world``: the stand-in GPU (a `trace.fake.gpu.GPUS` name) that torch.cuda's device and memory
     queries answer as where CUDA is mapped to the CPU; None: `trace.fake.gpu.DEFAULT`."""
@@ -125,6 +128,8 @@ class TraceOptions:
             raise UsageError("--fake-tensors needs --fake-world N: a real job's tensors hold its data")
         if self.work and self.fake_world is None:
             raise UsageError("--work needs --fake-world N: the ops are counted as a fake world's ranks run them")
+        if self.measure_on:
+            self._check_measure_on()
         if self.fake_device is not None:
             if self.fake_world is None:
                 raise UsageError(f"--fake-device needs --fake-world N: a real job asks its own GPU ({_gpu_names()})")
@@ -138,6 +143,21 @@ class TraceOptions:
             check_timeout(self.timeout)
         if self.recorder not in RECORDERS:
             raise UsageError(f"--recorder {self.recorder!r}: choose one of {', '.join(RECORDERS)}")
+
+    def _check_measure_on(self) -> None:
+        from ..capture.segment_clock import MEASURE_ON
+
+        if self.measure_on not in MEASURE_ON:
+            raise UsageError(f"--measure-on {self.measure_on!r}: choose one of {', '.join(MEASURE_ON)}")
+        if not self.work or self.fake_tensors:
+            raise UsageError(f"--measure-on {self.measure_on} times the ops as they run: it needs --work and real "
+                             f"tensors (leave out --fake-tensors)")
+        if self.measure_on == "cuda":
+            import torch
+
+            if not torch.cuda.is_available():
+                raise UsageError("--measure-on cuda: this machine has no CUDA device (torch.cuda.is_available() is "
+                                 "False); leave it out to forecast compute from the cluster's roofline")
 
     def run_dir(self) -> Path:
         if self.out is not None:
@@ -156,7 +176,7 @@ class TraceOptions:
                            fake_tensors=self.fake_tensors, work=self.work, cheap=self.cheap,
                            # real tensors' work is counted above the Python kernel, whose calls it numbers
                            recorder="python" if self.work and not self.fake_tensors else self.recorder,
-                           flight_recorder=self.flight_recorder,
+                           flight_recorder=self.flight_recorder, measure_on=self.measure_on,
                            fake_device=(gpu.lookup(self.fake_device or gpu.DEFAULT) if self.fake_world else ""))
 
 
@@ -200,6 +220,9 @@ def add_trace_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work", action="store_true",
                    help="with --fake-world N: count each op's FLOPs and bytes between the calls and the memory each "
                         "rank holds, into RUN_DIR/work/ (what meshscope forecast reads)")
+    p.add_argument("--measure-on", default="", choices=("cuda", "cpu"), metavar="DEVICE",
+                   help="with --work and real tensors: time each compute segment as it runs, on cuda (this host's "
+                        "GPU: every traced rank runs its own shard's kernels there, one rank at a time) or cpu")
 
 
 def options_of(args: argparse.Namespace, target, out: Path | None = None) -> TraceOptions:
@@ -210,7 +233,8 @@ def options_of(args: argparse.Namespace, target, out: Path | None = None) -> Tra
                         rendezvous=rendezvous, steps=args.steps, timeout=args.timeout,
                         step_optimizer=args.step_optimizer, out=out, fake_world=args.fake_world, ranks=args.ranks,
                         cheap=args.cheap, recorder=args.recorder, flight_recorder=args.flight_recorder,
-                        fake_tensors=args.fake_tensors, work=args.work, fake_device=args.fake_device)
+                        fake_tensors=args.fake_tensors, work=args.work, fake_device=args.fake_device,
+                        measure_on=args.measure_on)
 
 
 def ready_recorder(options: TraceOptions, echo=None) -> TraceOptions:

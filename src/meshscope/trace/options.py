@@ -41,6 +41,9 @@ class RankOptions:
     """With `fake`: count every op's FLOPs and bytes and the memory held (`capture.work`)."""
     fake_device: str = ""
     """With `fake`: the stand-in GPU torch.cuda's device queries answer as (a `trace.fake.gpu.GPUS` name)."""
+    measure_on: str = ""
+    """With `work` and real tensors: ``cuda`` or ``cpu``, the device whose clock times each compute segment
+    (`capture.segment_clock`); empty: none."""
     cheap: bool = False
     """No module hooks, no flight log streamed while the job runs."""
     recorder: str = "native"
@@ -66,6 +69,7 @@ class RankOptions:
                  *(["--fake"] if self.fake else []), *(["--fake-tensors"] if self.fake_tensors else []),
                  *(["--work"] if self.work else []),
                  *(["--fake-device", self.fake_device] if self.fake_device else []),
+                 *(["--measure-on", self.measure_on] if self.measure_on else []),
                  *(["--cheap"] if self.cheap else []), "--recorder", self.recorder,
                  *(["--flight-recorder"] if self.flight_recorder else [])]
         return [*flags, "--", *self.target]
@@ -84,6 +88,7 @@ class RankOptions:
         p.add_argument("--fake-tensors", action="store_true")
         p.add_argument("--work", action="store_true")
         p.add_argument("--fake-device", default="")
+        p.add_argument("--measure-on", default="")
         p.add_argument("--cheap", action="store_true")
         p.add_argument("--recorder", choices=RECORDERS, default=os.environ.get(RECORDER_ENV, "native"))
         p.add_argument("--flight-recorder", action="store_true")

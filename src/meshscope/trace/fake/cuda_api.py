@@ -75,6 +75,72 @@ class StreamWatch:
         return None if stream is None or stream is cls.default or stream is torch.cpu._default_cpu_stream else stream
 
 
+def _cuda_current():
+    """`StreamWatch.current` on a real GPU (``--measure-on cuda``): the selected torch.cuda stream, None for the
+    default one, one object per CUDA stream (torch makes a new Python object per query)."""
+    import torch
+
+    stream = torch.cuda.current_stream()
+    return _cuda_key(stream)
+
+
+_CUDA_STREAMS: dict = {}
+
+
+def _cuda_key(stream):
+    import torch
+
+    if stream is None:
+        return None
+    handle = stream.cuda_stream
+    if handle == torch.cuda.default_stream(stream.device).cuda_stream:
+        return None
+    return _CUDA_STREAMS.setdefault(handle, stream)
+
+
+@functools.cache
+def cuda_streams_watched() -> None:
+    """torch.cuda's streams and events report to `StreamWatch`, then do what they were asked (``--measure-on
+    cuda``: the ranks' kernels run on this host's GPU, each segment timed on its own stream,
+    `capture.segment_clock`); `StreamWatch.current` reads the stream torch.cuda has selected."""
+    import torch
+
+    StreamWatch.current = staticmethod(_cuda_current)
+    stream, event = torch.cuda.Stream, torch.cuda.Event
+    wait_stream, record_event, wait_event = stream.wait_stream, stream.record_event, stream.wait_event
+    record, wait = event.record, event.wait
+
+    def watched_wait_stream(self, other) -> None:
+        if StreamWatch.listener is not None:
+            StreamWatch.listener.stream_waits(_cuda_key(self), _cuda_key(other))
+        return wait_stream(self, other)
+
+    def watched_record_event(self, event=None):
+        event = record_event(self, event)
+        if StreamWatch.listener is not None:
+            StreamWatch.listener.event_recorded(event, _cuda_key(self))
+        return event
+
+    def watched_wait_event(self, event) -> None:
+        if StreamWatch.listener is not None:
+            StreamWatch.listener.event_waited(event, _cuda_key(self))
+        return wait_event(self, event)
+
+    def watched_record(self, stream=None) -> None:
+        if StreamWatch.listener is not None:
+            StreamWatch.listener.event_recorded(self, _cuda_key(stream) if stream is not None else _cuda_current())
+        return record(self, stream)
+
+    def watched_wait(self, stream=None) -> None:
+        if StreamWatch.listener is not None:
+            StreamWatch.listener.event_waited(self, _cuda_key(stream) if stream is not None else _cuda_current())
+        return wait(self, stream)
+
+    stream.wait_stream, stream.record_event, stream.wait_event = (watched_wait_stream, watched_record_event,
+                                                                  watched_wait_event)
+    event.record, event.wait = watched_record, watched_wait
+
+
 class _Recorded:
     """What a watched ``torch.cpu.Stream.record_event`` returns: an event its stream recorded."""
 

@@ -70,6 +70,10 @@ class ForkServer:
         # it the server learns the modules after pandas too.
         env = {"JE_ARROW_MALLOC_CONF": "background_thread:false", **os.environ, "OMP_NUM_THREADS": "1",
                "PYTHONUNBUFFERED": "1"}
+        if options.measure_on == "cuda":
+            # ranks that run on the GPU are forked from here: torch.cuda's queries must not start CUDA in the
+            # server (a child of a process that did cannot use it; torch 2.13 cuda/__init__.py, is_available)
+            env["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
         args = [sys.executable, "-m", "meshscope.trace.fake.fork_server", str(run_dir.path), str(world), str(per_node),
                 str(self._replies_fd), *options.to_argv()]
         try:
@@ -310,6 +314,10 @@ class _Server:
 
             agent.as_fresh_interpreter()
             os.environ.update(environment(rank, self.world, self.per_node))
+            if self.options.measure_on == "cuda":  # every rank played on this host's GPUs, one at a time
+                import torch
+
+                os.environ["LOCAL_RANK"] = str(rank % self.per_node % max(1, torch.cuda.device_count()))
             log = os.open(self.run_dir.log(rank), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             null = os.open(os.devnull, os.O_RDONLY)
             for fd, target in ((log, 1), (log, 2), (null, 0)):

@@ -56,7 +56,7 @@ class FakeMode:
 
     def install(self, trace: RankTrace, stopped) -> None:
         gpu.choose(self.options.fake_device or gpu.DEFAULT)
-        self.patched = patches.apply(patches.modes(self.options.fake_tensors))
+        self.patched = patches.apply(patches.modes(self.options.fake_tensors, self.options.measure_on))
         objects.EXCHANGE.begin(self.run_dir, self.rank)
         # a FakeTensor holds nothing to send: --fake-tensors replays nothing
         replay.REPLAY.begin(self.run_dir, self.rank, trace.context, on=not self.options.fake_tensors)
@@ -67,7 +67,9 @@ class FakeMode:
 
             from .cuda_api import StreamWatch
 
-            self.work = WorkCounter(self.rank, trace.context, StreamWatch.current)
+            from ...capture.segment_clock import clock_for
+
+            self.work = WorkCounter(self.rank, trace.context, StreamWatch.current, clock_for(self.options.measure_on))
             StreamWatch.listener = self.work
 
     def assumed(self, index: int, group: str, op: str, input_splits, output_splits, t: float) -> tuple[str, ...]:

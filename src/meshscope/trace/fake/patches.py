@@ -28,6 +28,8 @@ CUDA_MAP = "cuda-map"
 """A fake world on a machine whose torch has no CUDA (`devices.needed`)."""
 FAKE_TENSORS = "fake-tensors"
 """``--fake-tensors``: the script runs under FakeTensorMode."""
+MEASURE_CUDA = "measure-cuda"
+"""``--measure-on cuda``: the ranks run their kernels on this host's GPU."""
 
 
 @dataclass(frozen=True)
@@ -282,6 +284,13 @@ PATCHES = (
           "streams with torch.cpu's, which do nothing (record_event returns None); --work's forecast needs those "
           "orders (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_init.py _get_device_from_mesh, torch/cpu/__init__.py)",
           "2.13", FAKE_WORLD, cuda_api.cpu_streams_watched),
+    Patch("torch.cuda's streams watched", ("torch.cuda.Stream.wait_stream", "torch.cuda.Stream.record_event",
+                                            "torch.cuda.Stream.wait_event", "torch.cuda.Event.record",
+                                            "torch.cuda.Event.wait"),
+          "--measure-on cuda times each stream's work on the GPU; the forecast needs which stream each op ran on "
+          "and the orders the job puts between them (FSDP2's copy-in, all-gather and reduce-scatter streams, torch "
+          "2.13 distributed/fsdp/_fully_shard/_fsdp_param_group.py): each is reported, then done as asked", "2.11, 2.13",
+          MEASURE_CUDA, cuda_api.cuda_streams_watched),
     Patch("DTensor's sharding propagation is not the job's work",
           ("torch.distributed.tensor._sharding_prop.ShardingPropagator._propagate_tensor_meta_non_cached",),
           "it runs each new op again at its global shape, in the fake mode it finds: on a GPU that is its own, in "
@@ -321,10 +330,11 @@ def present(patch: Patch) -> bool:
     return True
 
 
-def modes(fake_tensors: bool) -> set[str]:
-    """The modes of a fake world's rank here: the fake backend, CUDA mapped where torch has none, and
-    fake tensors when asked for."""
-    return {FAKE_WORLD} | ({CUDA_MAP} if devices.needed() else set()) | ({FAKE_TENSORS} if fake_tensors else set())
+def modes(fake_tensors: bool, measure_on: str = "") -> set[str]:
+    """The modes of a fake world's rank here: the fake backend, CUDA mapped where torch has none, fake tensors
+    when asked for, the GPU's streams watched where its clock times the work."""
+    return ({FAKE_WORLD} | ({CUDA_MAP} if devices.needed() else set()) | ({FAKE_TENSORS} if fake_tensors else set())
+            | ({MEASURE_CUDA} if measure_on == "cuda" else set()))
 
 
 def apply(modes: set[str]) -> list[str]:

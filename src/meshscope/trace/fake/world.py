@@ -45,6 +45,8 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
     run_dir.begin(spec(chosen))
     classes, same, again, ordered = None, None, [], ORDERED
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    if options.measure_on:  # each rank's clock times its own work: one rank at a time
+        cores = 1
     codes: dict[int, int] = {}
     asked: list[int] = []  # the first ranks handed to the server: each must end with a record
     server = ForkServer(run_dir, options.rank_options(run_dir.path), world, per_node)
