@@ -17,7 +17,7 @@ def cmd_forecast(args) -> int:
     from ..core.rundir import RunDir
     from ..report.forecast import plot, render
 
-    cluster = _cluster(args)
+    cluster = cluster_of(args)
     if args.tokens is not None and args.tokens < 1:
         raise UsageError(f"--tokens {args.tokens} must be a positive number of tokens per step")
     if args.from_trace is not None:
@@ -38,7 +38,7 @@ def cmd_forecast(args) -> int:
     return 0
 
 
-def _cluster(args):
+def cluster_of(args):
     from ..forecast.cluster import load_cluster
 
     cluster = load_cluster(args.cluster)

@@ -161,9 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
     df.add_argument("dir_b", type=Path)
     df.add_argument("--json", action="store_true", help="print exactly one JSON document on stdout")
 
-    pl = sub.add_parser("place", help="rank the placements of the axes on nodes by predicted communication time")
+    pl = sub.add_parser("place", help="rank the placements of the axes on nodes by predicted communication time "
+                                      "(with --from-trace DIR --cluster SPEC: by the forecast's step; docs/place.md)",
+                        description="Rank the placements of the parallel axes on nodes (axis orders, leftmost fastest). "
+                                    "Alone: the analytic model's per-axis volumes on alpha-beta links. --from-trace DIR: "
+                                    "a trace's volumes on those links. --from-trace DIR --cluster SPEC: the traced job's "
+                                    "step as meshscope forecast puts it on the cluster, under each placement (the trace "
+                                    "needs work logs: meshscope trace --fake-world N --fake-tensors --work). "
+                                    "--compare-trace DIR: the model beside a trace. See docs/place.md.")
     pl.add_argument("--world", type=int, default=None, help="ranks (required unless a trace gives them)")
-    pl.add_argument("--gpus-per-node", type=int, default=8, help="NVLink domain size (default %(default)s)")
+    pl.add_argument("--gpus-per-node", type=int, default=None,
+                    help="NVLink domain size (default 8, or with --cluster the cluster's)")
     for axis in ("tp", "cp", "pp", "ep", "etp"):
         pl.add_argument(f"--{axis}", type=int, default=None, help="(default 1, or the trace's)")
     spec = ModelSpec()
@@ -195,6 +203,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the model's per-axis calls and bytes beside a trace's steady step (its layout, these shapes)")
     pl.add_argument("--from-trace", type=Path, default=None, metavar="DIR",
                     help="rank placements by a trace's per-axis volumes instead of the model's")
+    pl.add_argument("--cluster", default=None, metavar="SPEC",
+                    help="with --from-trace (a trace made with --fake-world N --fake-tensors --work): rank by the "
+                         "forecast's job step on this cluster (h100-sxm, h200, a100-sxm or a JSON file, as meshscope "
+                         "forecast takes; --sweep replaces its intra-node link) instead of the alpha-beta links")
     pl.add_argument("--json", action="store_true")
     return p
 

@@ -1,5 +1,6 @@
-"""``meshscope place``: rank axis placements from the analytic model or a trace's volumes, or hold the model
-against a trace (``--compare-trace``)."""
+"""``meshscope place``: rank axis placements from the analytic model or a trace's volumes, or by the forecast of a
+trace's step on a cluster (``--from-trace DIR --cluster SPEC``), or hold the model against a trace
+(``--compare-trace``)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,13 @@ import sys
 
 from ..core.errors import UsageError
 
+AXES = ("tp", "cp", "pp", "ep", "etp")
+"""The axis sizes place takes as flags (dp and edp are what they leave)."""
+
 
 def cmd_place(args) -> int:
+    if args.cluster is not None:
+        return _place_by_forecast(args)
     from ..place.advisor import rank_placements
     from ..place.links import LinkClass, link_from_sweep
     from ..place.report import plot, render, to_json
@@ -42,9 +48,34 @@ def cmd_place(args) -> int:
         if trace.skipped_axes:
             print(f"meshscope: note: calls on {', '.join(trace.skipped_axes)} are left out (no axis a placement moves)",
                   file=sys.stderr)
-    ranking = rank_placements(world, args.gpus_per_node, spec, sizes, intra, inter, args.layer_ms * 1e-3, **traced)
+    gpus_per_node = 8 if args.gpus_per_node is None else args.gpus_per_node
+    ranking = rank_placements(world, gpus_per_node, spec, sizes, intra, inter, args.layer_ms * 1e-3, **traced)
     if args.plot:
         plot(ranking, args.plot)
+    print(json.dumps(to_json(ranking)) if args.json else render(ranking, args.limit))
+    return 0
+
+
+def _place_by_forecast(args) -> int:
+    """``--from-trace DIR --cluster SPEC``: every distinct placement of the trace's ranks, by the forecast's step."""
+    from ..forecast.inputs import read
+    from ..place.forecast_ranking import rank_by_forecast
+    from ..place.traced import layout_of
+    from ..report.place_forecast import render, to_json
+    from .forecast_command import cluster_of
+
+    if args.compare_trace:
+        raise UsageError("--compare-trace and --cluster: --cluster ranks placements (with --from-trace DIR)")
+    if args.from_trace is None:
+        raise UsageError("--cluster ranks the placements of a traced job by its forecast: give --from-trace DIR (a trace "
+                         "made with meshscope trace --fake-world N --fake-tensors --work)")
+    if args.plot:
+        raise UsageError("--plot draws the alpha-beta ranking: leave it out with --cluster")
+    cluster = cluster_of(args)  # --gpus-per-node and --sweep as meshscope forecast takes them
+    job = read(args.from_trace)
+    layout = layout_of(job.result, "--from-trace", args.from_trace)
+    _check_given(args, layout, "--from-trace")
+    ranking = rank_by_forecast(job, layout, cluster)
     print(json.dumps(to_json(ranking)) if args.json else render(ranking, args.limit))
     return 0
 
@@ -54,22 +85,26 @@ def _place_layout(args):
     is given (flags that disagree with it are an error), else from --world and the axis flags."""
     from ..place.traced import load
 
-    axes = ("tp", "cp", "pp", "ep", "etp")
     if args.compare_trace and args.from_trace:
         raise UsageError("--compare-trace and --from-trace: give one of them")
     flag, path = ("--compare-trace", args.compare_trace) if args.compare_trace else ("--from-trace", args.from_trace)
     if path is None:
         if args.world is None:
             raise UsageError("place needs --world (or --compare-trace DIR / --from-trace DIR, whose layout it takes)")
-        return None, args.world, {a: getattr(args, a) or 1 for a in axes}
+        return None, args.world, {a: getattr(args, a) or 1 for a in AXES}
     trace = load(path, flag)
     lay = trace.layout
-    given = {"world": args.world, **{a: getattr(args, a) for a in axes}}
+    _check_given(args, lay, flag)
+    return trace, lay.world, {a: getattr(lay, a) for a in AXES}
+
+
+def _check_given(args, lay, flag: str) -> None:
+    """--world and the axis sizes, where given, must be the trace's."""
+    given = {"world": args.world, **{a: getattr(args, a) for a in AXES}}
     for name, value in given.items():
         if value is not None and value != getattr(lay, name):
             raise UsageError(f"--{name} {value} disagrees with the trace's layout ({name} {getattr(lay, name)}); "
                              f"leave it out: {flag} takes the layout from the trace")
-    return trace, lay.world, {a: getattr(lay, a) for a in axes}
 
 
 def _csv(values) -> str:

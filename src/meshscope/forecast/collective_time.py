@@ -1,8 +1,9 @@
 """The time of one collective or point-to-point call on a cluster, with the terms that make it up.
 
 A forecast puts a traced job's calls on a cluster it has not run on, so each call's time must come from the
-cluster's figures (`cluster`) and the call's group alone. The placement is the default one: rank r sits on
-node r // gpus_per_node. A group inside one node moves its bytes over NVLink (``intra-node``); a group over
+cluster's figures (`cluster`), the call's group and where its ranks sit: a node map (`NodeOf`, rank -> node),
+by default rank r on node r // gpus_per_node (`default_nodes`); ``place --from-trace --cluster`` passes the map of
+each placement it weighs (`place.forecast_ranking`). A group inside one node moves its bytes over NVLink (``intra-node``); a group over
 several nodes crosses the network (``inter-node``), and there a ring's bus bandwidth is the smaller of NVLink's
 and the NICs' of the group's ranks on one node: each node passes the whole ring traffic in and out through the
 NICs of its own members, one NIC per GPU, so m ranks on a node give m NICs (nccl-tests#309: 8 x 400 Gb/s NICs
@@ -35,7 +36,9 @@ gather and scatter are the root's n-1 point-to-point transfers (torch's NCCL bac
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from ..core.events import CommEvent, P2P
 from ..predict.alpha_beta import BUS_FACTOR, model_bytes
@@ -80,40 +83,53 @@ class CollectiveTime:
         return out
 
 
+NodeOf = Callable[[int], int]
+"""A placement: a global rank of the job (as its trace numbers it) -> the node it sits on. Only which ranks share
+a node matters to the model, not the nodes' numbers."""
+
+
 def node_of(rank: int, gpus_per_node: int) -> int:
     """The node of global rank `rank` under the default placement."""
     return rank // gpus_per_node
 
 
-def span(group, gpus_per_node: int) -> tuple[int, int]:
-    """(nodes the ranks of `group` span, fewest of them on one node)."""
+def default_nodes(gpus_per_node: int) -> NodeOf:
+    """The default placement: rank r on node r // gpus_per_node (`node_of`)."""
+    return partial(node_of, gpus_per_node=gpus_per_node)
+
+
+def span(group, node: NodeOf) -> tuple[int, int]:
+    """(nodes the ranks of `group` span, fewest of them on one node), the ranks placed by `node`."""
     counts: dict[int, int] = {}
     for r in group:
-        counts[node_of(r, gpus_per_node)] = counts.get(node_of(r, gpus_per_node), 0) + 1
+        counts[node(r)] = counts.get(node(r), 0) + 1
     return len(counts), min(counts.values(), default=0)
 
 
-def collective_time(e: CommEvent, cluster: ClusterSpec) -> CollectiveTime:
-    """The time of call `e` on `cluster`, from rank e.rank's side."""
+def collective_time(e: CommEvent, cluster: ClusterSpec, node: NodeOf | None = None) -> CollectiveTime:
+    """The time of call `e` on `cluster`, from rank e.rank's side, its ranks placed by `node` (default:
+    `default_nodes` of the cluster's node size)."""
     net = cluster.network
+    if node is None:
+        node = default_nodes(net.gpus_per_node)
     if e.op in P2P:
-        return _send_recv(e, net)
+        return _send_recv(e, net, node)
     if len(e.group) <= 1:
         return CollectiveTime(0.0, "none", "local", "", 0.0, 0.0, model_bytes(e), 0.0, 0.0, 1, 1)
     if e.op == "all_to_all":
-        return _all_to_all(e, net)
+        return _all_to_all(e, net, node)
     if e.op in ("gather", "scatter"):
-        return _gather_scatter(e, net)
+        return _gather_scatter(e, net, node)
     if e.op in RING_OPS:
-        return _collective(e, net)
+        return _collective(e, net, node)
     raise ValueError(f"no time model for op {e.op!r} (modelled: {', '.join(RING_OPS + P2P)}, all_to_all, "
                      f"gather, scatter)")
 
 
-def _collective(e: CommEvent, net: NetworkSpec) -> CollectiveTime:
+def _collective(e: CommEvent, net: NetworkSpec, node: NodeOf) -> CollectiveTime:
     op = "all_reduce" if e.op == "barrier" else e.op
     n, size = len(e.group), model_bytes(e)
-    k, local = span(e.group, net.gpus_per_node)
+    k, local = span(e.group, node)
     link_bytes = size * (BUS_FACTOR[op](n) if op in BUS_FACTOR else 1.0)
     bus = net.intra_busbw if k == 1 else min(net.intra_busbw, local * net.inter_busbw)
     if k == 1 and net.intra_call_latency_s is not None:  # a sweep measured this link: its alpha and busbw
@@ -158,11 +174,11 @@ def _p2p_latency(net: NetworkSpec, crosses: bool) -> tuple[str, float]:
     return "Simple", p.ring_base_s + (p.ring_net_s if crosses else p.ring_nvlink_s)
 
 
-def _send_recv(e: CommEvent, net: NetworkSpec) -> CollectiveTime:
+def _send_recv(e: CommEvent, net: NetworkSpec, node: NodeOf) -> CollectiveTime:
     if e.peer is None:
         raise ValueError(f"rank {e.rank}'s {e.op} #{e.seq} names no peer")
     size = model_bytes(e)
-    crosses = node_of(e.rank, net.gpus_per_node) != node_of(e.peer, net.gpus_per_node)
+    crosses = node(e.rank) != node(e.peer)
     proto, latency = _p2p_latency(net, crosses)
     bw = net.inter_busbw if crosses else net.intra_busbw  # nccl-tests sendrecv: busbw = algbw
     link_bytes = size * BUS_FACTOR["sendrecv"](2)
@@ -170,7 +186,7 @@ def _send_recv(e: CommEvent, net: NetworkSpec) -> CollectiveTime:
                           link_bytes / bw, size, link_bytes, bw, 1 + crosses, 1)
 
 
-def _split_bytes(total: int, splits, group, mine: int, gpus_per_node: int) -> tuple[float, float]:
+def _split_bytes(total: int, splits, group, mine: int, node: NodeOf) -> tuple[float, float]:
     """(bytes to or from ranks of my node other than me, to or from other nodes) of one direction of an
     all_to_all moving `total` bytes: by its splits (rows per member) where known, else evenly."""
     n = len(group)
@@ -178,17 +194,17 @@ def _split_bytes(total: int, splits, group, mine: int, gpus_per_node: int) -> tu
         per = [total * s / sum(splits) if sum(splits) else 0.0 for s in splits]
     else:
         per = [total / n] * n
-    home = node_of(mine, gpus_per_node)
-    on = sum(b for r, b in zip(group, per) if r != mine and node_of(r, gpus_per_node) == home)
-    off = sum(b for r, b in zip(group, per) if node_of(r, gpus_per_node) != home)
+    home = node(mine)
+    on = sum(b for r, b in zip(group, per) if r != mine and node(r) == home)
+    off = sum(b for r, b in zip(group, per) if node(r) != home)
     return on, off
 
 
-def _all_to_all(e: CommEvent, net: NetworkSpec) -> CollectiveTime:
-    size, g = model_bytes(e), net.gpus_per_node
-    k, local = span(e.group, g)
-    sent = _split_bytes(e.bytes_in, e.input_splits, e.group, e.rank, g)
-    received = _split_bytes(e.bytes_out, e.output_splits, e.group, e.rank, g)
+def _all_to_all(e: CommEvent, net: NetworkSpec, node: NodeOf) -> CollectiveTime:
+    size = model_bytes(e)
+    k, local = span(e.group, node)
+    sent = _split_bytes(e.bytes_in, e.input_splits, e.group, e.rank, node)
+    received = _split_bytes(e.bytes_out, e.output_splits, e.group, e.rank, node)
     on, off = max(sent[0], received[0]), max(sent[1], received[1])  # the heavier direction bounds the time
     proto, latency = _p2p_latency(net, k > 1)
     intra, inter = on / net.intra_busbw, off / net.inter_busbw  # NVLink and the NIC work at once
@@ -197,14 +213,14 @@ def _all_to_all(e: CommEvent, net: NetworkSpec) -> CollectiveTime:
                           max(intra, inter), size, b, bw, k, local)
 
 
-def _gather_scatter(e: CommEvent, net: NetworkSpec) -> CollectiveTime:
+def _gather_scatter(e: CommEvent, net: NetworkSpec, node: NodeOf) -> CollectiveTime:
     """The root's side: it receives (gather) or sends (scatter) one piece per other rank, NVLink pieces and
     NIC pieces at once; the call is taken to last as long on every rank."""
-    g, n = net.gpus_per_node, len(e.group)
+    n = len(e.group)
     root = e.peer if e.peer is not None else e.group[0]
     piece = e.bytes_in if e.op == "gather" else e.bytes_out
-    k, local = span(e.group, g)
-    on = sum(1 for r in e.group if r != root and node_of(r, g) == node_of(root, g))
+    k, local = span(e.group, node)
+    on = sum(1 for r in e.group if r != root and node(r) == node(root))
     off = n - 1 - on
     proto, latency = _p2p_latency(net, off > 0)
     intra, inter = on * piece / net.intra_busbw, off * piece / net.inter_busbw

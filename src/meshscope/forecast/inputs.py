@@ -8,6 +8,7 @@ program for it is its work log's items between the marks of the step before and 
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,8 +55,11 @@ def read(path: Path | str, flag: str = "--from-trace") -> TracedJob:
     if not traced:
         raise UsageError(f"{flag} {run_dir.path}: no traced rank ended ({result.outcome})")
     if missing:
-        raise UsageError(f"{flag} {run_dir.path}: rank(s) {', '.join(map(str, missing[:8]))} have no work log: trace "
-                         f"with --fake-world N --fake-tensors --work (meshscope forecast does)")
+        again = f"meshscope trace --fake-world {result.world} --fake-tensors --work -- {shlex.join(result.command)}" \
+            if result.command else "meshscope trace --fake-world N --fake-tensors --work -- SCRIPT ARGS"
+        raise UsageError(f"{flag} {run_dir.path}: rank(s) {', '.join(map(str, missing[:8]))} have no work log (the trace "
+                         f"counted no work): trace the job again with its work counted, {again} (meshscope forecast "
+                         f"does)")
     steady = [result.steady.get(r) for r in traced]
     steps = set.intersection(*(set(s.steps) if s is not None else set() for s in steady))
     if not steps:

@@ -1,5 +1,6 @@
 """A traced job's step on a cluster: its rank classes' programs timed (`compute`, `collective_time`) and run
-together (`timeline`), summed per class and axis into the `Forecast`."""
+together (`timeline`), summed per class and axis into the `Forecast`. The ranks sit where a node map puts them
+(`collective_time.NodeOf`): the trace's own numbering on nodes of the cluster's size unless one is given."""
 
 from __future__ import annotations
 
@@ -8,20 +9,24 @@ from ..core.errors import UsageError
 from ..core.events import human_bytes
 from ..predict.alpha_beta import model_bytes
 from .cluster import ClusterSpec
-from .collective_time import collective_time
+from .collective_time import NodeOf, collective_time, default_nodes
 from .compute import segment_seconds
 from .inputs import TracedJob
 from .result import AxisTime, ClassForecast, Forecast
 from .timeline import Simulation
 
 
-def forecast(job: TracedJob, cluster: ClusterSpec, tokens: int | None = None, tf32: bool = False) -> Forecast:
+def forecast(job: TracedJob, cluster: ClusterSpec, tokens: int | None = None, tf32: bool = False,
+             nodes: NodeOf | None = None) -> Forecast:
+    """`job`'s step on `cluster`, its ranks placed by `nodes` (default: rank r on node r // gpus_per_node)."""
     notes: list[str] = []
     unmodelled: dict[str, int] = {}
+    if nodes is None:
+        nodes = default_nodes(cluster.network.gpus_per_node)
 
     def call_s(e) -> float:
         try:
-            return collective_time(e, cluster).seconds
+            return collective_time(e, cluster, nodes).seconds
         except ValueError:
             unmodelled[e.op] = unmodelled.get(e.op, 0) + 1
             return 0.0

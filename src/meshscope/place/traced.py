@@ -76,7 +76,7 @@ def load(run_dir: Path, flag: str) -> Trace:
     if doc.get("kind") != "trace":
         raise UsageError(f"{flag} {run_dir}: result.json is a {doc.get('kind') or 'run'} document, not a trace")
     result = TraceResult.from_json(doc)
-    layout = _layout(result, flag, run_dir)
+    layout = layout_of(result, flag, run_dir)
     rename = {"dp_cp": "dp-cp", **({"world": "dp"} if set(result.layout.get("sizes", {})) <= {"world"} else {})}
     ranks, skipped = [], set()
     for end in result.ranks:
@@ -95,7 +95,8 @@ def load(run_dir: Path, flag: str) -> Trace:
     return Trace(run_dir, layout, tuple(ranks), tuple(sorted(skipped)))
 
 
-def _layout(result: TraceResult, flag: str, run_dir: Path) -> Layout:
+def layout_of(result: TraceResult, flag: str, run_dir: Path) -> Layout:
+    """The layout the trace's groups reconstructed (a job on the default group alone: dp over the world)."""
     section = result.layout
     if set(section.get("sizes", {})) <= {"world"}:
         return Layout(result.world)
