@@ -17,9 +17,11 @@ streams, in order) runs on the streams a GPU runs it on:
 
 A rank that was not traced is played by its class's representative (`FakeWorld.classes`): a member's
 matching call is the representative's call of the same axis, size and position, a pipeline peer's receive
-the representative's receive from the class of the sender. Calls on different groups share no bandwidth in
-this model (docs/forecast.md says what that leaves out), and every rank starts the step at 0: the step's
-own syncs (gradient all-reduce, a loss broadcast) align the ranks the way a real step's previous end does.
+the representative's receive from the member at the mirrored offset in the group (a class's members issue the
+same calls with their peers relabelled by offset: its odd inner stages each receive from the stage before
+them). Calls on different groups share no bandwidth in this model (docs/forecast.md says what that leaves
+out), and every rank starts the step at 0: the step's own syncs (gradient all-reduce, a loss broadcast) align
+the ranks the way a real step's previous end does.
 
 The result per traced rank: when its step ended, the compute it ran, and per call the start, end and the
 time the compute stream waited on it, split into waiting for a member that had not issued yet (a pipeline
@@ -90,22 +92,52 @@ class Simulation:
                 if item[0] == ISSUE:
                     e = ledgers[r][item[1]]
                     self.ranks[r].calls[item[1]] = CallTime(e, call_s(e))
+        # each call's group as a small number (a group of 1,024 ranks is a tuple of 1,024 to hash and compare),
+        # and per (rank, group) its calls in issue order with how many of them have run: a group's calls run in
+        # that order on its stream (`_earlier_done`)
+        groups: dict[tuple, int] = {}
+        self._gid: dict[tuple[int, int], int] = {}
+        self._on_group: dict[tuple[int, int], list[int]] = {}
+        for r, tl in self.ranks.items():
+            for i in sorted(tl.calls):
+                gid = self._gid[(r, i)] = groups.setdefault(tl.calls[i].event.group, len(groups))
+                self._on_group.setdefault((r, gid), []).append(i)
+        self._run_on_group: dict[tuple[int, int], int] = {}
         self._keys: dict[tuple[int, int], tuple] = {}  # (rank, call) -> its matching key
         self._by_key = {r: self._positions(r) for r in programs}
-        self._stream_free: dict[tuple[int, tuple], float] = {}  # (rank, group) -> when its last call ended
+        self._stream_free: dict[tuple[int, int], float] = {}  # (rank, group id) -> when its last call ended
         self._batch: dict[tuple[int, int], list[int]] = {}  # (rank, call) -> the P2P calls issued with it
         self._resolving: set[tuple[int, int]] = set()  # (rank, first call of a batch) being resolved
         self.unmatched: set[tuple[int, int]] = set()
         """(rank, call) of calls with a partner whose matching call the trace does not show, or timed alone
         (`CallTime.alone`) to untie a wait."""
 
+    @staticmethod
+    def _offset(e: CommEvent, rank: int, peer: int) -> int | None:
+        """`peer`'s position in `e`'s group less `rank`'s, modulo the group's size (None where either is no member)."""
+        group = list(e.group)
+        if rank not in group or peer not in group:
+            return None
+        return (group.index(peer) - group.index(rank)) % len(group)
+
+    def _p2p_kind(self, r: int, e: CommEvent) -> tuple:
+        """A point-to-point call's kind: its direction and its peer by offset in the group (as the fake world's rank
+        classes relabel peers), so that a class playing ranks at several places of a pipeline (its odd inner stages)
+        answers each of its members' neighbours as the neighbour at that offset; a receive from any source (peer
+        -1), or a peer outside the group, by the peer's representative."""
+        offset = self._offset(e, r, e.peer) if e.peer is not None and e.peer >= 0 else None
+        if offset is None:
+            return (e.op, self.represent(e.peer))
+        return (e.op, e.axis, len(e.group), "offset", offset)
+
     def _positions(self, r: int) -> dict:
         """Matching key -> call index: (axis, group size, op, n) for the n-th such call on groups of that axis and size;
-        (direction, peer's representative, n) for the n-th send to (or receive from) ranks that rank plays."""
+        (direction, axis, group size, "offset", peer's offset, n) for the n-th send to (or receive from) the member at
+        that offset."""
         out, counts = {}, {}
         for index in self.ranks[r].calls:
             e = self.ledgers[r][index]
-            kind = (e.op, self.represent(e.peer)) if e.op in P2P else (e.axis, len(e.group), e.op)  # peer -1: any
+            kind = self._p2p_kind(r, e) if e.op in P2P else (e.axis, len(e.group), e.op)
             n = counts.get(kind, 0)
             counts[kind] = n + 1
             out[(*kind, n)] = index
@@ -118,7 +150,13 @@ class Simulation:
         key = self._keys[(r, index)]
         if e.op in P2P:
             other = self.represent(e.peer)
-            found = self._by_key.get(other, {}).get(("recv" if e.op == "send" else "send", r, key[-1]))
+            mirror = "recv" if e.op == "send" else "send"
+            if len(key) == 6:  # by offset
+                _, axis, size, _, offset, n = key
+                wanted = (mirror, axis, size, "offset", (-offset) % size, n)
+            else:
+                wanted = (mirror, r, key[-1])
+            found = self._by_key.get(other, {}).get(wanted)
             if found is None:
                 self.unmatched.add((r, index))
             return [(other, found)] if found is not None else []
@@ -227,10 +265,11 @@ class Simulation:
     def _resolve_batch(self, r: int, batch: list[int], alone: bool) -> bool:
         tl = self.ranks[r]
         calls = [tl.calls[i] for i in batch]
-        if any(c.issued is None for c in calls) or not self._earlier_done(r, min(batch), calls[0].event.group, alone):
+        gid = self._gid[(r, batch[0])]
+        if any(c.issued is None for c in calls) or not self._earlier_done(r, min(batch), gid, alone):
             return False
         ready = max(c.issued for c in calls)
-        free = self._stream_free.get((r, calls[0].event.group), 0.0)
+        free = self._stream_free.get((r, gid), 0.0)
         partners_free = free
         started = None  # a partner's start, where its side has run already: the call starts there on every member
         if not alone:
@@ -241,10 +280,11 @@ class Simulation:
                         started = partner.start if started is None else max(started, partner.start)
                         continue
                     first = min(self._batch.get((other, j), [j]))  # its batch runs together with it
-                    if partner.issued is None or not self._earlier_done(other, first, partner.event.group, False):
+                    other_gid = self._gid[(other, j)]
+                    if partner.issued is None or not self._earlier_done(other, first, other_gid, False):
                         return False
                     ready = max(ready, partner.issued)
-                    partners_free = max(partners_free, self._stream_free.get((other, partner.event.group), 0.0))
+                    partners_free = max(partners_free, self._stream_free.get((other, other_gid), 0.0))
         # batched sends and receives run at once, but several to one peer in one direction one after another
         lanes: dict[tuple, float] = {}
         for c in calls:
@@ -255,15 +295,19 @@ class Simulation:
             c.ready, c.start, c.end, c.alone = max(c.issued, free), start, start + seconds, alone
         if alone:
             self.unmatched.update((r, i) for i in batch)
-        self._stream_free[(r, calls[0].event.group)] = start + seconds
+        self._stream_free[(r, gid)] = start + seconds
         return True
 
-    def _earlier_done(self, r: int, index: int, group, alone: bool) -> bool:
-        """Whether `r`'s calls on `group` before `index` have run (resolving them where they can): a group's
+    def _earlier_done(self, r: int, index: int, gid: int, alone: bool) -> bool:
+        """Whether `r`'s calls on group `gid` before `index` have run (resolving them where they can): a group's
         calls run in issue order on its stream."""
-        for i, c in self.ranks[r].calls.items():
-            if i >= index:
+        key = (r, gid)
+        order, calls = self._on_group[key], self.ranks[r].calls
+        while True:
+            k = self._run_on_group.get(key, 0)  # read again: resolving a call may have moved it on
+            if k >= len(order) or order[k] >= index:
                 return True
-            if c.event.group == group and c.end is None and not self._resolve(r, i, alone):
+            i = order[k]
+            if calls[i].end is None and not self._resolve(r, i, alone):
                 return False
-        return True
+            self._run_on_group[key] = max(k + 1, self._run_on_group.get(key, 0))
