@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..capture.segment_clock import MEASURE_ON
 from ..core.errors import UsageError
 from ..core.rundir import RunDir, check_timeout
 from ..core.trace_result import TraceResult
@@ -145,8 +146,6 @@ class TraceOptions:
             raise UsageError(f"--recorder {self.recorder!r}: choose one of {', '.join(RECORDERS)}")
 
     def _check_measure_on(self) -> None:
-        from ..capture.segment_clock import MEASURE_ON
-
         if self.measure_on not in MEASURE_ON:
             raise UsageError(f"--measure-on {self.measure_on!r}: choose one of {', '.join(MEASURE_ON)}")
         if not self.work or self.fake_tensors:
@@ -220,7 +219,7 @@ def add_trace_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--work", action="store_true",
                    help="with --fake-world N: count each op's FLOPs and bytes between the calls and the memory each "
                         "rank holds, into RUN_DIR/work/ (what meshscope forecast reads)")
-    p.add_argument("--measure-on", default="", choices=("cuda", "cpu"), metavar="DEVICE",
+    p.add_argument("--measure-on", default="", choices=MEASURE_ON, metavar="DEVICE",
                    help="with --work and real tensors: time each compute segment as it runs, on cuda (this host's "
                         "GPU: every traced rank runs its own shard's kernels there, one rank at a time) or cpu")
 

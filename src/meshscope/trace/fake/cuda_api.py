@@ -106,35 +106,43 @@ def cuda_streams_watched() -> None:
     import torch
 
     StreamWatch.current = staticmethod(_cuda_current)
-    stream, event = torch.cuda.Stream, torch.cuda.Event
+    _watch(torch.cuda.Stream, torch.cuda.Event, _cuda_key, _cuda_current)
+
+
+def _watch(stream, event, key, current) -> None:
+    """`stream`'s and `event`'s methods that order streams report each order to `StreamWatch.listener` (where
+    there is one), the streams named by `key` (None: the default one), then do what they were asked; an event
+    recorded on a stream is the one its method returned (`_Recorded` where that is None: torch.cpu's)."""
     wait_stream, record_event, wait_event = stream.wait_stream, stream.record_event, stream.wait_event
     record, wait = event.record, event.wait
 
     def watched_wait_stream(self, other) -> None:
         if StreamWatch.listener is not None:
-            StreamWatch.listener.stream_waits(_cuda_key(self), _cuda_key(other))
+            StreamWatch.listener.stream_waits(key(self), key(other))
         return wait_stream(self, other)
 
     def watched_record_event(self, event=None):
-        event = record_event(self, event)
-        if StreamWatch.listener is not None:
-            StreamWatch.listener.event_recorded(event, _cuda_key(self))
-        return event
+        recorded = record_event(self) if event is None else record_event(self, event)  # torch.cpu's takes none
+        if StreamWatch.listener is None:
+            return recorded
+        recorded = recorded if recorded is not None else event if event is not None else _Recorded()
+        StreamWatch.listener.event_recorded(recorded, key(self))
+        return recorded
 
-    def watched_wait_event(self, event) -> None:
-        if StreamWatch.listener is not None:
-            StreamWatch.listener.event_waited(event, _cuda_key(self))
-        return wait_event(self, event)
+    def watched_wait_event(self, waited) -> None:
+        if StreamWatch.listener is not None and waited is not None:
+            StreamWatch.listener.event_waited(waited, key(self))
+        return wait_event(self, waited)
 
-    def watched_record(self, stream=None) -> None:
+    def watched_record(self, on=None) -> None:
         if StreamWatch.listener is not None:
-            StreamWatch.listener.event_recorded(self, _cuda_key(stream) if stream is not None else _cuda_current())
-        return record(self, stream)
+            StreamWatch.listener.event_recorded(self, key(on) if on is not None else current())
+        return record(self, on)
 
-    def watched_wait(self, stream=None) -> None:
+    def watched_wait(self, on=None) -> None:
         if StreamWatch.listener is not None:
-            StreamWatch.listener.event_waited(self, _cuda_key(stream) if stream is not None else _cuda_current())
-        return wait(self, stream)
+            StreamWatch.listener.event_waited(self, key(on) if on is not None else current())
+        return wait(self, on)
 
     stream.wait_stream, stream.record_event, stream.wait_event = (watched_wait_stream, watched_record_event,
                                                                   watched_wait_event)
@@ -155,45 +163,9 @@ def cpu_streams_watched() -> None:
     streams and the default one is reported, and ``record_event`` returns an event to wait for."""
     import torch.cpu
 
-    stream = torch.cpu.Stream
-    wait_stream, record_event, wait_event = stream.wait_stream, stream.record_event, stream.wait_event
-
-    def watched_wait_stream(self, other) -> None:
-        if StreamWatch.listener is None:
-            return wait_stream(self, other)
-        StreamWatch.listener.stream_waits(StreamWatch.key(self), StreamWatch.key(other))
-
-    def watched_record_event(self, event=None):
-        if StreamWatch.listener is None:
-            return record_event(self)
-        event = event if event is not None else _Recorded()
-        StreamWatch.listener.event_recorded(event, StreamWatch.key(self))
-        return event
-
-    def watched_wait_event(self, event) -> None:
-        if StreamWatch.listener is None or event is None:
-            return wait_event(self, event)
-        StreamWatch.listener.event_waited(event, StreamWatch.key(self))
-
-    stream.wait_stream, stream.record_event, stream.wait_event = (watched_wait_stream, watched_record_event,
-                                                                  watched_wait_event)
-    # FSDP2 also records events by themselves (``device_handle.Event().record()``, _fsdp_param_group.py:473, 505)
-    event = torch.cpu.Event
-    record, wait = event.record, event.wait
-
-    def watched_record(self, stream=None) -> None:
-        if StreamWatch.listener is None:
-            return record(self, stream)
-        StreamWatch.listener.event_recorded(self, StreamWatch.key(stream) if stream is not None
-                                            else StreamWatch.current())
-
-    def watched_wait(self, stream=None) -> None:
-        if StreamWatch.listener is None:
-            return wait(self, stream)
-        StreamWatch.listener.event_waited(self, StreamWatch.key(stream) if stream is not None
-                                          else StreamWatch.current())
-
-    event.record, event.wait = watched_record, watched_wait
+    # FSDP2 also records events by themselves (``device_handle.Event().record()``, _fsdp_param_group.py:473, 505);
+    # torch.cpu's methods do nothing, so doing them after the report changes nothing
+    _watch(torch.cpu.Stream, torch.cpu.Event, StreamWatch.key, lambda: StreamWatch.current())
 
 
 def local_world() -> int:
