@@ -238,3 +238,26 @@ def test_a_part_from_a_rank_not_traced_is_the_ranks_own_in_its_place_or_zeros(ra
     assert received(given).tolist() == want
     assert call.missing == {1: stood_in.UNTRACED}
     assert call.unfilled == (want[-1] == 0)
+
+
+def test_a_list_all_to_all_whose_parts_differ_by_peer_runs_and_is_recorded_as_issued(rank_0_of_2):
+    """Rank 0 sends rank 1 three rows and receives one from it (counts exchanged first, as NCCL jobs do): torch
+    2.13's fake backend copies input j into output j and raised ("output with shape [1] doesn't match the
+    broadcast shape [2]"). The call now runs, the recorder reads it as the script issued it (by hand: 5 int64
+    rows in, [2, 3]; 3 out, [2, 1]), the rank's own chunk lands in its slot and rank 1's part (not traced, of
+    another size than rank 0's own) holds zeros."""
+    import torch.distributed as dist
+
+    from meshscope.capture import dispatch
+    from meshscope.trace.fake.replay import Call
+
+    outputs, inputs = [_left(2), _left(1)], [torch.tensor([1, 2]), torch.tensor([3, 4, 5])]
+    seen = []
+    dispatch.install()
+    op, handle = receives.HANDLERS["all_to_all"]
+    with dispatch.Recorder(lambda *call: seen.append(call)):
+        handle(Call(op, rank_0_of_2, False).collective(), lambda: dist.all_to_all(outputs, inputs),
+               {"output_tensor_list": outputs, "input_tensor_list": inputs})
+    assert torch.cat(outputs).tolist() == [1, 2, 0]
+    assert [(c[0], c[2], c[3], c[4], list(c[6]), list(c[7])) for c in seen] == [
+        ("all_to_all", "int64", 40, 24, [2, 3], [2, 1])]

@@ -184,7 +184,7 @@ def _all_to_all(call, issue, given):
     outputs, inputs = given["output_tensor_list"], list(given["input_tensor_list"])
     call.send(inputs)
     own = inputs[call.me].clone() if len(inputs) == call.n else None
-    out = issue()
+    out = _issue_as_one(given, outputs, inputs) if _as_one(outputs, inputs) else issue()
     for j, part in enumerate(outputs):
         if j != call.me:
             call.put(part, j, lambda data: data[call.me], own)
@@ -192,6 +192,32 @@ def _all_to_all(call, issue, given):
             with torch.no_grad():
                 part.copy_(own)
     return out
+
+
+def _as_one(outputs, inputs) -> bool:
+    """Whether a list-form all-to-all is issued as one tensor with splits (`_issue_as_one`): its part for some
+    peer differs in size from the part it receives from that peer, and one tensor holds each list's parts."""
+    if len(outputs) != len(inputs) or all(o.shape == i.shape for o, i in zip(outputs, inputs)):
+        return False
+    parts = (*outputs, *inputs)
+    return all(t.dim() for t in parts) and len({t.shape[1:] for t in parts}) == 1 and len({t.dtype for t in parts}) == 1
+
+
+def _issue_as_one(given, outputs, inputs):
+    """The list-form all-to-all as the same exchange in one tensor with splits. torch 2.13's fake backend copies
+    input j into output j (FakeProcessGroup.hpp ``alltoall``), which raised where they differ ("output with shape
+    [1] doesn't match the broadcast shape [2]": counts exchanged, then the parts they sized), a call NCCL takes
+    (ProcessGroupNCCL's ``alltoall``: a send and a receive per peer; gloo's refuses parts of different sizes). The
+    ledger reads the same op, dtype, bytes and rows per member from either form; the caller then writes each part
+    with what its sender sent."""
+    sizes = [o.shape[0] for o in outputs]
+    received = torch.empty((sum(sizes), *outputs[0].shape[1:]), dtype=outputs[0].dtype)
+    work = dist.all_to_all_single(received, torch.cat(inputs), sizes, [i.shape[0] for i in inputs],
+                                  group=given.get("group"), async_op=given.get("async_op", False))
+    with torch.no_grad():
+        for part, got in zip(outputs, torch.split(received, sizes)):
+            part.copy_(got)
+    return work
 
 
 def _send(call, issue, given):
