@@ -129,6 +129,7 @@ def note(stood: dict[int, tuple[int, list[StandIn]]], axes: dict[tuple[int, ...]
     more = f"; and {total - shown} more (objects/rank<R>/{FILE})" if total > shown else ""
     return (f"fake backend: {total} call{'s' if total > 1 else ''} on rank{'s' if len(stood) > 1 else ''} "
             f"{rank_ranges(list(stood))} received integers (counts, sizes, flags) from ranks whose values were not "
-            f"known, and kept the rank's own instead: {'; '.join(named)}{more}. The sizes of the calls the function "
+            f"known, and kept the rank's own instead (zeros where its own part was of another size): "
+            f"{'; '.join(named)}{more}. The sizes of the calls the function "
             f"that received them issued after them, and every later all-to-all's splits, are assumed (`assumed`); "
             f"trace the sending ranks first (--ranks) to have them replayed")

@@ -161,8 +161,9 @@ def stand_in(ends: list[RankEnd]) -> FakeDevice | None:
 def failed_alike(ends: list[RankEnd]) -> str | None:
     """'ValueError at train.py:12' when every one of `ends` failed with the same exception at the same
     place of the script, else None; None too where one failed after a stand-in for a peer's message
-    (`RankEnd.unheard`): the ranks traced after it may send it (`retrace`)."""
-    if not ends or any(e.status != "error" or e.unheard for e in ends):
+    (`RankEnd.unheard`) or after integers it made up for a peer's (`RankEnd.made_up`): the ranks traced after
+    it may send them (`retrace`), and the other classes run the same script on what was really sent."""
+    if not ends or any(e.status != "error" or e.unheard or e.made_up for e in ends):
         return None
     ways = {(e.exception or e.error, e.where) for e in ends}
     if len(ways) != 1:
