@@ -196,6 +196,9 @@ def test_a_trace_without_work_names_the_trace_to_make(traced, tmp_path):
     (("--cluster", "h100-sxm", "--from-trace", "TRACE", "--tp", "4"), "--tp 4"),
     (("--cluster", "h100-sxm", "--from-trace", "TRACE", "--plot", "x.png"), "--plot"),
     (("--cluster", "h100-sxm", "--compare-trace", "TRACE"), "--compare-trace"),
+    # the alpha-beta model's options would be ignored by the forecast: refused, each named
+    (("--cluster", "h100-sxm", "--from-trace", "TRACE", "--inter-bw", "50", "--hidden", "1024"), "--hidden, --inter-bw"),
+    (("--cluster", "h100-sxm", "--from-trace", "TRACE", "--sp"), "--sp:"),
     (("--cluster", "h100-sxm", "--from-trace", "/nonexistent/trace"), "/nonexistent/trace"),
 ])
 def test_bad_input_is_one_line(traced, args, words):

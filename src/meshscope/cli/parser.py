@@ -211,6 +211,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+PLACE_MODEL_ONLY = ("layers", "hidden", "ffn", "seq_len", "micro_batch", "heads", "experts", "topk", "microbatches",
+                    "vocab", "position_rows", "norm_params", "dtype", "sequence_parallel", "tied_embeddings",
+                    "mlp_bias", "separate_qkv", "data_parallel", "bucket_mb", "stage_layers", "layer_ms",
+                    "intra_latency", "intra_bw", "inter_latency", "inter_bw")
+"""place's options that only the analytic model and its alpha-beta links read: ``--cluster`` forecasts the traced
+job's own shapes on the cluster's links, and refuses them (`place_command`)."""
+
+
 JOB_COMMANDS = ("trace", "budget", "check", "forecast")
 """Commands that take a job after ``--``."""
 

@@ -71,6 +71,10 @@ def _place_by_forecast(args) -> int:
                          "made with meshscope trace --fake-world N --fake-tensors --work)")
     if args.plot:
         raise UsageError("--plot draws the alpha-beta ranking: leave it out with --cluster")
+    ignored = _model_flags_given(args)
+    if ignored:
+        raise UsageError(f"{', '.join(ignored)}: the analytic model's and its alpha-beta links' options; --cluster "
+                         f"forecasts the traced job's own shapes on the cluster's links (leave them out, or drop --cluster)")
     cluster = cluster_of(args)  # --gpus-per-node and --sweep as meshscope forecast takes them
     job = read(args.from_trace)
     layout = layout_of(job.result, "--from-trace", args.from_trace)
@@ -105,6 +109,17 @@ def _check_given(args, lay, flag: str) -> None:
         if value is not None and value != getattr(lay, name):
             raise UsageError(f"--{name} {value} disagrees with the trace's layout ({name} {getattr(lay, name)}); "
                              f"leave it out: {flag} takes the layout from the trace")
+
+
+def _model_flags_given(args) -> list[str]:
+    """The options of `parser.PLACE_MODEL_ONLY` given other than at their defaults, as the user wrote them."""
+    from .parser import PLACE_MODEL_ONLY, build_parser
+
+    parser = build_parser()
+    place = parser._subparsers._group_actions[0].choices["place"]
+    flags = {a.dest: a.option_strings[0] for a in place._actions if a.option_strings}
+    defaults = parser.parse_args(["place"])
+    return [flags[dest] for dest in PLACE_MODEL_ONLY if getattr(args, dest) != getattr(defaults, dest)]
 
 
 def _csv(values) -> str:
