@@ -154,6 +154,22 @@ def test_retrace_takes_a_failed_rank_after_its_senders_and_a_rank_they_cut_short
     assert retrace(run_dir, [0, 1, 2], []) == []
 
 
+def test_retrace_takes_a_rank_whose_missing_p2p_record_was_written_since_whenever_its_sender_ended(tmp_path):
+    """Ranks run side by side: rank 1 (a pipeline's next stage) ended at 2.0, before rank 0 (3.0), yet wrote the
+    record of its message after rank 0 looked for it. Rank 0 passed, so only that record now being there says
+    a second run would receive it (under load the end times said nothing: test_fake_world's pipelining case
+    kept an assumed receive on a fresh clone); rank 2, whose missing record is still missing, is not taken."""
+    run_dir = RunDir(tmp_path)
+    run_dir.rank_end(0).parent.mkdir(exist_ok=True)
+    record = run_dir.objects(1) / "p2p-0.json"
+    record.parent.mkdir(parents=True)
+    record.write_text("{}")
+    for rank, time, unheard in ((0, 3.0, ("objects/rank1/p2p-*.json",)), (1, 2.0, ()),
+                                (2, 3.5, ("objects/rank7/p2p-*.json",))):
+        run_dir.rank_end(rank).write_text(json.dumps(RankEnd(rank, "ok", time=time, unheard=unheard).to_json()))
+    assert retrace(run_dir, [0, 1, 2]) == [0]
+
+
 def test_retrace_takes_a_rank_that_left_no_record_after_the_senders_it_kept_its_own_for(tmp_path):
     """A rank killed in native code may leave no record, only the stand-ins it wrote as they happened (TorchRec's
     rank 0, fbgemm's heap corruption: ``free(): invalid pointer``, SIGABRT): it is traced again once rank 1,

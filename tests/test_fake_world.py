@@ -164,9 +164,9 @@ def test_pipelining_that_infers_its_shapes_issues_what_gloo_does(tmp_path):
 
 
 def test_a_rank_that_failed_on_a_stand_in_is_traced_again_once_what_it_looked_for_exists(tmp_path):
-    """`retrace`: a failed rank whose missing P2P record (its sender's, or a pipeline stage's from any
-    rank) has been written since is traced again; one whose records are still missing, or that passed,
-    is not."""
+    """`retrace`: a rank whose missing P2P record (its sender's, or a pipeline stage's from any rank) has been
+    written since is traced again, failed or passed (rank 0: a second run receives what it stood in for); one
+    whose records are still missing, or that looked for none, is not."""
     run_dir = RunDir(tmp_path)
     ends = [RankEnd(0, "ok", unheard=("objects/rank1/1-p2p-1-0-0.pkl",)),
             RankEnd(3, "error", unheard=("objects/rank*/pp-forward-2-0.pkl",)),
@@ -178,7 +178,7 @@ def test_a_rank_that_failed_on_a_stand_in_is_traced_again_once_what_it_looked_fo
     for record in ("rank1/1-p2p-1-0-0.pkl", "rank4/1-p2p-4-5-0.pkl", "rank6/pp-forward-0-0.pkl"):
         (tmp_path / "objects" / record).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / "objects" / record).write_bytes(b"")
-    assert retrace(run_dir, [0, 3, 5, 7, 8]) == [5, 7]
+    assert retrace(run_dir, [0, 3, 5, 7, 8]) == [0, 5, 7]
 
 
 def test_recv_object_list_from_a_rank_not_traced_gets_its_own_list_not_garbage(tmp_path):

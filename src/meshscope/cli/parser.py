@@ -16,6 +16,7 @@ from ..core.mesh import DEFAULT_ORDER
 from ..core.overrides import OVERRIDES, SWITCHES
 from ..place.links import INTER_DEFAULT, INTRA_DEFAULT
 from ..predict.model_spec import DP_FLAVOURS, ModelSpec
+from .place_command import MODEL_ONLY
 from ..trace.launch import add_trace_options
 
 
@@ -208,15 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
                          "forecast's job step on this cluster (h100-sxm, h200, a100-sxm or a JSON file, as meshscope "
                          "forecast takes; --sweep replaces its intra-node link) instead of the alpha-beta links")
     pl.add_argument("--json", action="store_true")
+    pl.set_defaults(model_only={a.dest: (a.option_strings[0], a.default) for a in pl._actions if a.dest in MODEL_ONLY})
     return p
-
-
-PLACE_MODEL_ONLY = ("layers", "hidden", "ffn", "seq_len", "micro_batch", "heads", "experts", "topk", "microbatches",
-                    "vocab", "position_rows", "norm_params", "dtype", "sequence_parallel", "tied_embeddings",
-                    "mlp_bias", "separate_qkv", "data_parallel", "bucket_mb", "stage_layers", "layer_ms",
-                    "intra_latency", "intra_bw", "inter_latency", "inter_bw")
-"""place's options that only the analytic model and its alpha-beta links read: ``--cluster`` forecasts the traced
-job's own shapes on the cluster's links, and refuses them (`place_command`)."""
 
 
 JOB_COMMANDS = ("trace", "budget", "check", "forecast")

@@ -11,6 +11,13 @@ from ..core.errors import UsageError
 
 AXES = ("tp", "cp", "pp", "ep", "etp")
 """The axis sizes place takes as flags (dp and edp are what they leave)."""
+MODEL_ONLY = ("layers", "hidden", "ffn", "seq_len", "micro_batch", "heads", "experts", "topk", "microbatches", "vocab",
+              "position_rows", "norm_params", "dtype", "sequence_parallel", "tied_embeddings", "mlp_bias",
+              "separate_qkv", "data_parallel", "bucket_mb", "stage_layers", "layer_ms", "intra_latency", "intra_bw",
+              "inter_latency", "inter_bw")
+"""place's options that only the analytic model and its alpha-beta links read: ``--cluster`` forecasts the traced
+job's own shapes on the cluster's links, and refuses them. The parser keeps each one's flag and default
+(``args.model_only``)."""
 
 
 def cmd_place(args) -> int:
@@ -112,14 +119,8 @@ def _check_given(args, lay, flag: str) -> None:
 
 
 def _model_flags_given(args) -> list[str]:
-    """The options of `parser.PLACE_MODEL_ONLY` given other than at their defaults, as the user wrote them."""
-    from .parser import PLACE_MODEL_ONLY, build_parser
-
-    parser = build_parser()
-    place = parser._subparsers._group_actions[0].choices["place"]
-    flags = {a.dest: a.option_strings[0] for a in place._actions if a.option_strings}
-    defaults = parser.parse_args(["place"])
-    return [flags[dest] for dest in PLACE_MODEL_ONLY if getattr(args, dest) != getattr(defaults, dest)]
+    """The options of `MODEL_ONLY` given other than at their defaults, as the user wrote them."""
+    return [flag for dest, (flag, default) in args.model_only.items() if getattr(args, dest) != default]
 
 
 def _csv(values) -> str:

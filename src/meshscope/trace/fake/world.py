@@ -130,7 +130,8 @@ def retrace(run_dir: RunDir, traced: list[int], again: Collection[int] = ()) -> 
     they kept their own integers for what a rank sent that ended after them (`stood_in.unsent`); those that
     passed but kept their own for what a rank traced `again` in the last round sent (its first run was cut
     short, or sized what it sent by a stand-in of its own); and those that passed but kept their own integers
-    in a P2P receive from a rank that ended after them. A pipeline's last stage runs beside rank 0, before any
+    in a P2P receive from a rank that ended after them, or whose record of a P2P message it did not find has
+    been written since. A pipeline's last stage runs beside rank 0, before any
     rank of the stage that sends it its inputs' shapes, and rank 0 before every rank of the stage that sends
     it its gradients' (Colossal-AI 0.5.0 pickles both into P2P messages, pipeline/p2p.py
     ``_send_recv_serialization_object``: each rank of a pipeline gets what the others send only in a second
@@ -143,9 +144,15 @@ def retrace(run_dir: RunDir, traced: list[int], again: Collection[int] = ()) -> 
         senders = stood_in.unsent(stood[rank][1], ops) if rank in stood else set()
         return any(s in ends and s in among and ends[s].time > ends[rank].time for s in senders)
 
+    def written(end: RankEnd) -> bool:
+        """A P2P message's record it looked for is there now. Ranks run side by side, so its sender may have
+        ended first yet written the record after the rank looked (a pipeline's first stage, whose gradients'
+        metadata come from the stage after it: under load that stage ended first, and no end time said so)."""
+        return any(any(run_dir.path.glob(p)) for p in end.unheard)
+
     return [r for r, end in ends.items()
-            if end.status in FAILED and (any(any(run_dir.path.glob(p)) for p in end.unheard) or later(r, ends))
-            or end.ended and (later(r, again) or later(r, ends, P2P))]
+            if end.status in FAILED and (written(end) or later(r, ends))
+            or end.ended and (later(r, again) or later(r, ends, P2P) or written(end))]
 
 
 def stand_in(ends: list[RankEnd]) -> FakeDevice | None:
