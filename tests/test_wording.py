@@ -118,9 +118,10 @@ def _source_words(path: Path) -> list[tuple[int, str]]:
     with path.open("rb") as f:
         for tok in tokenize.tokenize(f.readline):
             if tok.type == tokenize.NAME:
-                # snake_case and UPPER_CASE names: SEED_WORLD or test_seed_counts say "seed" as a word
+                # snake_case and UPPER_CASE names: SEED_WORLD or test_seed_counts say "seed" as a word;
+                # an RNG's name (megatron-core's model_parallel_cuda_manual_seed) is a random seed
                 words = " ".join(tok.string.split("_"))
-                if tok.string not in ("seed", "seeds", "manual_seed"):
+                if tok.string not in ("seed", "seeds") and not RNG.search(tok.string):
                     out.append((tok.start[0], words))
             elif tok.type in (tokenize.COMMENT, tokenize.STRING) or tok.type == getattr(tokenize, "FSTRING_MIDDLE", -1):
                 out.extend((tok.start[0] + i, line) for i, line in enumerate(tok.string.splitlines()))
