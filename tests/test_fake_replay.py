@@ -132,6 +132,18 @@ def test_the_note_names_an_unnamed_group_by_its_axis():
     assert "rank 0: all_reduce on group [0,2] at step 0" in stood_in.note({0: (1, [call])}, {(0, 1): "tp"})
 
 
+def test_the_made_up_receive_names_an_unnamed_group_by_its_axis():
+    """`RankEnd.made_up` (the doctor's words for a rank that failed after it) names a group the job named not as
+    the note does: by the axis its members make, 'group' where they make none."""
+    from meshscope.trace.fake.replay import Replay
+
+    replay = Replay()
+    replay.named = [stood_in.StandIn("all_reduce", stood_in.UNNAMED, (0, 2), 0, ((2, stood_in.UNTRACED),))]
+    assert replay.made_up({(0, 2): "pp"}) == ("all_reduce on pp [0,2] at step 0 (rank 2 not traced before it): it "
+                                             "held the rank's own")
+    assert replay.made_up({}).startswith("all_reduce on group [0,2] at step 0")
+
+
 def test_retrace_takes_a_failed_rank_after_its_senders_and_a_rank_they_cut_short_after_them(tmp_path):
     """`world.retrace` on stand-in records by hand: rank 0 failed after keeping its own for rank 1, which ended
     after it: traced again; rank 2 failed on rank 5's, never traced: not; rank 1 passed, keeping its own where

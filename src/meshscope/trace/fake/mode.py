@@ -46,6 +46,8 @@ class FakeMode:
         self.patched: list[str] = []
         self.work = None
         """The rank's `capture.work.WorkCounter` under ``--work``."""
+        self.inferred = dict
+        """The axes of the groups the job named not, by their members (`RankTrace.inferred`, once installed)."""
 
     @property
     def recorder(self) -> str:
@@ -61,7 +63,9 @@ class FakeMode:
         # a FakeTensor holds nothing to send: --fake-tensors replays nothing
         replay.REPLAY.begin(self.run_dir, self.rank, trace.context, on=not self.options.fake_tensors)
         trace.assume = self.assumed
-        trace.last_words = lambda: {"made_up": replay.REPLAY.made_up()}  # dead in native code on it: fbgemm's crash
+        # dead in native code on it: fbgemm's crash
+        trace.last_words = lambda: {"made_up": replay.REPLAY.made_up(trace.inferred())}
+        self.inferred = trace.inferred
         if self.options.work:
             from ...capture.work import WorkCounter
 
@@ -130,5 +134,5 @@ class FakeMode:
         return {"mapped": tuple(mapped), "patched": tuple(self.patched),
                 "device": gpu.lookup(self.options.fake_device or gpu.DEFAULT) if devices.needed() else "",
                 "device_calls": tuple(gpu.answered), "answered": answered, "stood_in": len(objects.EXCHANGE.stood_in),
-                "unheard": tuple(sorted(objects.EXCHANGE.unheard)), "made_up": replay.REPLAY.made_up(),
+                "unheard": tuple(sorted(objects.EXCHANGE.unheard)), "made_up": replay.REPLAY.made_up(self.inferred()),
                 **files.record()}
