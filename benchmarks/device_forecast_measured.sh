@@ -13,14 +13,15 @@ work=/tmp/measured
 mkdir -p "$out" "$work"
 nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,memory.total --format=csv > "$out/gpu.csv" 2>&1
 python3 -c "import torch; print(torch.__version__, torch.version.cuda)" > "$out/torch.txt" 2>&1
+# the timeouts below add up to 570 s, inside the device tool's 600 s per command
 mlp="tests/jobs/timed_steps.py --layers 4 --hidden 4096 --batch 8192"
 llama="benchmarks/forecast_llama_layers.py --layers 4 --batch 1 --seq 8192"
-timeout 90 torchrun --standalone --nproc-per-node 1 $mlp --steps 12 > "$out/mlp_steps.txt" 2>> "$out/stderr.txt"
-timeout 120 torchrun --standalone --nproc-per-node 1 $llama --steps 10 > "$out/llama_steps.txt" 2>> "$out/stderr.txt"
-for case in "mlp1|1|4096|$mlp --steps 6" "w1|1|8192|$llama --steps 6" "fsdp8|8|65536|$llama --fsdp --steps 5"; do
+timeout 60 torchrun --standalone --nproc-per-node 1 $mlp --steps 12 > "$out/mlp_steps.txt" 2>> "$out/stderr.txt"
+timeout 90 torchrun --standalone --nproc-per-node 1 $llama --steps 10 > "$out/llama_steps.txt" 2>> "$out/stderr.txt"
+for case in "mlp1|1|8192|$mlp --steps 6" "w1|1|8192|$llama --steps 6" "fsdp8|8|65536|$llama --fsdp --steps 5"; do
   IFS="|" read -r name world tokens args <<< "$case"
   start=$(date +%s.%N)
-  timeout 200 python3 -m meshscope forecast --fake-world "$world" --measure-on cuda --cluster h100-sxm \
+  timeout 140 python3 -m meshscope forecast --fake-world "$world" --measure-on cuda --cluster h100-sxm \
     --tokens "$tokens" --out "$work/$name" --json -- $args > "$out/$name.json" 2> "$out/$name.stderr"
   echo "$name rc=$? wall_s=$(echo "$(date +%s.%N) - $start" | bc)" >> "$out/runs.txt"
   tail -5 "$out/$name.stderr" >> "$out/runs.txt"
