@@ -20,7 +20,7 @@ import pytest
 
 import meshscope
 
-from .helpers import ROOT, fake_equals_real
+from .helpers import ROOT, fake_equals_real, trace_json
 
 JOBS = ROOT / "tests" / "jobs"
 
@@ -161,3 +161,17 @@ def test_a_ddp_comm_hook_of_the_scripts_replaces_meshscopes(tmp_path, hook, ran,
         (mine,) = [r for r in doc["per_rank"] if r["rank"] == rank]
         last = max(mine["steps"], key=lambda s: s["step"])  # step 3: past DDP's bucket rebuild
         assert Counter((e["op"], e["phase"], e["bytes_in"]) for e in last["events"]) == calls
+
+
+def test_a_bf16_compression_hook_is_taken_as_a_cuda_build_takes_it(tmp_path):
+    """DDP takes bf16_compress_hook only from a CUDA build with NCCL 2.10+: the fake world stands in for one
+    (torch.cuda.nccl.version answered, torch.version.cuda while DDP checks the hook), where it failed as unmapped.
+    No gloo run to hold it against (a CPU build refuses the hook): the docstring's hand count, one all-reduce of
+    256 bfloat16 (512 B) per steady step, the hook run once per step."""
+    proc, doc = trace_json(tmp_path / "fake", "--fake-world", 2, [str(JOBS / "ddp_comm_hook.py"), "--hook", "bf16"])
+    assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
+    for mine in doc["per_rank"]:
+        assert f"rank {mine['rank']} hook ran 3" in (tmp_path / "fake" / "logs" / f"rank{mine['rank']}.log").read_text()
+        last = max(mine["steps"], key=lambda s: s["step"])
+        assert Counter((e["op"], e["dtype"], e["phase"], e["bytes_in"]) for e in last["events"]) == {
+            ("all_reduce", "bfloat16", "backward", 512): 1}

@@ -9,12 +9,16 @@ Launch (any world size >= 1)::
     torchrun --nproc-per-node 2 tests/jobs/ddp_comm_hook.py --hook own
     torchrun --nproc-per-node 2 tests/jobs/ddp_comm_hook.py --hook builtin-fp16
     torchrun --nproc-per-node 2 tests/jobs/ddp_comm_hook.py --hook builtin-allreduce
+    torchrun --nproc-per-node 2 tests/jobs/ddp_comm_hook.py --hook bf16   # NCCL 2.10+ on CUDA only
 
 Independent facts (--steps 3, one ``Linear(16, 16, bias=False)``: 256 fp32 weights, 1,024 B, one bucket):
 
 * ``--hook fp16``: torch's ``default_hooks.fp16_compress_hook`` (torch 2.13 ddp_comm_hooks/default_hooks.py:
   ``buffer.to(float16).div_(world)``, one ``all_reduce`` of it, then ``fut.value()[0]`` copied back into the
   bucket): **one all_reduce of 256 float16 = 512 B per step**.
+* ``--hook bf16``: torch's ``default_hooks.bf16_compress_hook`` (the same with ``bfloat16``), which DDP takes
+  from a CUDA build with NCCL 2.10+ only (torch 2.13 nn/parallel/distributed.py ``_check_comm_hook``; a CPU
+  build raises): **one all_reduce of 256 bfloat16 = 512 B per step**.
 * ``--hook own``: nanotron's pattern (2411b02 optim/gradient_accumulator.py:333-392): the hook all-reduces
   a copy of the bucket (fp32, 1,024 B) asynchronously and returns a future of its own holding the bucket:
   **one all_reduce of 1,024 B float32 per step**.
@@ -58,9 +62,14 @@ def counted_fp16(group, bucket):
     return default_hooks.fp16_compress_hook(group, bucket)
 
 
+def bf16_compress_hook(group, bucket):  # DDP knows bf16 hooks by this name
+    ran.append(1)
+    return default_hooks.bf16_compress_hook(group, bucket)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--hook", choices=("fp16", "own", *BUILTIN), default="fp16")
+    p.add_argument("--hook", choices=("fp16", "bf16", "own", *BUILTIN), default="fp16")
     p.add_argument("--steps", type=int, default=3)
     args = p.parse_args()
     cuda = torch.cuda.is_available()
@@ -73,7 +82,8 @@ def main():
     if args.hook in BUILTIN:
         ddp._register_builtin_comm_hook(BUILTIN[args.hook])
     else:
-        ddp.register_comm_hook(dist.group.WORLD, counted_fp16 if args.hook == "fp16" else own_hook)
+        hooks = {"fp16": counted_fp16, "bf16": bf16_compress_hook, "own": own_hook}
+        ddp.register_comm_hook(dist.group.WORLD, hooks[args.hook])
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(rank)
     for _ in range(args.steps):

@@ -265,7 +265,8 @@ def hook_ddp() -> None:
         slot = slot_of(self)
         if slot.taken:  # torch's own error: the reducer's one hook is registered
             return register(self, state, hook)
-        self._check_comm_hook(hook)
+        with _as_a_cuda_build():
+            self._check_comm_hook(hook)
         self.logger._set_comm_hook_name(hook.__qualname__)
         self._comm_hooks.append((hook, state))
         slot.hook, slot.state, slot.taken = hook, state, True
@@ -280,6 +281,26 @@ def hook_ddp() -> None:
     DistributedDataParallel.__init__ = __init__
     DistributedDataParallel.register_comm_hook = register_comm_hook
     DistributedDataParallel._register_builtin_comm_hook = _register_builtin_comm_hook
+
+
+@contextmanager
+def _as_a_cuda_build():
+    """``torch.version.cuda`` as a CUDA build of torch has it, while DDP checks a hook the script registers, where
+    the fake world maps CUDA onto a CPU build: DDP takes ``bf16_compress_hook`` only from a CUDA build with NCCL
+    2.10+ (torch 2.13 nn/parallel/distributed.py ``_check_comm_hook``), which the job asked for (its NCCL version
+    is `cuda_api.NCCL_VERSION`). Only the check reads it; the figure is not read, only whether there is one."""
+    import torch
+
+    from . import devices
+
+    if not devices.needed() or torch.version.cuda is not None:
+        yield
+        return
+    torch.version.cuda = "12.8"
+    try:
+        yield
+    finally:
+        torch.version.cuda = None
 
 
 def fake_allreduce_hook(group, bucket):

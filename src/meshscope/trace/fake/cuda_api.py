@@ -180,6 +180,8 @@ _CUDA = {
     "get_rng_state": "rng_state", "get_rng_state_all": "rng_state_all",
     "set_rng_state": "nothing", "set_rng_state_all": "nothing",  # fork_rng's restore: no CUDA generator to set
     "is_current_stream_capturing": "no",  # asked of a CUDA build before every optimizer step (torch 2.11)
+    # DDP checks it before it takes bf16_compress_hook (torch 2.13 nn/parallel/distributed.py _check_comm_hook)
+    "nccl.version": "nccl_version",
     "Stream": "Stream", "Event": "Event", "current_stream": "current_stream", "default_stream": "default_stream",
     "set_stream": "set_stream", "stream": "stream", "ExternalStream": "ExternalStream",  # a real CUDA stream's
     "CUDAGraph": "CUDAGraph",  # a CUDA build's reaches the device in C++, without a torch.cuda frame to name
@@ -203,6 +205,9 @@ _ACCELERATOR = {
     **{f: "gpu.zero" for f in ("memory_allocated", "max_memory_allocated", "memory_reserved", "max_memory_reserved")},
     **{f: "gpu.nothing" for f in ("reset_peak_memory_stats", "reset_accumulated_memory_stats")},
 }
+NCCL_VERSION = (2, 27, 5)
+"""What ``torch.cuda.nccl.version()`` answers: the NCCL release PyTorch's CI builds against
+(.ci/docker/ci_commit_pins/nccl-cu12.txt, v2.27.5-1 at pytorch/pytorch 06b24a9)."""
 _SHOWN = {"torch.cuda._exchange_device": "torch.cuda.device", "torch.cuda._maybe_exchange_device": "torch.cuda.device"}
 """Private answers, named in the note by what the script called."""
 ANSWERS = {**{f"torch.cuda.{name}": kind for name, kind in _CUDA.items()},
@@ -325,6 +330,7 @@ def _kinds() -> dict[str, object]:
     cpu_state = torch.get_rng_state
     return {
         "yes": lambda *a, **k: True, "no": lambda *a, **k: False, "nothing": gpu.nothing, "zero": gpu.zero,
+        "nccl_version": lambda: NCCL_VERSION,
         "local_world": lambda: local_world(), "local_rank": lambda *a, **k: local_rank(),
         "cuda": lambda check_available=False: torch.device("cuda"),
         "rng_state": lambda *a, **k: cpu_state(), "rng_state_all": lambda: [cpu_state()] * local_world(),
