@@ -55,9 +55,10 @@ def test_a_stage_whose_sender_is_not_traced_is_named_with_the_receive_that_held_
     assert note.startswith("fake backend: rank 3 failed after a receive of integers"), note
     assert "recv on axis1 [1,3] at step 0 (rank 1 not traced before it)" in note
     assert note.endswith("trace rank 1 too (--ranks)"), note
-    root = doc["doctor"]["findings"][0]  # the rank's record names it too (`RankEnd.made_up`): the doctor's blame
+    # the rank's record names it too (`RankEnd.made_up`), by the axis the note names: the doctor's blame
+    root = doc["doctor"]["findings"][0]
     assert root["root_cause"] and root["kind"] == "fake-world-gap" and root["entry"].startswith("EOFError"), root
-    assert "recv on group [1,3] at step 0 (rank 1 not traced before it): it held zeros" in root["cause"], root
+    assert "recv on axis1 [1,3] at step 0 (rank 1 not traced before it): it held zeros" in root["cause"], root
 
 
 def test_a_rank_that_passed_on_a_p2p_stand_in_is_traced_again_after_its_sender(tmp_path):
