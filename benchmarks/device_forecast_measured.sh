@@ -26,7 +26,7 @@ for case in "mlp1|1|8192|$mlp --steps 6" "w1|1|8192|$llama --steps 6" "fsdp8|8|6
   start=$(date +%s.%N)
   timeout 140 python3 -m meshscope forecast --fake-world "$world" --measure-on cuda --cluster h100-sxm \
     --tokens "$tokens" --out "$work/$name" --json -- $args > "$out/$name.json" 2> "$out/$name.stderr"
-  echo "$name rc=$? wall_s=$(echo "$(date +%s.%N) - $start" | bc)" >> "$out/runs.txt"
+  echo "$name rc=$? wall_s=$(python3 -c "print(round($(date +%s.%N) - $start, 1))")" >> "$out/runs.txt"
   tail -5 "$out/$name.stderr" >> "$out/runs.txt"
 done
 cat "$out/gpu.csv" "$out/torch.txt" "$out/mlp_steps.txt" "$out/llama_steps.txt" "$out/runs.txt" 2>/dev/null

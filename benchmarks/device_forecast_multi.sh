@@ -31,7 +31,7 @@ for mode in ddp fsdp; do
     start=$(date +%s.%N)
     timeout 100 python3 -m meshscope forecast --fake-world "$gpus" $extra --cluster "$cluster" \
       --tokens $((gpus * 8192)) --out "$work/$name" --json -- $job $flag --steps 5 > "$out/$name.json" 2> "$out/$name.stderr"
-    echo "$name rc=$? wall_s=$(echo "$(date +%s.%N) - $start" | bc)" >> "$out/runs.txt"
+    echo "$name rc=$? wall_s=$(python3 -c "print(round($(date +%s.%N) - $start, 1))")" >> "$out/runs.txt"
   done
 done
 cat "$out/gpu.csv" "$out/ddp_steps.txt" "$out/fsdp_steps.txt" "$out/runs.txt"

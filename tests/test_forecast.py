@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from .helpers import cli_here
 
@@ -127,3 +128,22 @@ def test_a_moe_whose_routing_sizes_its_calls_is_forecast_with_real_tensors(tmp_p
     proc = cli_here("forecast", "--fake-world", 4, "--real-tensors", "--fake-tensors", "--cluster", "h100-sxm",
                     "--", "tests/jobs/moe_a2a.py")
     assert proc.returncode == 2 and "--real-tensors" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_grouped_query_attention_counts_each_query_head_over_its_groups_keys():
+    """A GPU's SDPA kernel takes grouped-query attention as it is (key and value with 8 heads for the query's
+    32: Llama 3 8B's, ``enable_gqa``), and torch's FLOP formula refuses those shapes (torch 2.11 on an H100
+    under --measure-on cuda: "query/key/value shapes are incompatible"); the work counter's formula is torch's
+    own on key and value repeated to the query's heads, forward and backward."""
+    from meshscope.capture.work import _flop_formulas
+
+    formulas, aten = _flop_formulas(), torch.ops.aten
+    meta = {"device": "meta", "dtype": torch.bfloat16}
+    q, k = torch.empty(1, 32, 1024, 128, **meta), torch.empty(1, 8, 1024, 128, **meta)
+    repeated = torch.empty(1, 32, 1024, 128, **meta)
+    forward = formulas[aten._scaled_dot_product_flash_attention]
+    assert forward(q, k, k, 0.0, True, out_val=None) == forward(q, repeated, repeated, 0.0, True, out_val=None) > 0
+    backward = formulas[aten._scaled_dot_product_efficient_attention_backward]
+    args = (q, q, k, k, None, q, torch.empty(1, 32, 1024, **meta), None, None, 0.0, (True, True, True, False))
+    same = (q, q, repeated, repeated, *args[4:])
+    assert backward(*args, out_val=None) == backward(*same, out_val=None) > 0

@@ -92,10 +92,30 @@ def _flop_formulas() -> dict:
             formulas[getattr(aten, cpu)] = formulas[getattr(aten, gpu)]
     for packet, formula in list(formulas.items()):
         if isinstance(packet, torch._ops.OpOverloadPacket):
-            causal = next((i for i, a in enumerate(packet.default._schema.arguments) if a.name == "is_causal"), None)
+            names = [a.name for a in packet.default._schema.arguments]
+            causal = names.index("is_causal") if "is_causal" in names else None
             if causal is not None:
-                formulas[packet] = _halved_if_causal(formula, causal)
+                formula = formulas[packet] = _halved_if_causal(formula, causal)
+            if names[:4] in (["query", "key", "value"] + names[3:4], ["grad_out", "query", "key", "value"],
+                             ["grad_out_", "query", "key", "value"]) and packet.__name__.startswith("_scaled_dot"):
+                formulas[packet] = _grouped_heads(formula, names.index("query"))
     return formulas
+
+
+def _grouped_heads(formula, query: int):
+    """An SDPA kernel's formula for grouped-query attention: key and value with fewer heads than the query
+    (``enable_gqa``; [batch, heads, sequence, dim]), which the GPU kernels take as they are and torch's formulas
+    refuse (torch 2.11 flop_counter.py sdpa_flop_count: "query/key/value shapes are incompatible"; seen on an
+    H100 under --measure-on cuda, where the CPU's kernel had received them already repeated). Each query head
+    attends over its group's key and value: the FLOPs of key and value repeated to the query's heads."""
+    def flops(*args, out_val=None, **kwargs):
+        q, k, v = args[query], args[query + 1], args[query + 2]
+        if q.dim() == 4 and k.dim() == 4 and k.shape[1] != q.shape[1]:
+            heads = q.shape[1]
+            k, v = (torch.empty((t.shape[0], heads, *t.shape[2:]), device="meta", dtype=t.dtype) for t in (k, v))
+            args = (*args[:query + 1], k, v, *args[query + 3:])
+        return formula(*args, out_val=out_val, **kwargs)
+    return flops
 
 
 def _halved_if_causal(formula, position: int):
