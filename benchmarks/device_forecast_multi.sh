@@ -7,11 +7,8 @@
 # class's compute measured on this host's GPU (--measure-on cuda). Run through the device tool from the
 # repository root (PYTHONPATH=src: nothing is installed there); results in $OUT. The timeouts add up to 560 s.
 set -uo pipefail
-export NCCL_NVLS_ENABLE=0 PYTHONPATH=src PYTHONUNBUFFERED=1
-out=${OUT:-/tmp/out}
-work=/tmp/multi
-mkdir -p "$out" "$work"
-nvidia-smi --query-gpu=name,power.limit,clocks.max.sm,memory.total --format=csv > "$out/gpu.csv" 2>&1
+WORK=/tmp/multi LIMIT=100
+source benchmarks/device_forecast_common.sh
 nvidia-smi topo -m > "$out/topo.txt" 2>&1
 gpus=$(nvidia-smi --query-gpu=name --format=csv,noheader | wc -l)
 case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
@@ -26,15 +23,9 @@ for mode in ddp fsdp; do
   timeout 80 torchrun --standalone --nproc-per-node "$gpus" $job $flag --steps 10 > "$out/${mode}_steps.txt" \
     2>> "$out/stderr.txt"
   for measure in roofline cuda; do
-    name=${mode}_$measure
-    extra=$([ "$measure" = cuda ] && echo --measure-on cuda)
-    start=$(date +%s.%N)
-    timeout 100 python3 -m meshscope forecast --fake-world "$gpus" $extra --cluster "$cluster" \
-      --tokens $((gpus * 8192)) --out "$work/$name" --json -- $job $flag --steps 5 > "$out/$name.json" 2> "$out/$name.stderr"
-    echo "$name rc=$? wall_s=$(python3 -c "print(round($(date +%s.%N) - $start, 1))")" >> "$out/runs.txt"
+    forecast "${mode}_$measure" --fake-world "$gpus" $([ "$measure" = cuda ] && echo --measure-on cuda) \
+      --cluster "$cluster" --tokens $((gpus * 8192)) -- $job $flag --steps 5
   done
 done
 cat "$out/gpu.csv" "$out/ddp_steps.txt" "$out/fsdp_steps.txt" "$out/runs.txt"
-for name in ddp_roofline ddp_cuda fsdp_roofline fsdp_cuda; do
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print(sys.argv[1], 'step_ms', round(d['step_s'] * 1e3, 2), [(c['rank'], round(c['compute_s'] * 1e3, 2), round(c['exposed_s'] * 1e3, 2)) for c in d['classes']], d['compute_source'][:60])" "$out/$name.json" 2>&1 | tail -1
-done
+summary ddp_roofline ddp_cuda fsdp_roofline fsdp_cuda
