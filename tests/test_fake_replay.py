@@ -139,9 +139,10 @@ def test_the_made_up_receive_names_an_unnamed_group_by_its_axis():
 
     replay = Replay()
     replay.named = [stood_in.StandIn("all_reduce", stood_in.UNNAMED, (0, 2), 0, ((2, stood_in.UNTRACED),))]
-    assert replay.made_up({(0, 2): "pp"}) == ("all_reduce on pp [0,2] at step 0 (rank 2 not traced before it): it "
+    assert replay.made_up(lambda: {(0, 2): "pp"}) == ("all_reduce on pp [0,2] at step 0 (rank 2 not traced before it): it "
                                              "held the rank's own")
-    assert replay.made_up({}).startswith("all_reduce on group [0,2] at step 0")
+    assert replay.made_up(dict).startswith("all_reduce on group [0,2] at step 0")
+    assert Replay().made_up(lambda: 1 / 0) == ""  # no stand-in: the group log is not read
 
 
 def test_retrace_takes_a_failed_rank_after_its_senders_and_a_rank_they_cut_short_after_them(tmp_path):

@@ -96,9 +96,9 @@ def _flop_formulas() -> dict:
             causal = names.index("is_causal") if "is_causal" in names else None
             if causal is not None:
                 formula = formulas[packet] = _halved_if_causal(formula, causal)
-            if names[:4] in (["query", "key", "value"] + names[3:4], ["grad_out", "query", "key", "value"],
-                             ["grad_out_", "query", "key", "value"]) and packet.__name__.startswith("_scaled_dot"):
-                formulas[packet] = _grouped_heads(formula, names.index("query"))
+            query = names.index("query") if "query" in names else -1
+            if packet.__name__.startswith("_scaled_dot") and names[query:query + 3] == ["query", "key", "value"]:
+                formulas[packet] = _grouped_heads(formula, query)
     return formulas
 
 

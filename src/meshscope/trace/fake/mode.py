@@ -63,9 +63,8 @@ class FakeMode:
         # a FakeTensor holds nothing to send: --fake-tensors replays nothing
         replay.REPLAY.begin(self.run_dir, self.rank, trace.context, on=not self.options.fake_tensors)
         trace.assume = self.assumed
-        # dead in native code on it: fbgemm's crash
-        trace.last_words = lambda: {"made_up": replay.REPLAY.made_up(trace.inferred())}
         self.inferred = trace.inferred
+        trace.last_words = lambda: {"made_up": replay.REPLAY.made_up(self.inferred)}  # dead in native code: fbgemm
         if self.options.work:
             from ...capture.work import WorkCounter
 
@@ -134,5 +133,5 @@ class FakeMode:
         return {"mapped": tuple(mapped), "patched": tuple(self.patched),
                 "device": gpu.lookup(self.options.fake_device or gpu.DEFAULT) if devices.needed() else "",
                 "device_calls": tuple(gpu.answered), "answered": answered, "stood_in": len(objects.EXCHANGE.stood_in),
-                "unheard": tuple(sorted(objects.EXCHANGE.unheard)), "made_up": replay.REPLAY.made_up(self.inferred()),
+                "unheard": tuple(sorted(objects.EXCHANGE.unheard)), "made_up": replay.REPLAY.made_up(self.inferred),
                 **files.record()}

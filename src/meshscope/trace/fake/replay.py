@@ -217,13 +217,13 @@ class Replay:
             fields = tuple(dict.fromkeys(fields + SIZES))
         return fields
 
-    def made_up(self, axes: dict[tuple[int, ...], str]) -> str:
+    def made_up(self, axes) -> str:
         """The first receive of integers this rank took a stand-in for, the first that held zeros where one
-        did (`RankEnd.made_up`), a group the job named not by the axis `axes` infers for its members (as the
-        result's note names it); empty where none."""
+        did (`RankEnd.made_up`), a group the job named not by the axis ``axes()`` infers for its members (as the
+        result's note names it; asked only where there is one: it reads the rank's group log); empty where none."""
         if self.unfilled is not None:
-            return f"{self.unfilled.text(axes)}: it held zeros"
-        return f"{self.named[0].text(axes)}: it held the rank's own" if self.named else ""
+            return f"{self.unfilled.text(axes())}: it held zeros"
+        return f"{self.named[0].text(axes())}: it held the rank's own" if self.named else ""
 
     def write(self) -> None:
         """This rank's stand-ins, for `world`'s note and its tracing again (nothing when it kept none)."""
