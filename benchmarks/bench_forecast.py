@@ -9,6 +9,17 @@ Rows (the published figure, its source, and the job as its users start it):
   82.4 and 67.0 GiB). Their H100s are HBM2e 96 GB parts at 500 W whose bf16 peak the page puts between the SXM's
   and the NVL's: each row is forecast on both bounds (benchmarks/clusters/h100-grand-teton*.json).
 
+- torchtitan Llama 3 70B, FSDP 32 x TP 8 (plain TP), full AC, local batch 16, seq 8192, on 256 of the same H100s
+  (torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, "Vanilla TP", bfloat16: 597.3 TPS/GPU). The
+  page ran it under torch.compile; the fake world traces it eager.
+
+- NeMo-Automodel Llama 3.1 70B pre-training, FSDP2 32 x CP 2 (context parallel over SDPA, all-gather rotation),
+  activation checkpointing, local batch 1, global batch 128 (4 accumulated microbatches), seq 8192, on 64 DGX H100
+  (NeMo-Automodel docs/performance-summary.mdx, pre-training table, row "Llama3 70B": 18.90 s per step; recipe
+  examples/llm_benchmark/llama3_3/custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml). NeMo-Automodel is not
+  installed here (its recipe needs Transformer Engine): the row is rebuilt on torchtitan's Llama 3 70B with the
+  recipe's layout, batch, sequence and checkpointing, traced eager (the recipe compiles, with TE's kernels).
+
 - GPT-3 175B (96 layers, hidden 12288, 96 heads, seq 2048, vocab 51,200) in megatron-core, as Megatron-LM's
   pretrain_gpt trains it (benchmarks/forecast_megatron_gpt.py): TP 8 x PP 8, interleaved schedule (12 virtual stages of
   one layer), sequence parallel, selective recomputation, bf16, micro batch 1, on A100 80GB SXM:
@@ -23,7 +34,7 @@ torchtitan is run at the installed release (0.2.2 on the CI torch: ``-m torchtit
 page measured a late-2024 commit), on a word-level tokenizer and generated documents (tests/test_torchtitan.py's
 assets: the model's vocabulary is the flavor's, 128,256, whatever the tokenizer's).
 
-Run: python benchmarks/bench_forecast.py [--rows 8b-8,8b-128,gpt175b-64,...] [--keep DIR]. On this project's 2-core
+Run: python benchmarks/bench_forecast.py [--rows 8b-8,8b-128,70b-256,nemo70b-64,gpt175b-64,...] [--keep DIR]. On this project's 2-core
 box a torchtitan row traces in about a minute, a GPT-3 175B row in 18 (64 GPUs) to 48 minutes (512 GPUs).
 """
 
@@ -70,6 +81,14 @@ def _titan_8b(world: int) -> tuple[str, ...]:
             "selective", "--activation_checkpoint.selective_ac_option", "op", "--metrics.log_freq", "1")
 
 
+def _titan_70b(*parallel: str, local_batch: int, global_batch: int | None = None) -> tuple[str, ...]:
+    return ("-m", "torchtitan.train", "--model.flavor", "70B", "--model.hf_assets_path", "tokenizer",
+            "--training.dataset", "c4_test", "--training.dataset_path", "c4", "--training.steps", "4",
+            "--training.seq_len", "8192", "--training.local_batch_size", str(local_batch),
+            *(("--training.global_batch_size", str(global_batch)) if global_batch else ()), *parallel,
+            "--activation_checkpoint.mode", "full", "--metrics.log_freq", "1")
+
+
 MEGATRON_GPT = ROOT / "benchmarks" / "forecast_megatron_gpt.py"
 
 
@@ -103,6 +122,17 @@ ROWS = {r.key: r for r in (
         5762, 82.4, f"{TEN}, Table 1, FSDP", GRAND_TETON),
     Row("8b-128", "torchtitan Llama 3.1 8B, FSDP 128, selective op AC, batch 2 x 8192", 128, _titan_8b(128),
         128 * 2 * 8192, 5605, 67.0, f"{TEN}, Table 3, FSDP", GRAND_TETON),
+    Row("70b-256", "torchtitan Llama 3 70B, FSDP 32 x TP 8, full AC, batch 16 x 8192 per data-parallel rank", 256,
+        _titan_70b("--parallelism.data_parallel_shard_degree", "32", "--parallelism.tensor_parallel_degree", "8",
+                   local_batch=16), 32 * 16 * 8192, 597.3, None,
+        "torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, Llama3 70b, vanilla TP, bfloat16",
+        GRAND_TETON),
+    Row("nemo70b-64", "Llama 3.1 70B as NeMo-Automodel's recipe, FSDP 32 x CP 2, full AC, batch 128 x 8192 "
+        "(4 microbatches of 1 per rank pair)", 64,
+        _titan_70b("--parallelism.data_parallel_shard_degree", "32", "--parallelism.context_parallel_degree", "2",
+                   local_batch=1, global_batch=128), 128 * 8192, None, None,
+        "NeMo-Automodel docs/performance-summary.mdx, pre-training (DGX-H100, BF16), Llama3 70B", ("h100-sxm",),
+        published_step_s=18.90),
     Row("gpt175b-64", "Megatron GPT-3 175B, TP 8 x PP 8 (12 virtual stages), SP + selective recompute, batch 64 x 2048",
         64, _gpt_175b(1, 64, False), 64 * 2048, None, None, KORTHIKANTI, ("a100-sxm",), published_step_s=13.75,
         assets=False),
@@ -173,7 +203,7 @@ def main() -> None:
         if key not in ROWS:
             sys.exit(f"--rows: unknown row {key!r}; rows: {', '.join(ROWS)}")
         row = ROWS[key]
-        published = [f"{row.published_tps:,.0f} TPS/GPU" if row.published_tps is not None else "",
+        published = [f"{row.published_tps:,g} TPS/GPU" if row.published_tps is not None else "",
                      f"{row.published_step_s} s per iteration" if row.published_step_s is not None else "",
                      f"{row.published_gib} GiB" if row.published_gib is not None else ""]
         print(f"{row.key}: {row.what}; published {', '.join(p for p in published if p)} ({row.source})", flush=True)

@@ -17,10 +17,16 @@ llama="benchmarks/forecast_llama_layers.py --layers 4 --batch 1 --seq 8192"
   timeout 60 torchrun --standalone --nproc-per-node 1 $mlp --steps 12 > "$out/mlp_steps.txt" 2>> "$out/stderr.txt"
 [[ $cases == *" w1 "* || $cases == *" fsdp8 "* ]] && \
   timeout 90 torchrun --standalone --nproc-per-node 1 $llama --steps 10 > "$out/llama_steps.txt" 2>> "$out/stderr.txt"
+# mem: the blocks' own peak memory (allocated and reserved) under DDP and under FSDP2 at world 1, against the
+# forecast's tensor bytes (made on a CPU: `meshscope forecast --fake-world 1 ... -- $llama8 [--fsdp]`)
+llama8="benchmarks/forecast_llama_layers.py --layers 8 --batch 1 --seq 8192"
+[[ $cases == *" mem "* ]] && for mode in "" "--fsdp"; do
+  timeout 90 torchrun --standalone --nproc-per-node 1 $llama8 --steps 6 $mode >> "$out/memory.txt" 2>> "$out/stderr.txt"
+done
 for case in "mlp1|1|8192|$mlp --steps 6" "w1|1|8192|$llama --steps 6" "fsdp8|8|65536|$llama --fsdp --steps 5"; do
   IFS="|" read -r name world tokens args <<< "$case"
   [[ $cases == *" $name "* ]] || continue
   forecast "$name" --fake-world "$world" --measure-on cuda --cluster h100-sxm --tokens "$tokens" -- $args
 done
-cat "$out/gpu.csv" "$out/torch.txt" "$out/mlp_steps.txt" "$out/llama_steps.txt" "$out/runs.txt" 2>/dev/null
+cat "$out/gpu.csv" "$out/torch.txt" "$out/mlp_steps.txt" "$out/llama_steps.txt" "$out/memory.txt" "$out/runs.txt" 2>/dev/null
 summary $cases

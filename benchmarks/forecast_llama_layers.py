@@ -112,6 +112,7 @@ def main() -> None:
         steady = times[3:]
         print(f"step_ms median {statistics.median(steady):.2f} min {min(steady):.2f} max {max(steady):.2f} "
               f"peak_allocated_gib {torch.cuda.max_memory_allocated() / 2**30:.2f} "
+              f"peak_reserved_gib {torch.cuda.max_memory_reserved() / 2**30:.2f} "
               f"(steps 3-{args.steps - 1}; layers {args.layers}, batch {args.batch}, seq {args.seq}, "
               f"{'FSDP2' if args.fsdp else 'DDP'} over {dist.get_world_size()}, "
               f"{torch.cuda.get_device_name()}, torch {torch.__version__})", flush=True)

@@ -168,11 +168,12 @@ def test_a_fullgraph_compile_runs_eagerly_without_data(tmp_path):
 
 
 def test_a_shape_from_values_stops_the_rank_with_one_line_naming_its_line(tmp_path):
-    """MoE routing counts (bincount of the routing choices) decide an uneven all-to-all's splits: without
-    data the rank fails with one line naming the op and the script's line, and no traceback of
-    meshscope's."""
+    """A learned router's counts (bincount of the argmax of a Linear over random tokens) decide an uneven
+    all-to-all's splits: they follow from the model's values, which no FakeTensor has, so the rank fails with
+    one line naming the op and the script's line, and no traceback of meshscope's. (The job's fixed routing
+    follows from its own Python numbers and is traced: tests/test_forecast.py.)"""
     proc, doc = trace_json(tmp_path / "moe", "--fake-world", 2, "--fake-tensors", "--ranks", "0",
-                           [str(JOBS / "moe_a2a.py")])
+                           [str(JOBS / "moe_a2a.py"), "--routing", "learned"])
     assert proc.returncode == 1 and not doc["passed"]
     end = json.loads((tmp_path / "moe" / "ranks" / "rank0.json").read_text())
     line = _line(JOBS / "moe_a2a.py", "send_counts = torch.bincount(")

@@ -111,12 +111,15 @@ def test_fsdp2s_collectives_are_issued_on_its_own_streams(tmp_path):
     assert axis["exposed_s"] < axis["seconds"]  # some of it runs beside compute
 
 
-def test_a_moe_whose_routing_sizes_its_calls_is_forecast_with_real_tensors(tmp_path):
+@pytest.mark.parametrize("tensors", ["--real-tensors", "--fake-tensors"])
+def test_a_moe_whose_routing_sizes_its_calls_is_forecast_at_its_tokens(tmp_path, tensors):
     """tests/jobs/moe_a2a.py at world 4 (one Linear(16, 16) expert per rank; every rank sends [14, 2, 2, 2]
     tokens, so expert 0 gets 56 and the others 8: the job's docstring): its routing counts tokens with
-    ``bincount``, which fake tensors cannot, so ``--real-tensors``; each class's FLOPs are its expert's forward,
-    input gradient and weight gradient at the tokens it received, 3 x 2 x tokens x 16 x 16."""
-    proc = cli_here("forecast", "--fake-world", 4, "--real-tensors", "--cluster", "h100-sxm", "--out", tmp_path / "t",
+    ``bincount`` and reads the counts back to size its all-to-alls; each class's FLOPs are its expert's forward,
+    input gradient and weight gradient at the tokens it received, 3 x 2 x tokens x 16 x 16. With fake tensors
+    too: the routing follows from the job's own numbers (trace/fake/known.py), the counts' exchange from every
+    member routing as this rank does, as every rank here does."""
+    proc = cli_here("forecast", "--fake-world", 4, tensors, "--cluster", "h100-sxm", "--out", tmp_path / "t",
                     "--json", "--", "tests/jobs/moe_a2a.py", "--steps", 5)
     assert proc.returncode == 0, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)
@@ -125,6 +128,9 @@ def test_a_moe_whose_routing_sizes_its_calls_is_forecast_with_real_tensors(tmp_p
     for cls in doc["classes"]:
         (axis,) = cls["axes"]
         assert axis["calls"] == 5  # counts, dispatch, combine, and the two backward all-to-alls
+        # each call's larger side: the 4 int64 counts, then 4 token exchanges of 64 B a token, at the 56 tokens
+        # rank 0 receives, or the 20 every other rank sends
+        assert axis["bytes"] == 4 * 8 + 4 * 64 * (56 if cls["ranks"] == 1 else 20)
     proc = cli_here("forecast", "--fake-world", 4, "--real-tensors", "--fake-tensors", "--cluster", "h100-sxm",
                     "--", "tests/jobs/moe_a2a.py")
     assert proc.returncode == 2 and "--real-tensors" in proc.stderr and proc.stderr.count("\n") == 1
@@ -147,3 +153,24 @@ def test_grouped_query_attention_counts_each_query_head_over_its_groups_keys():
     args = (q, q, k, k, None, q, torch.empty(1, 32, 1024, **meta), None, None, 0.0, (True, True, True, False))
     same = (q, q, repeated, repeated, *args[4:])
     assert backward(*args, out_val=None) == backward(*same, out_val=None) > 0
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_fsdp2s_gathered_parameters_count_until_it_frees_them(tmp_path, reshard):
+    """tests/jobs/fsdp2.py, 8 blocks of Linear(2048, 4096) and Linear(4096, 2048) (16.8 M fp32 parameters, 67.1 MB
+    gathered each) and a root unit of two Linear(2048, 2048) (33.6 MB): FSDP2 frees a block's gathered parameters
+    after its forward by resizing their storage to 0 (unless told not to reshard), below every dispatch mode.
+    Resharded, what forward made and the peak still holds is the root's parameters and a few activations (a batch
+    of 8 x 2048 fp32 is 64 KiB); not resharded, every block's parameters too, at the last block's forward, and at
+    most two blocks' all-gather outputs still held (FSDP2 frees a unit's when the next unit's gather is waited
+    for, and the peak is at the last: its own and the one before)."""
+    args = ["--hidden", 2048, "--blocks", 8, *([] if reshard else ["--no-reshard-after-forward"])]
+    proc = cli_here("forecast", "--fake-world", 4, "--fake-tensors", "--cluster", "h100-sxm", "--out", tmp_path / "t",
+                    "--json", "--", "tests/jobs/fsdp2.py", *args)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    forward = json.loads(proc.stdout)["classes"][0]["peak_at"]["by_phase"]["forward"]
+    block, root = 4 * (2 * 2048 * 4096 + 4096 + 2048), 4 * 2 * (2048 * 2048 + 2048)
+    if reshard:
+        assert root <= forward < root + 2**21
+    else:
+        assert 8 * block + root <= forward < 8 * block + root + 2 * block + 2**21

@@ -16,7 +16,7 @@ from collections import Counter
 
 import pytest
 
-from .helpers import only_with, skip_unless_installed, trace_json
+from .helpers import cli_here, only_with, skip_unless_installed, trace_json
 
 # torchtitan.models.moe imports triton at import time, which torchtitan does not declare.
 skip_unless_installed("torchtitan", "triton")
@@ -319,3 +319,36 @@ def test_torchtitan_030_interleaved_pp_infers_its_stage_shapes_in_a_fake_world_o
             if last:
                 want |= {("dp_shard", "backward", "all_gather"): 2, ("dp_shard", "backward", "reduce_scatter"): 2}
             assert others == want, (rank["rank"], step, others)
+
+
+@only_with("torchtitan", "0.2.2")
+@pytest.mark.frameworks
+@pytest.mark.timeout(600)
+def test_torchtitan_moe_expert_parallel_without_data_is_the_ledger_with_data(tmp_path):
+    """qwen3 "debugmodel_moe" (8 MoE layers of 64 experts, top 8, dim 256) under expert parallelism 4 with
+    torchtitan's balanced routing (``--debug.moe_force_load_balance``): its router counts tokens per expert with
+    an integer ``histc``, reads the all-to-all's splits back and permutes its tokens with a triton kernel. With
+    fake tensors those follow from the job's own numbers (trace/fake/known.py): the ledger and the counted FLOPs
+    are those with real tensors. By hand, per MoE layer and step: forward, the counts' all-to-all (64 int64) and
+    the dispatch and combine of 2 x 256 tokens x top 8 = 4,096 rows of 256 bf16 (2 MiB, 1,024 rows to and from
+    each member); backward, the combine's and the dispatch's again."""
+    make_assets(tmp_path)
+    job = [*titan(4), "--model.name", "qwen3", "--model.flavor", "debugmodel_moe", "--parallelism.expert_parallel_degree",
+           "4", "--parallelism.data_parallel_shard_degree", "4", "--debug.moe_force_load_balance",
+           "--activation_checkpoint.mode", "none", "--training.seq_len", "256"]
+    docs = {}
+    for name, flags in (("real", []), ("fake", ["--fake-tensors"])):
+        proc, docs[name] = trace_json(tmp_path / name, "--fake-world", 4, "--work", *flags, job, cwd=tmp_path)
+        assert proc.returncode == 0 and docs[name]["passed"], proc.stderr[-3000:]
+    same = cli_here("diff", tmp_path / "real", tmp_path / "fake", "--json")
+    assert same.returncode == 0 and json.loads(same.stdout)["same"], same.stdout[-3000:]
+    for rank in docs["fake"]["per_rank"]:
+        a2a = [e for e in rank["steps"][2]["events"] if e["op"] == "all_to_all"]
+        assert Counter((e["phase"], e["bytes_in"], e["bytes_out"]) for e in a2a) == {
+            ("forward", 512, 512): 8, ("forward", 2 << 20, 2 << 20): 16, ("backward", 2 << 20, 2 << 20): 16}
+        assert all(e["input_splits"] == e["output_splits"] == [1024] * 4 for e in a2a if e["bytes_in"] == 2 << 20)
+    flops = {name: [json.loads(p.read_text())["items"] for p in sorted((tmp_path / name / "work").glob("*.json"))]
+             for name in docs}
+    counted = {name: [sum(f for item in items if item[0] == "c" for f in item[2].values()) for items in per]
+               for name, per in flops.items()}
+    assert counted["fake"] == counted["real"] and all(counted["fake"])

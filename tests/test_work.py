@@ -23,9 +23,10 @@ def fake_pg():
     dist.destroy_process_group()
 
 
-def _train(steps: int):
+def _train(steps: int, meta_first: bool = False):
     """Two steps of Linear(D, H) -> ReLU -> Linear(H, O) (no biases, fp32), the first layer's gradient all-reduced
-    after backward, SGD: returns the counter's log."""
+    after backward, SGD: returns the counter's log. With `meta_first`, a model of 64 MiB is built on the meta
+    device first and kept alive throughout (torchtitan builds its model there, then shards it)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     context = JobContext()
@@ -39,6 +40,10 @@ def _train(steps: int):
     counter = WorkCounter(0, context)
     try:
         with FakeTensorMode(), ModeRecorder(sink, None, counter):
+            if meta_first:
+                with torch.device("meta"):
+                    on_meta = torch.nn.Linear(4096, 4096, bias=False)
+                    on_meta(torch.empty(8, 4096))  # and runs on it
             model = torch.nn.Sequential(torch.nn.Linear(D, H, bias=False), torch.nn.ReLU(),
                                         torch.nn.Linear(H, O, bias=False))
             opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -85,15 +90,23 @@ def test_the_peak_holds_parameters_gradients_and_a_steps_activations(fake_pg):
     assert 0 <= log.peak_at["by_phase"]["other"] - params - 4 * B * D < 64
 
 
+def test_a_model_built_on_the_meta_device_holds_and_moves_nothing(fake_pg):
+    plain, _ = _train(2)
+    log, _ = _train(2, meta_first=True)
+    assert log.peak_bytes == plain.peak_bytes
+    assert log.peak_at["by_phase"] == plain.peak_at["by_phase"]
+    assert [item for item in log.items if item[0] == "c"] == [item for item in plain.items if item[0] == "c"]
+
+
 def test_what_an_op_writes_in_place_is_read_from_its_schema():
     """A coalesced all-reduce returns only a Work (Megatron's DDP buckets): the tensors it writes come from its
     schema (``Tensor(a!)[] tensors``); a foreach op returns nothing, and still writes its list."""
-    from meshscope.capture.work import _written
+    from meshscope.capture.work import written_positions
 
-    assert _written(torch.ops.c10d.allreduce_coalesced_.default) == (0,)
-    assert _written(torch.ops.c10d.alltoall_base_.default) == (0,)
-    assert _written(torch.ops.aten._foreach_add_.Scalar) == (0,)
-    assert _written(torch.ops.aten.add.Tensor) == () and _written(torch.ops.c10d.send.default) == ()
+    assert written_positions(torch.ops.c10d.allreduce_coalesced_.default) == (0,)
+    assert written_positions(torch.ops.c10d.alltoall_base_.default) == (0,)
+    assert written_positions(torch.ops.aten._foreach_add_.Scalar) == (0,)
+    assert written_positions(torch.ops.aten.add.Tensor) == () and written_positions(torch.ops.c10d.send.default) == ()
 
 
 def test_a_foreach_update_counts_what_it_reads_and_writes_and_a_sparse_tensor_counts_its_parts():

@@ -82,11 +82,17 @@ def group_info(pg) -> GroupInfo:
     return info
 
 
+def process_group(pg) -> dist.ProcessGroup:
+    """The ProcessGroup a c10d op names: the object, its ScriptObject (a c10d op's argument) or its name (a
+    functional collective's)."""
+    if isinstance(pg, str):
+        return torch._C._distributed_c10d._resolve_process_group(pg)
+    return dist.ProcessGroup.unbox(pg) if isinstance(pg, torch.ScriptObject) else pg
+
+
 def _size(pg) -> int:
     """Members of a group whose global ranks torch does not know."""
-    if isinstance(pg, str):
-        pg = torch._C._distributed_c10d._resolve_process_group(pg)
-    return (dist.ProcessGroup.unbox(pg) if isinstance(pg, torch.ScriptObject) else pg).size()
+    return process_group(pg).size()
 
 
 def _nbytes(tensors) -> int:
@@ -335,8 +341,9 @@ class ModeRecorder(TorchDispatchMode):
     here too: FakeTensorMode answers them without the c10d call their kernels would issue.
 
     `answers` (``trace.fake.values.Answers``), where given, answers the value reads FakeTensorMode
-    cannot (its ``DataDependentOutputException``: ``answer(func, args, exc)``) and sees the outputs of
-    the ops it names (``watched``: their ids; ``watch(func, args, out)``). It is called from this
+    cannot (its ``DataDependentOutputException``: ``answer(func, args, exc)``), gives an op whose output's
+    shape depends on values its output where it can (``DynamicOutputShapeException``: ``shaped(func, args,
+    kwargs, exc)``) and sees every op's and call's outputs (``after(func, args, kwargs, out)``). It is called from this
     mode's own handler: torch wraps every dispatch mode's handler (torch/utils/_python_dispatch.py,
     ``__init_subclass__``), so a second mode or a subclass calling this one would pay that wrapper on
     every op of the job (a rank of bench_fake_world.py: 0.6 M more Python calls)."""
@@ -353,11 +360,12 @@ class ModeRecorder(TorchDispatchMode):
         self.sink = sink
         self.work = work
         """A `capture.work.WorkCounter` that sees every op and call (``meshscope forecast``), or None."""
-        from torch._subclasses.fake_tensor import DataDependentOutputException, FakeTensor
+        from torch._subclasses.fake_tensor import (DataDependentOutputException, DynamicOutputShapeException,
+                                                   FakeTensor)
 
-        self.fake, self.data_dependent = FakeTensor, DataDependentOutputException
+        self.fake, self.data_dependent, self.dynamic_shape = (FakeTensor, DataDependentOutputException,
+                                                              DynamicOutputShapeException)
         self.answers = answers
-        self.watched = answers.watched if answers is not None else frozenset()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if any(t not in (torch.Tensor, torch.nn.Parameter) and not issubclass(t, self.fake) for t in types):
@@ -385,6 +393,8 @@ class ModeRecorder(TorchDispatchMode):
                     self.work.issued(issued, func, args, out)
                 else:  # wait_tensor: where the job needs a functional collective's result
                     self.work.op(func, args, kwargs, out)
+            if self.answers is not None:
+                self.answers.after(func, args, kwargs, out)
             return out
         try:
             out = func(*args, **(kwargs or {}))
@@ -392,8 +402,12 @@ class ModeRecorder(TorchDispatchMode):
             if self.answers is None:
                 raise
             return self.answers.answer(func, args, exc)
-        if id(func) in self.watched:
-            self.answers.watch(func, args, out)
+        except self.dynamic_shape as exc:
+            if self.answers is None:
+                raise
+            out = self.answers.shaped(func, args, kwargs, exc)
+        if self.answers is not None:
+            self.answers.after(func, args, kwargs, out)
         if self.work is not None:
             self.work.op(func, args, kwargs, out)
         return out

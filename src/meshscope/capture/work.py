@@ -17,7 +17,10 @@ A ``--fake-tensors`` rank runs every aten op of its job through one dispatch mod
   synchronous call on the compute stream does; docs/forecast.md says what that changes).
 - **Live bytes**: every storage an op creates counts from its creation until it is freed (polled through
   torch's ``StorageWeakRef``, every `POLL_OPS` ops and at each call), with the phase it was made in; the
-  peak, and where it was (step, phase, module), is the rank's peak memory.
+  peak, and where it was (step, phase, module), is the rank's peak memory. A storage resized in place (FSDP2's
+  gathered parameters, freed and refilled) holds its new size from then (`resized`). An op on the meta device counts
+  nothing: a model built there before it is sharded (torchtitan's ``torch.device("meta")``) holds no memory
+  on a GPU, and its full size had been the peak of a 70B model at FSDP 32 x TP 8 (263 GiB, on 96 GiB GPUs).
 
 The log is a flat list of items in program order (`WorkLog.items`); `WorkLog` is what a rank writes to
 ``work/rank<R>.json`` and ``forecast`` reads.
@@ -90,6 +93,8 @@ def _flop_formulas() -> dict:
                       "_scaled_dot_product_flash_attention_backward")):
         if hasattr(aten, cpu) and getattr(aten, gpu) in formulas:
             formulas[getattr(aten, cpu)] = formulas[getattr(aten, gpu)]
+    if hasattr(aten, "_grouped_mm") and aten._grouped_mm not in formulas:
+        formulas[aten._grouped_mm] = _grouped_mm_flops
     for packet, formula in list(formulas.items()):
         if isinstance(packet, torch._ops.OpOverloadPacket):
             names = [a.name for a in packet.default._schema.arguments]
@@ -118,6 +123,17 @@ def _grouped_heads(formula, query: int):
     return flops
 
 
+def _grouped_mm_flops(a, b, *args, out_val=None, **kwargs) -> int:
+    """``torch._grouped_mm`` (MoE experts over their tokens, grouped by offsets; torch 2.13 has no formula): 2 per
+    multiply-add over every row given, padding included (where the offsets end is a value, which a fake tensor
+    has not; torchtitan pads each expert's rows to 8, a few hundred rows of tens of thousands). Two 2-D operands
+    are a weight gradient, grouped along the contraction ([m, k] x [k, n] in groups of k): 2 m k n; otherwise
+    each output element contracts ``a``'s last dimension ([m, k] x [g, k, n], [g, m, k] x [k, n] or batched)."""
+    if a.dim() == 2 and b.dim() == 2:
+        return 2 * a.shape[0] * a.shape[1] * b.shape[1]
+    return 2 * out_val.numel() * a.shape[-1]
+
+
 def _halved_if_causal(formula, position: int):
     def flops(*args, out_val=None, **kwargs):
         full = formula(*args, out_val=out_val, **kwargs)
@@ -140,7 +156,7 @@ def _tensors(value):
             yield from _tensors(v)
 
 
-def _written(func) -> tuple[int, ...]:
+def written_positions(func) -> tuple[int, ...]:
     """Positions of the arguments `func` writes in place: an aten op's ``Tensor(a!)`` (an in-place op's self, a
     foreach op's lists); a c10d op's first argument, its output (``allreduce_coalesced_``, ``gather_``,
     ``recv_``: torch 2.13's c10d schemas mark no aliasing, and several return only a Work), but a send's and
@@ -288,6 +304,8 @@ class WorkCounter:
         results = list(_tensors(out))
         if name in VIEWS or not (func._schema.is_mutable or results):
             return  # a view, or a query (prim::device, is_same_size): nothing moved, nothing made
+        if results and all(t.device.type == "meta" for t in results):
+            return  # a model built on the meta device (torchtitan's, before it is sharded) holds and moves nothing
         formula = self.formulas.get(func._overloadpacket)
         self._since_poll += 1
         # before its results count: what the ops before it freed is gone by now
@@ -298,7 +316,7 @@ class WorkCounter:
             nbytes += t.nbytes
             self._made(t, phase)
         if not results:  # an in-place op that returns nothing (foreach, fused optimizers)
-            nbytes += sum(t.nbytes for i in _written(func) if i < len(args) for t in _tensors(args[i]))
+            nbytes += sum(t.nbytes for i in written_positions(func) if i < len(args) for t in _tensors(args[i]))
         if name in ALLOCATIONS:
             nbytes = 0
         flops = 0
@@ -323,7 +341,7 @@ class WorkCounter:
         # what a call writes: the arguments its schema writes (an all-reduce's tensors, an all-to-all's or a
         # receive's output, a coalesced op's outputs) and its results (a functional collective's)
         written = {t.untyped_storage()._cdata: t for t in (
-            *(t for i in _written(func) if i < len(args) for t in _tensors(args[i])), *_tensors(out))}
+            *(t for i in written_positions(func) if i < len(args) for t in _tensors(args[i])), *_tensors(out))}
         for key, t in written.items():
             self._pending.setdefault(key, []).append(call)
             self._made(t, phase)
@@ -415,6 +433,26 @@ class WorkCounter:
         self._live_bytes += size
         self._made_since += size
         self._by_phase[phase] = self._by_phase.get(phase, 0) + size
+        self._peaked(phase)
+
+    def resized(self, key: int, size: int) -> None:
+        """Storage `key` was resized in place to `size` bytes (FSDP2 frees and refills its gathered parameters so:
+        `trace.fake.storage`); what it holds again counts from now, in the phase it is refilled in."""
+        entry = self._live.get(key)
+        if entry is None or getattr(_outside, "depth", 0):
+            return
+        ref, old, made = entry
+        phase = self._phase or "other"
+        self._live[key] = (ref, size, phase)
+        self._live_bytes += size - old
+        self._by_phase[made] -= old
+        self._by_phase[phase] = self._by_phase.get(phase, 0) + size
+        if size > old:
+            self._made_since += size - old
+            self._peaked(phase)
+
+    def _peaked(self, phase: str) -> None:
+        """The live bytes grew: a new peak is recorded, where it is."""
         log = self.log
         if self._live_bytes > log.peak_bytes and self._since_poll:
             self._poll()  # a new peak is counted without what died since the last poll (once per op)

@@ -40,6 +40,9 @@ tensor lives). torch.cuda and torch.accelerator answer as one GPU per local rank
   so one that does nothing is registered for the CPU at the dispatcher, for every caller on every
   thread and under ``--fake-tensors`` alike: the CPU's memory is not given back early, and a fake
   world's streams order nothing;
+- ``torch.histc`` of integers (MoE routers count their tokens per expert so), which CUDA's kernel takes and
+  the CPU's refuses: counted as float64 and returned in their dtype;
+- a script's own triton kernels run in triton's interpreter (``TRITON_INTERPRET``), on the CPU;
 - ``torch.distributed._shard`` placements (``ShardMetadata(placement="rank:0/cuda:0")``, TorchRec's
   sharded tables): `placements`;
 - a ``DeviceMesh`` of type ``cuda`` (``init_device_mesh("cuda", ...)``) is built as a CPU mesh, so
@@ -298,6 +301,39 @@ def streamless_tensors() -> None:
     library = torch.library.Library("aten", "IMPL")
     library.impl("record_stream", record_stream, "CPU")
     _libraries.append(library)
+
+
+@functools.cache
+def integer_histc() -> None:
+    """``torch.histc`` of integers counts as CUDA's does: torch 2.13's CPU kernel (and its meta function, which
+    FakeTensorMode runs) refuses them ("histogram_cpu" not implemented for 'torch.int64'), while CUDA's takes
+    them and returns their dtype; torchtitan 0.2.2 counts each expert's tokens so (models/moe/moe.py:348). The
+    integers are counted as float64, exact to 2**53, and the counts returned in the input's dtype."""
+    import torch
+
+    original = torch.histc
+
+    def histc(input, bins=100, min=0, max=0, *, out=None):
+        if out is None and isinstance(input, torch.Tensor) and not (input.is_floating_point() or input.is_complex()):
+            mark("torch.histc of integers")
+            return original(input.double(), bins, min, max).to(input.dtype)
+        return original(input, bins, min, max, **({} if out is None else {"out": out}))
+
+    def method(self, bins=100, min=0, max=0):
+        return histc(self, bins, min, max)
+
+    torch.histc = histc
+    torch.Tensor.histc = method
+
+
+def interpreted_triton_kernels() -> None:
+    """A script's own triton kernels run in triton's interpreter, on the CPU tensors standing for the GPU's:
+    launched as they are, they ask triton's NVIDIA driver for libcuda ("libcuda.so cannot found!", triton 3.8
+    backends/nvidia/driver.py:45); torchtitan 0.2.2's expert parallelism permutes its tokens with one
+    (models/moe/kernels.py:207). triton reads the switch when a kernel is decorated, so it is set in the rank's
+    environment before the script imports one. Kernels then compute on the CPU, in numpy: slow, and right; a
+    fake tensor has no data for them (run such a job without ``--fake-tensors``)."""
+    os.environ["TRITON_INTERPRET"] = "1"
 
 
 @functools.cache

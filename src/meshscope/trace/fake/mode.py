@@ -29,7 +29,7 @@ from .. import script_frames
 from ..mode import Explained
 from ..options import RankOptions
 from ..recording import RankTrace
-from . import attention, devices, files, gpu, objects, patches, replay, tensors
+from . import attention, devices, files, gpu, objects, patches, replay, storage, tensors
 
 PIPELINE_SHAPES = ("the script's pipeline stages exchange their shapes over P2P (recv_object_list): a fake world "
                    "delivers a stage's inputs' shapes only from a traced rank of the stage before it, so trace one "
@@ -74,6 +74,7 @@ class FakeMode:
 
             self.work = WorkCounter(self.rank, trace.context, StreamWatch.current, clock_for(self.options.measure_on))
             StreamWatch.listener = self.work
+            storage.ResizeWatch.listener = self.work
 
     def assumed(self, index: int, group: str, op: str, input_splits, output_splits, t: float) -> tuple[str, ...]:
         """The fields of this rank's `index`-th call (on `group`, issued at `t`) it could not know."""

@@ -19,8 +19,8 @@ from importlib.util import find_spec
 from typing import Callable
 
 from ..entry_points import resolve
-from . import (attention, backend, cuda_api, cuda_build, cuda_tensors, devices, fbgemm, objects, pipeline, receives,
-               replay, tensors)
+from . import (attention, backend, cuda_api, cuda_build, cuda_tensors, devices, fbgemm, known, objects, pipeline,
+               receives, replay, storage, tensors)
 
 FAKE_WORLD = "fake-world"
 """Every rank of a fake world."""
@@ -182,6 +182,15 @@ PATCHES = (
           "ZeRO-3's parameter gather, runtime/zero/partition_parameters.py:327); the CPU's kernel does nothing (a "
           "fake world's streams order nothing and its memory is not reused early)", "2.13", CUDA_MAP,
           devices.streamless_tensors),
+    Patch("CUDA's histc of integers", ("torch.histc", "torch.Tensor.histc"),
+          "the CPU's histc (and its meta function) refuses integers, CUDA's counts them in their dtype (torchtitan "
+          "0.2.2's MoE router, models/moe/moe.py:348): counted as float64, returned in the input's dtype", "2.13",
+          CUDA_MAP, devices.integer_histc),
+    Patch("triton kernels interpreted", ("triton.runtime.jit.JITFunction",),
+          "a script's own triton kernel launched on the CPU tensors standing for the GPU's asks triton's NVIDIA "
+          "driver for libcuda (torchtitan 0.2.2's MoE token permutation, models/moe/kernels.py:207); triton's "
+          "interpreter runs it on the CPU (TRITON_INTERPRET, read when a kernel is decorated)", "2.13 (triton 3.8)",
+          CUDA_MAP, devices.interpreted_triton_kernels, library="triton"),
     Patch("CUDA checkpoints on the CPU", ("torch.serialization.register_package",
                                           "torch.serialization.default_restore_location"),
           "torch.load's storages tagged or mapped to cuda (map_location='cuda:N', a cuda device, a GPU's checkpoint) "
@@ -297,6 +306,16 @@ PATCHES = (
           "a fake world the job's, where --work would count those FLOPs and hold those tensors as the rank's "
           "(torch 2.13 distributed/tensor/_sharding_prop.py:546)", "2.13", FAKE_TENSORS,
           tensors.sharding_propagation_uncounted),
+    Patch("triton kernels on known values", ("triton.runtime.interpreter.InterpretedFunction.run",),
+          "under --fake-tensors an interpreted kernel's tensors are FakeTensors, which it cannot read: it runs on "
+          "their values where all are known (torchtitan 0.2.2's MoE token permutation from balanced routing), and "
+          "is skipped otherwise, what it could write no longer known (trace/fake/known.py)", "2.13 (triton 3.8)",
+          FAKE_TENSORS, known.interpreted_kernels_on_known_values, library="triton"),
+    Patch("storage resizes counted", ("torch.UntypedStorage.resize_",),
+          "FSDP2 frees its gathered parameters by resizing their storage to 0 and refills it before the next "
+          "gather (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_param.py free_storage, alloc_storage), below "
+          "every dispatch mode: --work's count of live bytes is told each resize", "2.13", FAKE_WORLD,
+          storage.resizes_watched),
     Patch("fbgemm's CUDA embedding tables on the CPU", (f"{fbgemm.TBE}.__init__",),
           "TorchRec's sharded tables on its CUDA path are fbgemm's CUDA table-batched embeddings, whose lookup "
           "refuses the CPU tensors standing for the GPU's ('weights[0] must be a GPU or MTIA tensor', fbgemm-gpu-cpu "

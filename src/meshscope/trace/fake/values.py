@@ -48,12 +48,13 @@ import traceback
 from collections import Counter
 
 import torch
-from torch._subclasses.fake_tensor import DataDependentOutputException
+from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ...capture.dispatch import ModeRecorder
 from ...core.rank_end import Answered
 from ..script_frames import MESHSCOPE, own, short
+from .known import AS_THIS_RANK, known
 
 _TORCH = os.path.dirname(torch.__file__) + os.sep
 MACHINERY = (MESHSCOPE,) + tuple(_TORCH + p for p in (
@@ -182,8 +183,8 @@ def _site(frame: traceback.FrameSummary | None) -> str:
 
 
 class Answers:
-    """What `capture.dispatch.ModeRecorder` gives a value read of a FakeTensor (module doc), and the
-    outputs it watches: those that say whether something is wrong."""
+    """What `capture.dispatch.ModeRecorder` gives a value read of a FakeTensor (module doc): a known tensor's
+    value (`known`), else a placeholder; and the outputs it watches: those that say whether something is wrong."""
 
     watched = frozenset(_FINDINGS | _FOUND_INF)
 
@@ -191,10 +192,26 @@ class Answers:
         self.findings = WeakIdKeyDictionary()
         """FakeTensors that say whether something is wrong (`_FINDINGS`)."""
 
-    def watch(self, func, args, out) -> None:
-        self.findings[args[1] if id(func) in _FOUND_INF else out] = True
+    def after(self, func, args, kwargs, out) -> None:
+        """Every op and call of the job, after it ran on fakes."""
+        if id(func) in self.watched:
+            self.findings[args[1] if id(func) in _FOUND_INF else out] = True
+        known.after(func, args, kwargs, out)
+
+    def shaped(self, func, args, kwargs, exc: DynamicOutputShapeException):
+        """An op whose output's shape depends on values: its output from known operands, else the rank stops."""
+        out = known.shaped(func, args, kwargs)
+        if out is None:
+            raise exc
+        return out
 
     def answer(self, func, args, exc: DataDependentOutputException):
+        read = known.read(func, args)
+        if read is not None:
+            value, assumed = read
+            if assumed:  # what a collective's rule filled in (`known`): it may size calls, as a placeholder may
+                reads.count(sys._getframe(), f"{value} ({AS_THIS_RANK})", sizes=type(value) is int)
+            return value
         returns = func._schema.returns
         kind = str(returns[0].type) if len(returns) == 1 else ""
         finding = bool(args) and isinstance(args[0], torch.Tensor) and args[0] in self.findings
