@@ -20,6 +20,14 @@ Rows (the published figure, its source, and the job as its users start it):
   installed here (its recipe needs Transformer Engine): the row is rebuilt on torchtitan's Llama 3 70B with the
   recipe's layout, batch, sequence and checkpointing, traced eager (the recipe compiles, with TE's kernels).
 
+- NeMo-Automodel Qwen3 30B-A3B pre-training (48 layers, 128 experts, top 8), expert parallel 8 x FSDP2 8 on 8 DGX
+  H100, local batch 4, global batch 512 (16 accumulated microbatches), seq 4096, full activation checkpointing, a
+  balanced fake gate (NeMo-Automodel docs/performance-summary.mdx, pre-training table, "Qwen3 30B-A3B": 21.773 s per
+  step, 12,040 TPS/GPU; config examples/llm_benchmark/qwen/qwen3_moe_30b_te_deepep.yaml, with Transformer Engine and
+  DeepEP). Rebuilt on torchtitan's qwen3 30B-A3B with its balanced routing (``--debug.moe_force_load_balance``),
+  its all-to-all dispatch and grouped matmuls, traced eager with fake tensors (the routing follows from the job's
+  numbers: trace/fake/known.py).
+
 - GPT-3 175B (96 layers, hidden 12288, 96 heads, seq 2048, vocab 51,200) in megatron-core, as Megatron-LM's
   pretrain_gpt trains it (benchmarks/forecast_megatron_gpt.py): TP 8 x PP 8, interleaved schedule (12 virtual stages of
   one layer), sequence parallel, selective recomputation, bf16, micro batch 1, on A100 80GB SXM:
@@ -34,7 +42,7 @@ torchtitan is run at the installed release (0.2.2 on the CI torch: ``-m torchtit
 page measured a late-2024 commit), on a word-level tokenizer and generated documents (tests/test_torchtitan.py's
 assets: the model's vocabulary is the flavor's, 128,256, whatever the tokenizer's).
 
-Run: python benchmarks/bench_forecast.py [--rows 8b-8,8b-128,70b-256,nemo70b-64,gpt175b-64,...] [--keep DIR]. On this project's 2-core
+Run: python benchmarks/bench_forecast.py [--rows 8b-8,8b-128,70b-256,nemo70b-64,qwen3moe-8,gpt175b-64,...] [--keep DIR]. On this project's 2-core
 box a torchtitan row traces in about a minute, a GPT-3 175B row in 18 (64 GPUs) to 48 minutes (512 GPUs).
 """
 
@@ -133,6 +141,15 @@ ROWS = {r.key: r for r in (
                    local_batch=1, global_batch=128), 128 * 8192, None, None,
         "NeMo-Automodel docs/performance-summary.mdx, pre-training (DGX-H100, BF16), Llama3 70B", ("h100-sxm",),
         published_step_s=18.90),
+    Row("qwen3moe-8", "Qwen3 30B-A3B as NeMo-Automodel's benchmark, EP 8 x FSDP 8, balanced routing, full AC, "
+        "batch 512 x 4096 (16 microbatches of 4 per rank)", 8,
+        ("-m", "torchtitan.train", "--model.name", "qwen3", "--model.flavor", "30B-A3B", "--model.hf_assets_path",
+         "tokenizer", "--training.dataset", "c4_test", "--training.dataset_path", "c4", "--training.steps", "4",
+         "--training.seq_len", "4096", "--training.local_batch_size", "4", "--training.global_batch_size", "512",
+         "--parallelism.data_parallel_shard_degree", "8", "--parallelism.expert_parallel_degree", "8",
+         "--debug.moe_force_load_balance", "--activation_checkpoint.mode", "full", "--metrics.log_freq", "1"),
+        512 * 4096, 12040, None, "NeMo-Automodel docs/performance-summary.mdx, pre-training (DGX-H100, BF16), "
+        "Qwen3 30B-A3B", ("h100-sxm",), published_step_s=21.773),
     Row("gpt175b-64", "Megatron GPT-3 175B, TP 8 x PP 8 (12 virtual stages), SP + selective recompute, batch 64 x 2048",
         64, _gpt_175b(1, 64, False), 64 * 2048, None, None, KORTHIKANTI, ("a100-sxm",), published_step_s=13.75,
         assets=False),

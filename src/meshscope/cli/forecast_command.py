@@ -56,6 +56,7 @@ def cluster_of(args):
 
 def _trace(args) -> Path | None:
     """Trace the job with fake tensors and its work counted; its run directory, or None (the verdict said why)."""
+    from ..core.trace_result import Outcome
     from ..report.trace import print_trace, verdict_lines
     from ..trace.launch import options_of, trace
 
@@ -68,7 +69,8 @@ def _trace(args) -> Path | None:
                          f"(forecast uses fake tensors by default)")
     options = dataclasses.replace(options_of(args, args.job, args.out), fake_tensors=not real, work=True)
     result = trace(options)
-    if not result.passed:
+    # a job that issued no collective (one GPU, or FSDP2 over a world of 1) still has a step: its compute
+    if result.outcome not in (Outcome.PASSED, Outcome.EMPTY):
         print_trace(result)
         for line in verdict_lines(result):
             print(f"meshscope forecast: {line}", file=sys.stderr)

@@ -182,6 +182,10 @@ PATCHES = (
           "ZeRO-3's parameter gather, runtime/zero/partition_parameters.py:327); the CPU's kernel does nothing (a "
           "fake world's streams order nothing and its memory is not reused early)", "2.13", CUDA_MAP,
           devices.streamless_tensors),
+    Patch("CUDA's fused RMSNorm", ("torch.ops.aten._fused_rms_norm", "torch.ops.aten._fused_rms_norm_backward"),
+          "rms_norm runs _fused_rms_norm, one kernel on CUDA (autograd keeps the input and one fp32 per row), the CPU's "
+          "composite of seven fp32 ops whose intermediates autograd keeps: CPU kernels from torch's decompositions make "
+          "the CPU dispatch as CUDA does (memory and traffic as the GPU's)", "2.13", CUDA_MAP, devices.fused_rms_norm),
     Patch("CUDA's histc of integers", ("torch.histc", "torch.Tensor.histc"),
           "the CPU's histc (and its meta function) refuses integers, CUDA's counts them in their dtype (torchtitan "
           "0.2.2's MoE router, models/moe/moe.py:348): counted as float64, returned in the input's dtype", "2.13",
