@@ -54,6 +54,12 @@ ALLOCATIONS = frozenset({"empty", "empty_strided", "empty_like", "new_empty", "n
                          "empty_permuted", "resize_"})
 """aten ops that only allocate: they hold memory and move no bytes (zeros and full write theirs, and count)."""
 
+ATTENTION = "attention"
+"""A segment's FLOPs of fused attention kernels are keyed ``"<dtype> attention"`` (timed at their own efficiency:
+forecast/compute.py); those of `ATTENTION_OPS`."""
+ATTENTION_OPS = ("_scaled_dot_product", "_flash_attention", "_efficient_attention", "_cudnn_attention")
+"""Name prefixes of the aten ops that are one fused attention kernel on a GPU (the CPU's stand-in included)."""
+
 COMPUTE, ISSUE, WAIT, STEP = "c", "i", "w", "s"
 STREAM_WAITS, RECORDED, EVENT_WAITED = "j", "e", "v"
 """Orders between streams: a stream waits for another's work so far; an event recorded on a stream; a stream
@@ -183,7 +189,7 @@ class WorkLog:
     rank: int
     items: list = field(default_factory=list)
     """In program order: ``["c", phase, {dtype: matmul FLOPs}, matmul bytes, other ops' bytes, stream]`` (a
-    compute segment: the matmuls are timed by their FLOPs, the other ops by the bytes they move; with
+    compute segment: the matmuls are timed by their FLOPs (fused attention's keyed ``"<dtype> attention"``), the other ops by the bytes they move; with
     ``--measure-on``, a seventh field: the seconds it took on `measured_on`),
     ``["j", stream, other]`` (`stream` waits for the work on `other` so far), ``["e", event, stream]``,
     ``["v", event, stream]`` (an event recorded on a stream, waited for on another), where a stream is 0 for
@@ -323,6 +329,8 @@ class WorkCounter:
         if formula is not None:
             flops = formula(*args, **(kwargs or {}), out_val=out)
             dtype = str(args[0].dtype if isinstance(args[0], torch.Tensor) else out.dtype).removeprefix("torch.")
+            if name.startswith(ATTENTION_OPS):
+                dtype = f"{dtype} {ATTENTION}"
             self._mm[dtype] = self._mm.get(dtype, 0) + flops
             self._mm_bytes += nbytes
         else:

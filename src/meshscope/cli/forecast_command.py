@@ -28,7 +28,8 @@ def cmd_forecast(args) -> int:
         run_dir = _trace(args)
         if run_dir is None:
             return 1
-    result = forecast(read(run_dir), cluster, tokens=args.tokens, tf32=args.tf32)
+    result = forecast(read(run_dir, "--from-trace" if args.from_trace is not None else "the trace"), cluster,
+                      tokens=args.tokens, tf32=args.tf32)
     figure = plot(result, RunDir(run_dir).figures / f"forecast-{Path(cluster.name).stem}.png")
     if args.json:
         print(json.dumps({**result.to_json(), "figure": figure}))

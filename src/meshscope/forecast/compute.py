@@ -1,7 +1,8 @@
 """A compute segment's time on a GPU, by the roofline: matmuls at their dtype's peak, the rest at HBM bandwidth.
 
 A segment (`capture.work`) holds the matmul FLOPs per dtype, the bytes those matmuls read and wrote, and the
-bytes every other op read and wrote. Matmuls run at ``peak(dtype) x matmul_efficiency`` unless their bytes take
+bytes every other op read and wrote. Matmuls run at ``peak(dtype) x matmul_efficiency``, fused attention kernels
+at ``x attention_efficiency`` (flash attention reaches less of the peak than a large matmul), unless their bytes take
 longer at ``hbm_bandwidth x memory_efficiency`` (a skinny matmul is memory-bound); every other op is timed by
 its bytes (elementwise ops, norms, softmax, optimizer updates: memory-bound on any GPU of the cluster specs).
 What this leaves out, and docs/forecast.md measures: kernel launch gaps between small ops, a matmul's
@@ -11,6 +12,7 @@ ops they replace (torch.compile).
 
 from __future__ import annotations
 
+from ..capture.work import ATTENTION
 from .cluster import GpuSpec
 
 HALF = ("bfloat16", "float16")
@@ -30,11 +32,16 @@ def peak_flops(gpu: GpuSpec, dtype: str, tf32: bool) -> float:
 
 
 def segment_seconds(item, gpu: GpuSpec, tf32: bool = False) -> float:
-    """Seconds of one ``["c", phase, {dtype: FLOPs}, matmul bytes, other bytes, stream]`` segment on `gpu`; a
+    """Seconds of one ``["c", phase, {dtype: FLOPs}, matmul bytes, other bytes, stream]`` segment on `gpu` (an
+    attention kernel's FLOPs under ``"<dtype> attention"``, at `GpuSpec.attention_efficiency`); a
     measured segment (``--measure-on``: its seconds as a seventh field) takes what it took."""
     if len(item) > 6:
         return item[6]
     _, _, flops, mm_bytes, other_bytes, _ = item
     bandwidth = gpu.hbm_bandwidth * gpu.memory_efficiency
-    matmul = sum(f / (peak_flops(gpu, dtype, tf32) * gpu.matmul_efficiency) for dtype, f in flops.items())
+    matmul = 0.0
+    for key, f in flops.items():
+        dtype, _, kind = key.partition(" ")
+        efficiency = gpu.attention_efficiency if kind == ATTENTION else gpu.matmul_efficiency
+        matmul += f / (peak_flops(gpu, dtype, tf32) * efficiency)
     return max(matmul, mm_bytes / bandwidth) + other_bytes / bandwidth

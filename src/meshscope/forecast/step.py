@@ -75,7 +75,8 @@ def forecast(job: TracedJob, cluster: ClusterSpec, tokens: int | None = None, tf
     else:
         source = (f"counted FLOPs and bytes of the traced ranks' ops (torch's FlopCounterMode formulas), by the "
                   f"roofline of a {cluster.gpu.name}: matmuls at {cluster.gpu.matmul_efficiency:.0%} of peak"
-                  f"{' (fp32 as TF32)' if tf32 else ''}, other ops at {cluster.gpu.memory_efficiency:.0%} of HBM "
+                  f"{' (fp32 as TF32)' if tf32 else ''}, fused attention at {cluster.gpu.attention_efficiency:.0%}, "
+                  f"other ops at {cluster.gpu.memory_efficiency:.0%} of HBM "
                   f"bandwidth")
     return Forecast(str(job.run_dir), cluster.to_json(), job.world, job.step, critical.step_s, critical.rank,
                     tuple(classes), source, tokens, tuple(notes))
