@@ -4,7 +4,8 @@ per op kind (forecast/cluster.py, GpuSpec's efficiencies; docs/forecast.md).
 On a machine with a CUDA GPU, each kernel is run at the shapes of Llama 3 8B blocks (dim 4096, 32 heads, 8 KV
 heads, head dim 128, FFN 14336, bf16) and timed with CUDA events (the median of 20 runs after 5 warm-up runs):
 
-- matmuls: 8192^3, and a block's projections at 8,192 tokens (FLOP/s, against the bf16 peak);
+- matmuls: 8192^3, and a block's projections at 8,192 tokens (FLOP/s, against the bf16 peak); MoE experts'
+  ``torch._grouped_mm`` at Qwen3 30B-A3B's shapes under EP 8;
 - ``scaled_dot_product_attention``, causal, grouped-query, forward and backward apart, at sequences of 2,048 to
   16,384 (FLOP/s by torch's formulas, halved for causal as the forecast counts it; the kernel torch chose is
   named from the profiler);
@@ -67,6 +68,23 @@ def main() -> None:
         rate = 2 * m * k * n / s
         print(f"matmul {what} {m}x{k}x{n}: {s * 1e3:.3f} ms, {rate / 1e12:.0f} TFLOP/s, "
               f"{rate / args.peak_bf16:.3f} of peak", flush=True)
+
+    # MoE experts: torch._grouped_mm over 16 experts of a rank (Qwen3 30B-A3B under EP 8: dim 2048, expert FFN 768),
+    # 8,192 rows each (4 x 4096 tokens x top 8 / 8 ranks / 16 experts, balanced), gate/up then down
+    if hasattr(torch, "_grouped_mm"):
+        experts, rows = 16, 8192
+        offs = torch.arange(rows, rows * experts + 1, rows, device=dev, dtype=torch.int32)
+        for k, n, what in ((2048, 768, "w1/w3"), (768, 2048, "w2")):
+            a = torch.randn(rows * experts, k, device=dev, dtype=bf16)
+            b = torch.randn(experts, n, k, device=dev, dtype=bf16).transpose(-2, -1)
+            try:
+                s = timed(lambda: torch._grouped_mm(a, b, offs=offs))
+            except RuntimeError as e:
+                print(f"grouped_mm {what}: {str(e).splitlines()[0]}", flush=True)
+                continue
+            rate = 2 * rows * experts * k * n / s
+            print(f"grouped_mm {what} {experts} x {rows}x{k}x{n}: {s * 1e3:.3f} ms, {rate / 1e12:.0f} TFLOP/s, "
+                  f"{rate / args.peak_bf16:.3f} of peak", flush=True)
 
     for seq in (2048, 4096, 8192, 16384):
         q = torch.randn(1, 32, seq, 128, device=dev, dtype=bf16, requires_grad=True)

@@ -130,7 +130,7 @@ def test_a_foreach_update_counts_what_it_reads_and_writes_and_a_sparse_tensor_co
 
 
 def test_attention_kernels_flops_are_kept_apart_and_timed_at_attentions_rate():
-    """A GPU's fused attention reaches about a third of the bf16 peak where a large matmul reaches 0.8
+    """A GPU's fused attention reaches about half the bf16 peak where a large matmul reaches 0.8
     (GpuSpec.attention_efficiency's source): the counter keys an SDPA kernel's FLOPs ``"bfloat16 attention"``,
     and the roofline times each key at its own rate. By hand: causal attention over 1 x 4 heads x 256 x 64 is
     2 matmuls of 2 x 4 x 256^2 x 64 FLOPs, halved; the projection 2 x 256 x 256 x 256."""
@@ -152,7 +152,7 @@ def test_attention_kernels_flops_are_kept_apart_and_timed_at_attentions_rate():
     attention, matmul = 2 * 2 * 4 * 256 * 256 * 64 // 2, 2 * 256 ** 3
     assert segment[2] == {"bfloat16 attention": attention, "bfloat16": matmul}
     gpu = SHIPPED["h100-sxm"].gpu
-    assert gpu.attention_efficiency == 0.34 and gpu.matmul_efficiency == 0.8
-    flops_s = attention / (gpu.bf16_flops * 0.34) + matmul / (gpu.bf16_flops * 0.8)
+    assert gpu.attention_efficiency == 0.52 and gpu.matmul_efficiency == 0.8
+    flops_s = attention / (gpu.bf16_flops * 0.52) + matmul / (gpu.bf16_flops * 0.8)
     moved_s = segment[4] / (gpu.hbm_bandwidth * gpu.memory_efficiency)
     assert segment_seconds(segment, gpu) == pytest.approx(max(flops_s, segment[3] / (gpu.hbm_bandwidth * 0.9)) + moved_s)
