@@ -156,3 +156,22 @@ def test_attention_kernels_flops_are_kept_apart_and_timed_at_attentions_rate():
     flops_s = attention / (gpu.bf16_flops * 0.52) + matmul / (gpu.bf16_flops * 0.8)
     moved_s = segment[4] / (gpu.hbm_bandwidth * gpu.memory_efficiency)
     assert segment_seconds(segment, gpu) == pytest.approx(max(flops_s, segment[3] / (gpu.hbm_bandwidth * 0.9)) + moved_s)
+
+
+def test_a_segments_seconds_split_by_what_bounds_them():
+    """`segment_terms` splits a segment's time into the classes a GPU profile's kernels fall in (matmul,
+    attention, memory-bound), summing to `segment_seconds`; where the matmuls' bytes take longer than their
+    FLOPs, the bytes' time is shared as the FLOPs' was. By hand, on a GPU of round figures."""
+    from meshscope.forecast.cluster import GpuSpec
+    from meshscope.forecast.compute import segment_seconds, segment_terms
+
+    gpu = GpuSpec(name="round", bf16_flops=1e15, tf32_flops=5e14, fp32_flops=5e13, hbm_bandwidth=2e12,
+                  hbm_bytes=80 << 30, matmul_efficiency=0.5, attention_efficiency=0.25, memory_efficiency=0.5)
+    flops = {"bfloat16": 10**12, "bfloat16 attention": 10**12}  # 2 ms at 0.5 of 1e15, 4 ms at 0.25
+    compute_bound = ["c", "forward", flops, 10**9, 3 * 10**9, 0]  # matmul bytes 1 ms at 1e12; others 3 ms
+    assert segment_terms(compute_bound, gpu) == pytest.approx({"matmul": 2e-3, "attention": 4e-3,
+                                                                "memory-bound": 3e-3})
+    bytes_bound = ["c", "forward", flops, 12 * 10**9, 0, 0]  # 12 ms of bytes against 6 of FLOPs: twice each
+    assert segment_terms(bytes_bound, gpu) == pytest.approx({"matmul": 4e-3, "attention": 8e-3})
+    assert segment_seconds(bytes_bound, gpu) == pytest.approx(12e-3)
+    assert segment_terms(["c", "backward", {}, 0, 0, 0, 7e-3], gpu) == {"measured": 7e-3}

@@ -31,17 +31,35 @@ def peak_flops(gpu: GpuSpec, dtype: str, tf32: bool) -> float:
     return gpu.fp32_flops
 
 
-def segment_seconds(item, gpu: GpuSpec, tf32: bool = False) -> float:
-    """Seconds of one ``["c", phase, {dtype: FLOPs}, matmul bytes, other bytes, stream]`` segment on `gpu` (an
-    attention kernel's FLOPs under ``"<dtype> attention"``, at `GpuSpec.attention_efficiency`); a
-    measured segment (``--measure-on``: its seconds as a seventh field) takes what it took."""
+MATMUL, MEMORY_BOUND, MEASURED = "matmul", "memory-bound", "measured"
+"""What a segment's seconds are bound by (`segment_terms`), beside `capture.work.ATTENTION`: the classes a step's
+kernels fall in on a GPU's profile too (benchmarks/forecast_step_kernels.py), so each can be held to its own."""
+
+
+def segment_terms(item, gpu: GpuSpec, tf32: bool = False) -> dict[str, float]:
+    """Seconds of one ``["c", phase, {dtype: FLOPs}, matmul bytes, other bytes, stream]`` segment on `gpu`, by what
+    bounds them: `MATMUL` and `ATTENTION` FLOPs (an attention kernel's keyed ``"<dtype> attention"``, at
+    `GpuSpec.attention_efficiency`), or the matmuls' bytes where those take longer (the time shared out between the
+    two as their FLOPs' was), and `MEMORY_BOUND` for every other op's bytes; a measured segment (``--measure-on``:
+    its seconds as a seventh field) is `MEASURED`, what it took."""
     if len(item) > 6:
-        return item[6]
+        return {MEASURED: item[6]}
     _, _, flops, mm_bytes, other_bytes, _ = item
     bandwidth = gpu.hbm_bandwidth * gpu.memory_efficiency
-    matmul = 0.0
+    terms: dict[str, float] = {}
     for key, f in flops.items():
         dtype, _, kind = key.partition(" ")
-        efficiency = gpu.attention_efficiency if kind == ATTENTION else gpu.matmul_efficiency
-        matmul += f / (peak_flops(gpu, dtype, tf32) * efficiency)
-    return max(matmul, mm_bytes / bandwidth) + other_bytes / bandwidth
+        which, efficiency = (ATTENTION, gpu.attention_efficiency) if kind == ATTENTION else (MATMUL,
+                                                                                             gpu.matmul_efficiency)
+        terms[which] = terms.get(which, 0.0) + f / (peak_flops(gpu, dtype, tf32) * efficiency)
+    flop_s, bytes_s = sum(terms.values()), mm_bytes / bandwidth
+    if bytes_s > flop_s:  # skinny matmuls: their bytes bound them
+        terms = {k: t * bytes_s / flop_s for k, t in terms.items()} if flop_s else {MATMUL: bytes_s}
+    if other_bytes:
+        terms[MEMORY_BOUND] = other_bytes / bandwidth
+    return terms
+
+
+def segment_seconds(item, gpu: GpuSpec, tf32: bool = False) -> float:
+    """Seconds of one segment on `gpu`: its `segment_terms` together."""
+    return sum(segment_terms(item, gpu, tf32).values())

@@ -10,7 +10,7 @@ from ..core.events import human_bytes
 from ..predict.alpha_beta import model_bytes
 from .cluster import ClusterSpec
 from .collective_time import NodeOf, collective_time, default_nodes
-from .compute import segment_seconds
+from .compute import segment_seconds, segment_terms
 from .inputs import TracedJob
 from .result import AxisTime, ClassForecast, Forecast
 from .timeline import Simulation
@@ -37,10 +37,14 @@ def forecast(job: TracedJob, cluster: ClusterSpec, tokens: int | None = None, tf
     classes = []
     for rank, tl in sorted(timelines.items()):
         flops: dict[str, int] = {}
+        by_kind: dict[str, float] = {}
         for item in job.programs[rank]:
             if item[0] == COMPUTE:
                 for dtype, f in item[2].items():
                     flops[dtype] = flops.get(dtype, 0) + f
+                if not item[5]:  # the compute stream's, as `RankTimeline.compute_s`
+                    for kind, s in segment_terms(item, cluster.gpu, tf32).items():
+                        by_kind[kind] = by_kind.get(kind, 0.0) + s
         by_axis: dict[str, list] = {}
         for call in tl.calls.values():
             by_axis.setdefault(call.event.axis, []).append(call)
@@ -50,7 +54,7 @@ def forecast(job: TracedJob, cluster: ClusterSpec, tokens: int | None = None, tf
                      for axis, calls in sorted(by_axis.items()))
         work = job.work[rank]
         classes.append(ClassForecast(rank, job.classes.get(rank, 1), tl.end_s, tl.compute_s,
-                                     dict(tl.compute_by_phase), tl.side_compute_s, tl.waited_on_streams_s, flops,
+                                     dict(tl.compute_by_phase), by_kind, tl.side_compute_s, tl.waited_on_streams_s, flops,
                                      axes, work.peak_bytes, work.peak_at))
         for name, n in work.uncounted.items():
             notes.append(f"rank {rank}: {n} call(s) of {name} have no FLOP formula in torch; timed by their bytes")

@@ -33,6 +33,9 @@ def render(f: Forecast, console=None) -> None:
                 [(c.rank, a.axis, a.calls, human_bytes(a.bytes), _s(a.seconds), _s(a.exposed_s),
                   _s(a.waiting_for_peers_s)) for c in f.classes for a in c.axes], key=2)
     console.print(f"compute: {f.compute_source}")
+    for c in f.classes:
+        console.print(f"  rank {c.rank}'s compute stream: " + ", ".join(
+            f"{kind} {_s(s)}" for kind, s in sorted(c.compute_by_kind.items(), key=lambda kv: -kv[1])))
     for note in f.notes:
         console.print(f"note: {note}")
 
