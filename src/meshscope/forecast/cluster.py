@@ -58,15 +58,17 @@ class GpuSpec:
     hbm_bytes: int
     """HBM capacity in bytes."""
     matmul_efficiency: float = 0.8
-    """Fraction of peak a large matmul reaches. Default 0.8: 8192^3 bf16 matmuls ran at 798 TFLOP/s on an H100 SXM,
-    788 on an H200 (this workplace, 2026-11); smaller matmuls reach less: a ceiling, not an average."""
+    """Fraction of peak a job's matmuls reach. Default 0.8, a large matmul's ceiling: 8192^3 bf16 matmuls ran at 798
+    TFLOP/s on an H100 SXM, 788 on an H200 (this workplace, 2026-11); the shipped Hopper specs take the rate
+    measured over whole training steps (their sources), where the clock drops under sustained load."""
     attention_efficiency: float = 0.8
     """Fraction of the bf16 peak a fused attention kernel reaches (flash attention; FLOPs as the forecast counts
     them, causal halved). Default: a large matmul's, for a spec that gives none; the shipped Hopper specs take the
-    rate measured at sequence 8192 (their sources): shorter sequences reach less."""
+    rate measured over whole training steps (their sources): shorter sequences reach less."""
     memory_efficiency: float = 0.9
-    """Fraction of peak HBM bandwidth a memory-bound op reaches. Default 0.9: large device-to-device copies
-    moved 3.0 of 3.35 TB/s on an H100, 4.3 of 4.8 on an H200 (same machines)."""
+    """Fraction of peak HBM bandwidth a memory-bound op reaches, on the bytes the forecast counts for it. Default
+    0.9: large device-to-device copies moved 3.0 of 3.35 TB/s on an H100, 4.3 of 4.8 on an H200 (same machines);
+    a training step's elementwise kernels reached less on the H200 (its source)."""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Figure name -> where the figure comes from."""
 
@@ -209,24 +211,37 @@ _H200_DS = "NVIDIA H200 Tensor Core GPU datasheet, Technical Specifications, H20
 _A100_DS = "NVIDIA A100 Tensor Core GPU datasheet, 'NVIDIA A100 Tensor Core GPU Specifications', A100 80GB SXM"
 _DGX_A100 = "NVIDIA DGX A100 datasheet, System Specifications"
 _DENSE = "half the sparse figure; exact in the H100 whitepaper's A100/H100 table (glennklockwood.com/garden)"
-_MEASURED = "measured in this workplace on an H100 SXM and an H200 (GpuSpec docstring)"
-_ATTENTION_H100 = ("measured in this workplace: torch 2.11's SDPA on an H100 80GB HBM3 runs cuDNN's flash kernel; causal, "
-                   "grouped-query 1 x 32 x 8192 x 128 (8 KV heads), forward 0.60 and backward 0.49 of the bf16 peak, "
-                   "0.52 over a forward and its backward (1 : 2.5 FLOPs); 0.26 at sequence 2048, 0.41 at 4096 "
-                   "(docs/results/forecast/kernel_rates_h100.txt)")
+_STEPS = "docs/results/forecast/step_kernels_h200.txt"
+_IN_STEP = (f"measured in this workplace over whole training steps, not one kernel: benchmarks/forecast_step_kernels.py "
+            f"on an H200 (700 W, torch 2.11), 8B Llama blocks in 5 configs (4-8 blocks, 1-4 x 2,048-8,192 tokens), each "
+            f"class's kernels summed from the profile of a step against the work the forecast counts for it ({_STEPS})")
+_MATMUL_IN_STEP = (f"{_IN_STEP}: matmuls at 0.72 of the bf16 peak over the 5 (0.69-0.74 in steps over 100 ms, 0.77 in a "
+                   f"96 ms one: the clock drops under sustained load); one 8192^3 matmul alone reaches 0.77-0.80")
+_ATTENTION_IN_STEP = (f"{_IN_STEP}: causal grouped-query attention, head dim 128, at 0.45 of the bf16 peak over the 5 "
+                      f"(0.50 at 1 x 8,192 tokens, 0.40 at 4 x 2,048); torch 2.11 runs cuDNN's flash kernel, which alone "
+                      f"reaches 0.52 at sequence 8,192 on an H100 (docs/results/forecast/kernel_rates_h100.txt)")
+_MEMORY_H200 = (f"{_IN_STEP}: the other kernels (elementwise, norms, AdamW's foreach updates) moved the bytes the forecast "
+                f"counts at 0.67 of 4.8 TB/s (0.63-0.72), 3.2 TB/s; a 1 GiB copy reaches 0.90")
+_MEMORY_H100 = ("measured in this workplace: a 1 GiB device-to-device copy moves 2.98 TB/s, 0.89 of an H100's 3.35 "
+                "(docs/results/forecast/kernel_rates_h100.txt); a training step's other kernels moved 3.2 TB/s on an "
+                f"H200 ({_STEPS}), more than an H100 can, so on an H100 its bandwidth bounds them")
 
 
-def _hopper_gpu(name: str, hbm_bandwidth: float, hbm_gib: int, sheet: str, smi_mib: int) -> GpuSpec:
+def _hopper_gpu(name: str, hbm_bandwidth: float, hbm_gib: int, sheet: str, smi_mib: int,
+                memory_efficiency: float, memory_source: str) -> GpuSpec:
+    """A Hopper SXM GPU: the same SMs, clocks and power (700 W) in the H100 and the H200, so the same compute rates;
+    their memories differ."""
     return GpuSpec(
         name=name, bf16_flops=989.4e12, tf32_flops=494.7e12, fp32_flops=66.9e12, hbm_bandwidth=hbm_bandwidth,
-        hbm_bytes=hbm_gib << 30, attention_efficiency=0.52, sources={
+        hbm_bytes=hbm_gib << 30, matmul_efficiency=0.72, attention_efficiency=0.45,
+        memory_efficiency=memory_efficiency, sources={
             "bf16_flops": f"{sheet}: BF16 Tensor Core 1,979 TFLOPS with sparsity; {_DENSE}",
             "tf32_flops": f"{sheet}: TF32 Tensor Core 989 TFLOPS with sparsity; {_DENSE}",
             "fp32_flops": f"{sheet}: FP32 67 TFLOPS; 66.9 in the H100 whitepaper's A100/H100 table",
             "hbm_bandwidth": f"{sheet}: GPU memory bandwidth {hbm_bandwidth / 1e12:g} TB/s",
             "hbm_bytes": f"{sheet}: {hbm_gib} GB, read as GiB (nvidia-smi shows {smi_mib} MiB, some reserved)",
-            "matmul_efficiency": _MEASURED, "attention_efficiency": _ATTENTION_H100,
-            "memory_efficiency": _MEASURED})
+            "matmul_efficiency": _MATMUL_IN_STEP, "attention_efficiency": _ATTENTION_IN_STEP,
+            "memory_efficiency": memory_source})
 
 
 def _a100_network() -> NetworkSpec:
@@ -246,9 +261,9 @@ def _a100_network() -> NetworkSpec:
 
 SHIPPED: dict[str, ClusterSpec] = {
     "h100-sxm": ClusterSpec(name="h100-sxm", description="H100 SXM5 80 GB, NVLink 4 + 8 x 400 Gb/s NDR InfiniBand",
-                            gpu=_hopper_gpu("H100 SXM5 80GB", 3.35e12, 80, _H100_DS, 81559), network=_hopper_network()),
+                            gpu=_hopper_gpu("H100 SXM5 80GB", 3.35e12, 80, _H100_DS, 81559, 0.9, _MEMORY_H100), network=_hopper_network()),
     "h200": ClusterSpec(name="h200", description="H200 SXM 141 GB, NVLink 4 + 8 x 400 Gb/s NDR InfiniBand",
-                        gpu=_hopper_gpu("H200 SXM 141GB", 4.8e12, 141, _H200_DS, 143771), network=_hopper_network()),
+                        gpu=_hopper_gpu("H200 SXM 141GB", 4.8e12, 141, _H200_DS, 143771, 0.67, _MEMORY_H200), network=_hopper_network()),
     "a100-sxm": ClusterSpec(
         name="a100-sxm", description="A100 SXM4 80 GB, NVLink 3 + 8 x 200 Gb/s HDR InfiniBand", network=_a100_network(),
         gpu=GpuSpec(name="A100 SXM4 80GB", bf16_flops=312e12, tf32_flops=156e12, fp32_flops=19.5e12,
