@@ -64,10 +64,10 @@ def profile_config(layers: int, batch: int, seq: int) -> None:
     per_class, count, per_name = collections.Counter(), collections.Counter(), collections.Counter()
     spans = []
     for e in kernels:
-        us = e.time_range.elapsed_us()
-        per_class[kernel_class(e.name)] += us
-        count[kernel_class(e.name)] += 1
-        if kernel_class(e.name) == "memory-bound":
+        us, which = e.time_range.elapsed_us(), kernel_class(e.name)
+        per_class[which] += us
+        count[which] += 1
+        if which == "memory-bound":
             per_name[e.name[:90]] += us
         spans.append((e.time_range.start, e.time_range.end))
     busy, reach = 0, None

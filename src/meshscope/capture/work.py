@@ -189,7 +189,8 @@ class WorkLog:
     rank: int
     items: list = field(default_factory=list)
     """In program order: ``["c", phase, {dtype: matmul FLOPs}, matmul bytes, other ops' bytes, stream]`` (a
-    compute segment: the matmuls are timed by their FLOPs (fused attention's keyed ``"<dtype> attention"``), the other ops by the bytes they move; with
+    compute segment: the matmuls are timed by their FLOPs (fused attention's keyed ``"<dtype> attention"``), the
+    other ops by the bytes they move; with
     ``--measure-on``, a seventh field: the seconds it took on `measured_on`),
     ``["j", stream, other]`` (`stream` waits for the work on `other` so far), ``["e", event, stream]``,
     ``["v", event, stream]`` (an event recorded on a stream, waited for on another), where a stream is 0 for

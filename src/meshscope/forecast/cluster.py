@@ -212,16 +212,17 @@ _A100_DS = "NVIDIA A100 Tensor Core GPU datasheet, 'NVIDIA A100 Tensor Core GPU 
 _DGX_A100 = "NVIDIA DGX A100 datasheet, System Specifications"
 _DENSE = "half the sparse figure; exact in the H100 whitepaper's A100/H100 table (glennklockwood.com/garden)"
 _STEPS = "docs/results/forecast/step_kernels_h200.txt"
-_IN_STEP = (f"measured in this workplace over whole training steps, not one kernel: benchmarks/forecast_step_kernels.py "
-            f"on an H200 (700 W, torch 2.11), 8B Llama blocks in 5 configs (4-8 blocks, 1-4 x 2,048-8,192 tokens), each "
-            f"class's kernels summed from the profile of a step against the work the forecast counts for it ({_STEPS})")
-_MATMUL_IN_STEP = (f"{_IN_STEP}: matmuls at 0.72 of the bf16 peak over the 5 (0.69-0.74 in steps over 100 ms, 0.77 in a "
-                   f"96 ms one: the clock drops under sustained load); one 8192^3 matmul alone reaches 0.77-0.80")
-_ATTENTION_IN_STEP = (f"{_IN_STEP}: causal grouped-query attention, head dim 128, at 0.45 of the bf16 peak over the 5 "
-                      f"(0.50 at 1 x 8,192 tokens, 0.40 at 4 x 2,048); torch 2.11 runs cuDNN's flash kernel, which alone "
-                      f"reaches 0.52 at sequence 8,192 on an H100 (docs/results/forecast/kernel_rates_h100.txt)")
-_MEMORY_H200 = (f"{_IN_STEP}: the other kernels (elementwise, norms, AdamW's foreach updates) moved the bytes the forecast "
-                f"counts at 0.67 of 4.8 TB/s (0.63-0.72), 3.2 TB/s; a 1 GiB copy reaches 0.90")
+_IN_STEP = (f"measured in this workplace over whole training steps, not one kernel: "
+            f"benchmarks/forecast_step_kernels.py on an H200 (700 W, torch 2.11), 8B Llama blocks in 5 configs (4-8 "
+            f"blocks, 1-4 x 2,048-8,192 tokens), each class's kernels summed from the profile of a step against the "
+            f"work the forecast counts for it ({_STEPS})")
+_MATMUL_IN_STEP = (f"{_IN_STEP}: matmuls at 0.72 of the bf16 peak over the 5 (0.69-0.74 in steps over 100 ms, 0.77 "
+                   f"in a 96 ms one: the clock drops under sustained load); one 8192^3 matmul alone reaches 0.77-0.80")
+_ATTENTION_IN_STEP = (f"{_IN_STEP}: causal grouped-query attention, head dim 128, at 0.45 of the bf16 peak over the "
+                      f"5 (0.50 at 1 x 8,192 tokens, 0.40 at 4 x 2,048); torch 2.11 runs cuDNN's flash kernel, which "
+                      f"alone reaches 0.52 at sequence 8,192 on an H100 (docs/results/forecast/kernel_rates_h100.txt)")
+_MEMORY_H200 = (f"{_IN_STEP}: the other kernels (elementwise, norms, AdamW's foreach updates) moved the bytes the "
+                f"forecast counts at 0.67 of 4.8 TB/s (0.63-0.72), 3.2 TB/s; a 1 GiB copy reaches 0.90")
 _MEMORY_H100 = ("measured in this workplace: a 1 GiB device-to-device copy moves 2.98 TB/s, 0.89 of an H100's 3.35 "
                 "(docs/results/forecast/kernel_rates_h100.txt); a training step's other kernels moved 3.2 TB/s on an "
                 f"H200 ({_STEPS}), more than an H100 can, so on an H100 its bandwidth bounds them")
@@ -261,9 +262,11 @@ def _a100_network() -> NetworkSpec:
 
 SHIPPED: dict[str, ClusterSpec] = {
     "h100-sxm": ClusterSpec(name="h100-sxm", description="H100 SXM5 80 GB, NVLink 4 + 8 x 400 Gb/s NDR InfiniBand",
-                            gpu=_hopper_gpu("H100 SXM5 80GB", 3.35e12, 80, _H100_DS, 81559, 0.9, _MEMORY_H100), network=_hopper_network()),
+                            gpu=_hopper_gpu("H100 SXM5 80GB", 3.35e12, 80, _H100_DS, 81559, 0.9, _MEMORY_H100),
+                            network=_hopper_network()),
     "h200": ClusterSpec(name="h200", description="H200 SXM 141 GB, NVLink 4 + 8 x 400 Gb/s NDR InfiniBand",
-                        gpu=_hopper_gpu("H200 SXM 141GB", 4.8e12, 141, _H200_DS, 143771, 0.67, _MEMORY_H200), network=_hopper_network()),
+                        gpu=_hopper_gpu("H200 SXM 141GB", 4.8e12, 141, _H200_DS, 143771, 0.67, _MEMORY_H200),
+                        network=_hopper_network()),
     "a100-sxm": ClusterSpec(
         name="a100-sxm", description="A100 SXM4 80 GB, NVLink 3 + 8 x 200 Gb/s HDR InfiniBand", network=_a100_network(),
         gpu=GpuSpec(name="A100 SXM4 80GB", bf16_flops=312e12, tf32_flops=156e12, fp32_flops=19.5e12,

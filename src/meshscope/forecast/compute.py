@@ -49,8 +49,8 @@ def segment_terms(item, gpu: GpuSpec, tf32: bool = False) -> dict[str, float]:
     terms: dict[str, float] = {}
     for key, f in flops.items():
         dtype, _, kind = key.partition(" ")
-        which, efficiency = (ATTENTION, gpu.attention_efficiency) if kind == ATTENTION else (MATMUL,
-                                                                                             gpu.matmul_efficiency)
+        which = ATTENTION if kind == ATTENTION else MATMUL
+        efficiency = gpu.attention_efficiency if which == ATTENTION else gpu.matmul_efficiency
         terms[which] = terms.get(which, 0.0) + f / (peak_flops(gpu, dtype, tf32) * efficiency)
     flop_s, bytes_s = sum(terms.values()), mm_bytes / bandwidth
     if bytes_s > flop_s:  # skinny matmuls: their bytes bound them

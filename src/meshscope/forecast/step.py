@@ -54,8 +54,8 @@ def forecast(job: TracedJob, cluster: ClusterSpec, tokens: int | None = None, tf
                      for axis, calls in sorted(by_axis.items()))
         work = job.work[rank]
         classes.append(ClassForecast(rank, job.classes.get(rank, 1), tl.end_s, tl.compute_s,
-                                     dict(tl.compute_by_phase), by_kind, tl.side_compute_s, tl.waited_on_streams_s, flops,
-                                     axes, work.peak_bytes, work.peak_at))
+                                     dict(tl.compute_by_phase), by_kind, tl.side_compute_s, tl.waited_on_streams_s,
+                                     flops, axes, work.peak_bytes, work.peak_at))
         for name, n in work.uncounted.items():
             notes.append(f"rank {rank}: {n} call(s) of {name} have no FLOP formula in torch; timed by their bytes")
     if unmodelled:
