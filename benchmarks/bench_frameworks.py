@@ -2,7 +2,9 @@
 
 Runs ``python -m pytest -m frameworks`` (Megatron-core's GPTModel at 1,024 ranks with real and with
 fake tensors, torchtitan's HSDP x TP at 1,024 ranks, Lightning's ModelParallelStrategy and
-``accelerator="cuda"`` against gloo, inductor on mapped CUDA, pytorch/examples' distributed scripts)
+``accelerator="cuda"`` against gloo, inductor on mapped CUDA, DeepSpeed's ZeRO-2 and ZeRO-3 against gloo (its
+first run on a machine compiles DeepSpeed's CPU communication op), HF Trainer with DDP against gloo,
+pytorch/examples' distributed scripts)
 in one process (``-n 0``: the cases run one after another, as the figures assume) and prints, per
 case, the seconds of its setup (the module's shared traces are made there) and of its call, with
 the 1-minute load average at the start, the end and its highest sample (every 5 s) in between. The

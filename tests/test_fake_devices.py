@@ -153,7 +153,23 @@ def sharded_on_cuda():  # TorchRec 1.8.0's sharded tables: ShardedTensors of sha
         dist.destroy_process_group()
 
 
+def half_matmuls_as_tensor_cores():  # every bf16 job's Linear layers: fp32 products and sums, one rounding
+    from meshscope.trace.fake import devices
+
+    torch.manual_seed(0)  # small integers: every sum exact in fp32, so the one rounding decides each value
+    x, w = (torch.randint(-8, 9, shape, device=gpu).float() for shape in ((64, 512), (256, 512)))
+    exact = x.double() @ w.double().T
+    half = x.bfloat16().requires_grad_()
+    y = nn.functional.linear(half, w.bfloat16())
+    y.float().sum().backward()  # the input's gradient: ones(64, 256) @ w in bf16
+    batched = torch.bmm(x.half().view(4, 16, 512), w.half().T.expand(4, 512, 256)).view(64, 256)
+    return [y.device.type, y.dtype == torch.bfloat16, torch.equal(y, exact.bfloat16()),
+            torch.equal(half.grad, w.bfloat16().double().sum(0).expand(64, 512).bfloat16()),
+            torch.equal(batched, exact.half()), "bf16 and fp16 matmuls in fp32" in devices.used]
+
+
 IDIOMS = {
+    "bf16 and fp16 matmuls": half_matmuls_as_tensor_cores,
     "accelerator gate": lambda: torch.accelerator.is_available() and torch.accelerator.device_count() >= 2,
     "model.to(local_rank)": lambda: nn.Linear(2, 2).to(1)(torch.ones(1, 2).to(1)).device.type,
     "device=current_device()": lambda: [torch.cuda.current_device(),
@@ -191,6 +207,9 @@ def idioms():
 
 
 ANSWERS = [
+    # every bf16 job's Linear layers, computed in fp32 and rounded once, as tensor cores sum (a CPU's own bf16
+    # kernel took a hundred times fp32's time: 2 s a step of torchtitan's debug model)
+    ("bf16 and fp16 matmuls", ["cuda", True, True, True, True, True]),
     ("accelerator gate", True),  # pytorch/examples' verify_min_gpu_count: both exit at once without it
     ("model.to(local_rank)", "cuda"),  # ddp-tutorial-series: model.to(self.gpu_id)
     ("device=current_device()", [1, "cuda"]),  # an int ordinal, 135 places in megatron-core 0.16.1

@@ -27,6 +27,7 @@ def fsdp2_units(world: int) -> tuple[int, int, int]:
     return shard((128, 32)), layer, shard((32, 1), (128, 32))
 
 
+@pytest.mark.frameworks  # 34-46 s of CI's 2 cores (four ranks importing transformers' Trainer); accelerate's stays
 @only_with("transformers", "5.25.0")
 def test_trainer_ddp_fake_world_equals_gloo(tmp_path):
     """Trainer with DDP at world 2: a steady step is the loss's and flops' log gathers and the next batch's
