@@ -409,3 +409,35 @@ def test_the_scripts_line_of_a_job_that_is_all_library_code_is_its_entry_modules
     assert script_frames.where(frames) == f"{site}torchtitan/train.py:571"
     mine = [*frames[:2], traceback.FrameSummary("/home/me/train.py", 12, "main", lookup_line=False), *frames[2:]]
     assert script_frames.where(mine) == "/home/me/train.py:12"  # the user's own innermost frame
+
+
+def test_a_kernel_launched_again_on_the_same_values_leaves_what_the_first_left():
+    """`known.Known.kernel`: a launch of a kernel (its grid a tuple) on the values a launch already read leaves what
+    that one left, without running (torchtitan's token permutation runs on the same counts in every MoE layer);
+    other values, another kernel or a grid computed at the launch run it."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from meshscope.trace.fake.known import Known
+
+    known, runs, mode = Known(), [], FakeTensorMode()
+
+    def tensor(value):
+        fake = mode.from_tensor(value)
+        known.values[fake] = value
+        return fake
+
+    def permute(args, kwargs):  # positions of each expert's tokens, as a kernel writes them: in place
+        runs.append(args[0].tolist())
+        args[1].copy_(torch.arange(4) * args[0][0] + args[0][1])
+
+    def launch(counts, kernel="permute", grid=(2,)):
+        out = tensor(torch.full((4,), -1))
+        assert known.kernel(permute, (tensor(torch.tensor(counts)), out), {"BLOCK": 128}, (kernel, grid))
+        return known.value(out).tolist()
+
+    assert launch([3, 1]) == launch([3, 1]) == [1, 4, 7, 10] and runs == [[3, 1]]
+    assert launch([2, 1]) == [1, 3, 5, 7] and runs == [[3, 1], [2, 1]]
+    launch([3, 1], kernel="other")
+    launch([3, 1], grid=lambda meta: (2,))
+    assert runs == [[3, 1], [2, 1], [3, 1], [3, 1]]
