@@ -168,8 +168,24 @@ def half_matmuls_as_tensor_cores():  # every bf16 job's Linear layers: fp32 prod
             torch.equal(batched, exact.half()), "bf16 and fp16 matmuls in fp32" in devices.used]
 
 
+def sdpa_as_cudnn():  # torchtitan's grouped-query attention, bf16 and causal, against the CPU's in fp32
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, heads, 64, 32, device=gpu, dtype=torch.bfloat16, requires_grad=True)
+               for heads in (8, 2, 2))
+    y = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    y.float().square().sum().backward()
+    ref = [t.detach().float().requires_grad_() for t in (q, k, v)]
+    want = nn.functional.scaled_dot_product_attention(ref[0], *(t.repeat_interleave(4, 1) for t in ref[1:]),
+                                                       is_causal=True)
+    want.square().sum().backward()
+    errors = [((got.float() - exact).norm() / exact.norm()).item()
+              for got, exact in ((y, want), *((t.grad, r.grad) for t, r in zip((q, k, v), ref)))]
+    return [y.grad_fn.name(), y.device.type, k.grad.device.type, list(k.grad.shape), max(errors) < 0.01]
+
+
 IDIOMS = {
     "bf16 and fp16 matmuls": half_matmuls_as_tensor_cores,
+    "SDPA as cuDNN's": sdpa_as_cudnn,
     "accelerator gate": lambda: torch.accelerator.is_available() and torch.accelerator.device_count() >= 2,
     "model.to(local_rank)": lambda: nn.Linear(2, 2).to(1)(torch.ones(1, 2).to(1)).device.type,
     "device=current_device()": lambda: [torch.cuda.current_device(),
@@ -210,6 +226,9 @@ ANSWERS = [
     # every bf16 job's Linear layers, computed in fp32 and rounded once, as tensor cores sum (a CPU's own bf16
     # kernel took a hundred times fp32's time: 2 s a step of torchtitan's debug model)
     ("bf16 and fp16 matmuls", ["cuda", True, True, True, True, True]),
+    # a Hopper GPU's choice, by the name torchtitan's selective checkpointing saves (its _op_sac_save_list), within
+    # bf16's rounding of the CPU's fp32 attention, each key/value head's gradient summed over its 4 query heads
+    ("SDPA as cuDNN's", ["ScaledDotProductCudnnAttentionBackward0", "cuda", "cuda", [2, 2, 64, 32], True]),
     ("accelerator gate", True),  # pytorch/examples' verify_min_gpu_count: both exit at once without it
     ("model.to(local_rank)", "cuda"),  # ddp-tutorial-series: model.to(self.gpu_id)
     ("device=current_device()", [1, "cuda"]),  # an int ordinal, 135 places in megatron-core 0.16.1

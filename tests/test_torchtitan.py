@@ -90,6 +90,26 @@ def test_torchtitan_fsdp_in_a_fake_world_of_4(tmp_path):
 
 
 @only_with("torchtitan", "0.2.2")
+def test_torchtitan_context_parallel_runs_its_ring_attention_in_a_fake_world(tmp_path):
+    """CP 2 x FSDP 2 with fake tensors: the CPU standing for an H100 runs SDPA as cuDNN's attention, which torch's
+    context parallelism shards (torch 2.13 distributed/tensor/experimental/_context_parallel/_attention.py); as
+    the CPU's flash kernel the sequence-sharded query met whole keys and the rank failed ("a and b must have
+    same reduction dim"). By hand from that file, CP 2, per block and step on the cp axis: forward, one
+    all_gather of its key and value (``_AllGatherRotater``: once per ring); backward, that gather again and
+    the gradients' two all_to_all (``_AllToAllRotater.exchange_buffers`` at each of the 2 ring steps); and
+    torchtitan's default selective checkpointing recomputes every second block (``selective_ac_option``
+    "2"), whose forward gathers once more in backward."""
+    make_assets(tmp_path)
+    job = [*JOB, "--parallelism.context_parallel_degree", "2"]
+    proc, doc = trace_json(tmp_path / "t", "--fake-world", 4, "--ranks", "0,1", "--fake-tensors", job, cwd=tmp_path)
+    assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
+    for rank in doc["per_rank"]:
+        cp = Counter((e["phase"], e["op"]) for e in rank["steps"][2]["events"] if e["axis"] == "cp")
+        assert cp == {("forward", "all_gather"): LAYERS, ("backward", "all_gather"): LAYERS + LAYERS // 2,
+                      ("backward", "all_to_all"): 2 * LAYERS}, rank["rank"]
+
+
+@only_with("torchtitan", "0.2.2")
 @pytest.mark.frameworks
 @pytest.mark.timeout(1200)  # 4.5 min at load 1.7-3.4 on 2 cores with 27 classes, each running the whole job
 def test_torchtitan_hsdp_tp_at_1024_ranks_with_fake_tensors(tmp_path):

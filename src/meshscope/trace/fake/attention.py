@@ -71,6 +71,89 @@ def cpu_flash_attention_rule() -> None:
                                                input_index=3)
 
 
+def cudnn_takes(query, key, value, attn_mask, dropout_p, enable_gqa) -> bool:
+    """Whether a Hopper GPU's SDPA runs this call as cuDNN's attention: what torch 2.13 checks of it
+    (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp ``can_use_cudnn_attention``) that a script can vary
+    here: the backend enabled (``sdpa_kernel``), no mask and no dropout, 4-D bf16 or fp16 operands of one dtype,
+    one head dim of at most 128 in multiples of 8, and key/value heads that divide the query's where
+    ``enable_gqa`` asks for grouped heads (equal heads otherwise)."""
+    import torch
+
+    from . import gpu
+
+    if not torch.backends.cuda.cudnn_sdp_enabled() or gpu.capability() < (9, 0):
+        return False
+    if attn_mask is not None or dropout_p != 0.0 or not all(t.dim() == 4 for t in (query, key, value)):
+        return False
+    if query.dtype not in (torch.bfloat16, torch.float16) or key.dtype != query.dtype or value.dtype != query.dtype:
+        return False
+    dim = query.size(-1)
+    if key.size(-1) != dim or value.size(-1) != dim or dim > 128 or dim % 8:
+        return False
+    heads, kv_heads = query.size(1), key.size(1)
+    return value.size(1) == kv_heads and (heads == kv_heads or (enable_gqa and heads % kv_heads == 0))
+
+
+@functools.cache
+def cudnn_attention() -> None:
+    """``F.scaled_dot_product_attention`` runs as a Hopper GPU's: cuDNN's attention, torch's first choice on
+    one (an H100 under torch 2.11 ran cuDNN's kernel, benchmarks/forecast_step_kernels.py; torchtitan 0.2.2
+    puts it first itself, models/attention.py), where on the CPU standing for it SDPA takes the CPU's flash
+    kernel. The op's name is what a selective checkpointing policy reads: torchtitan's saves cuDNN's, flash's
+    and the memory-efficient kernel's outputs by name (models/llama3/infra/parallelize.py ``_op_sac_save_list``)
+    and recomputed the CPU kernel's in backward, so a fake world counted a forward attention twice and missed
+    its saved outputs at the peak. Under fake tensors torch's meta kernels run it; with real tensors its CPU
+    kernels compute it with the CPU's flash kernel and its backward, key and value repeated across grouped
+    heads. DTensor shards it by its own rule, as on the GPU."""
+    import torch
+    import torch.nn.functional as F
+
+    aten = torch.ops.aten
+    original = F.scaled_dot_product_attention
+
+    def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                     enable_gqa=False):
+        if not cudnn_takes(query, key, value, attn_mask, dropout_p, enable_gqa):
+            return original(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+        mark("SDPA as cuDNN's attention")
+        log_sumexp = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+        return aten._scaled_dot_product_cudnn_attention(query, key, value, None, log_sumexp, 0.0, is_causal, False,
+                                                        scale=scale)[0]
+
+    def forward(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
+                return_debug_mask=False, scale=None):
+        groups = query.size(1) // key.size(1)
+        key, value = (t.repeat_interleave(groups, 1) if groups > 1 else t for t in (key, value))
+        out, log_sumexp = aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal,
+                                                                            attn_mask=attn_bias, scale=scale)
+        nothing = query.new_empty(0)
+        seed, offset = (torch.empty((), dtype=torch.long) for _ in range(2))
+        return (out, log_sumexp.unsqueeze(-1), nothing, nothing, query.size(2), key.size(2), seed, offset, nothing)
+
+    def backward(grad_out, query, key, value, out, log_sumexp, philox_seed, philox_offset, attn_bias, cum_seq_q,
+                 cum_seq_k, max_q, max_k, dropout_p, is_causal, scale=None):
+        kv_heads = key.size(1)
+        groups = query.size(1) // kv_heads
+        key, value = (t.repeat_interleave(groups, 1) if groups > 1 else t for t in (key, value))
+        grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(
+            grad_out, query, key, value, out, log_sumexp.squeeze(-1), dropout_p, is_causal,
+            attn_mask=attn_bias if attn_bias is not None and attn_bias.numel() else None, scale=scale)
+        grad_q, grad_k, grad_v = grads
+        if groups > 1:  # each key/value head served `groups` query heads: its gradient is their sum
+            grad_k, grad_v = (g.unflatten(1, (kv_heads, groups)).sum(2) for g in (grad_k, grad_v))
+        return grad_q, grad_k, grad_v
+
+    library = torch.library.Library("aten", "IMPL")
+    library.impl("_scaled_dot_product_cudnn_attention", forward, "CPU")
+    library.impl("_scaled_dot_product_cudnn_attention_backward", backward, "CPU")
+    _libraries.append(library)
+    rebind(original, scaled_dot_product_attention)  # a module that imported it by name
+    F.scaled_dot_product_attention = scaled_dot_product_attention  # and every caller of F.scaled_dot_product_attention
+
+
+_libraries: list = []  # a torch.library registration lasts as long as its Library object
+
+
 @functools.cache
 def cpu_flex_attention() -> None:
     """flex_attention's device check takes the CPU for the CUDA it stands for, and every call runs it eagerly:

@@ -186,6 +186,13 @@ PATCHES = (
           "rms_norm runs _fused_rms_norm, one kernel on CUDA (autograd keeps the input and one fp32 per row), the CPU's "
           "composite of seven fp32 ops whose intermediates autograd keeps: CPU kernels from torch's decompositions make "
           "the CPU dispatch as CUDA does (memory and traffic as the GPU's)", "2.13", CUDA_MAP, devices.fused_rms_norm),
+    Patch("SDPA as cuDNN's attention", ("torch.nn.functional.scaled_dot_product_attention",
+                                         "torch.ops.aten._scaled_dot_product_cudnn_attention",
+                                         "torch.ops.aten._scaled_dot_product_cudnn_attention_backward"),
+          "a Hopper GPU's SDPA runs cuDNN's attention, the CPU standing for it its own flash kernel, which a selective "
+          "checkpointing policy that saves attention by op name recomputes (torchtitan 0.2.2's _op_sac_save_list): "
+          "called as cuDNN's where torch would take it, its CPU kernels computed by the CPU's flash kernel", "2.13",
+          CUDA_MAP, attention.cudnn_attention),
     Patch("CUDA's half-precision matmuls", tuple(f"torch.ops.aten.{n}" for n in ("mm", "addmm", "bmm", "baddbmm")),
           "a bf16 or fp16 matrix product on a CPU without bf16 units takes a hundred times fp32's (1.31 s against 13 ms "
           "for a 512 x 1024 by 1024 x 1024 mm on an AVX2 CPU): computed in fp32 and rounded once, as tensor cores "
