@@ -127,10 +127,10 @@ def cudnn_attention() -> None:
         out, log_sumexp = aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal,
                                                                             attn_mask=attn_bias, scale=scale)
         nothing = query.new_empty(0)
-        seed, offset = (torch.empty((), dtype=torch.long) for _ in range(2))
-        return (out, log_sumexp.unsqueeze(-1), nothing, nothing, query.size(2), key.size(2), seed, offset, nothing)
+        philox = [torch.empty((), dtype=torch.long) for _ in range(2)]  # dropout's RNG state: no dropout here
+        return (out, log_sumexp.unsqueeze(-1), nothing, nothing, query.size(2), key.size(2), *philox, nothing)
 
-    def backward(grad_out, query, key, value, out, log_sumexp, philox_seed, philox_offset, attn_bias, cum_seq_q,
+    def backward(grad_out, query, key, value, out, log_sumexp, philox_state, philox_offset, attn_bias, cum_seq_q,
                  cum_seq_k, max_q, max_k, dropout_p, is_causal, scale=None):
         kv_heads = key.size(1)
         groups = query.size(1) // kv_heads
