@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 
 from ..entry_points import rebind
-from .devices import mark
+from .devices import _libraries, mark
 
 CPU_FLASH = "aten._scaled_dot_product_flash_attention_for_cpu"
 _FORWARD = (0, 1, 9, 10, 11)
@@ -94,6 +94,12 @@ def cudnn_takes(query, key, value, attn_mask, dropout_p, enable_gqa) -> bool:
     return value.size(1) == kv_heads and (heads == kv_heads or (enable_gqa and heads % kv_heads == 0))
 
 
+def _every_head(query, key, value):
+    """Key and value with a head per query head: grouped heads repeated, as SDPA's ``enable_gqa`` does."""
+    groups = query.size(1) // key.size(1)
+    return (key, value) if groups == 1 else (key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1))
+
+
 @functools.cache
 def cudnn_attention() -> None:
     """``F.scaled_dot_product_attention`` runs as a Hopper GPU's: cuDNN's attention, torch's first choice on
@@ -122,8 +128,7 @@ def cudnn_attention() -> None:
 
     def forward(query, key, value, attn_bias, compute_log_sumexp, dropout_p=0.0, is_causal=False,
                 return_debug_mask=False, scale=None):
-        groups = query.size(1) // key.size(1)
-        key, value = (t.repeat_interleave(groups, 1) if groups > 1 else t for t in (key, value))
+        key, value = _every_head(query, key, value)
         out, log_sumexp = aten._scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p, is_causal,
                                                                             attn_mask=attn_bias, scale=scale)
         nothing = query.new_empty(0)
@@ -132,9 +137,8 @@ def cudnn_attention() -> None:
 
     def backward(grad_out, query, key, value, out, log_sumexp, philox_state, philox_offset, attn_bias, cum_seq_q,
                  cum_seq_k, max_q, max_k, dropout_p, is_causal, scale=None):
-        kv_heads = key.size(1)
-        groups = query.size(1) // kv_heads
-        key, value = (t.repeat_interleave(groups, 1) if groups > 1 else t for t in (key, value))
+        kv_heads, groups = key.size(1), query.size(1) // key.size(1)
+        key, value = _every_head(query, key, value)
         grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(
             grad_out, query, key, value, out, log_sumexp.squeeze(-1), dropout_p, is_causal,
             attn_mask=attn_bias if attn_bias is not None and attn_bias.numel() else None, scale=scale)
@@ -149,9 +153,6 @@ def cudnn_attention() -> None:
     _libraries.append(library)
     rebind(original, scaled_dot_product_attention)  # a module that imported it by name
     F.scaled_dot_product_attention = scaled_dot_product_attention  # and every caller of F.scaled_dot_product_attention
-
-
-_libraries: list = []  # a torch.library registration lasts as long as its Library object
 
 
 @functools.cache
