@@ -6,8 +6,10 @@ Rows (the published figure, its source, and the job as its users start it):
 
 - torchtitan Llama 3.1 8B, FSDP, bf16, selective op AC, local batch 2, seq 8192, on 8 and on 128 H100
   (torchtitan benchmarks/llama3_h100_202412_torchtitan.md, Tables 1 and 3, row "FSDP": 5,762 and 5,605 TPS/GPU,
-  82.4 and 67.0 GiB). Their H100s are HBM2e 96 GB parts at 500 W whose bf16 peak the page puts between the SXM's
-  and the NVL's: each row is forecast on both bounds (benchmarks/clusters/h100-grand-teton*.json).
+  82.4 and 67.0 GiB, torchtitan's logged memory: ``max_memory_reserved``, held against the forecast's reserved
+  bytes; the job runs with expandable segments, as torchtitan's launcher ran it: `TITAN_ENV`). Their H100s are
+  HBM2e 96 GB parts at 500 W whose bf16 peak the page puts between the SXM's and the NVL's: each row is forecast
+  on both bounds (benchmarks/clusters/h100-grand-teton*.json).
 
 - torchtitan Llama 3 70B, FSDP 32 x TP 8 (plain TP), full AC, local batch 16, seq 8192, on 256 of the same H100s
   (torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, "Vanilla TP", bfloat16: 597.3 TPS/GPU). The
@@ -80,6 +82,14 @@ class Row:
     """Seconds per iteration, where the source gives that rather than a throughput."""
     assets: bool = True
     """The job reads tests/test_torchtitan.py's assets (a tokenizer and documents) from its directory."""
+    env: tuple[tuple[str, str], ...] = ()
+    """The job's environment beyond the bench's, as its launcher sets it."""
+
+
+TITAN_ENV = (("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),)
+"""What torchtitan's launcher exported when its rows were measured (run_llama_train.sh at its 2024-12-19 commit
+ba24697, since 2024-10-22's "Use expandable segments in run_llama_train.sh"; run_train.sh today): the caching
+allocator's reserved memory, which the rows publish, depends on it."""
 
 
 def _titan_8b(world: int) -> tuple[str, ...]:
@@ -127,14 +137,14 @@ TEN = "torchtitan benchmarks/llama3_h100_202412_torchtitan.md"
 GRAND_TETON = (str(CLUSTERS / "h100-grand-teton.json"), str(CLUSTERS / "h100-grand-teton-nvl.json"))
 ROWS = {r.key: r for r in (
     Row("8b-8", "torchtitan Llama 3.1 8B, FSDP 8, selective op AC, batch 2 x 8192", 8, _titan_8b(8), 8 * 2 * 8192,
-        5762, 82.4, f"{TEN}, Table 1, FSDP", GRAND_TETON),
+        5762, 82.4, f"{TEN}, Table 1, FSDP", GRAND_TETON, env=TITAN_ENV),
     Row("8b-128", "torchtitan Llama 3.1 8B, FSDP 128, selective op AC, batch 2 x 8192", 128, _titan_8b(128),
-        128 * 2 * 8192, 5605, 67.0, f"{TEN}, Table 3, FSDP", GRAND_TETON),
+        128 * 2 * 8192, 5605, 67.0, f"{TEN}, Table 3, FSDP", GRAND_TETON, env=TITAN_ENV),
     Row("70b-256", "torchtitan Llama 3 70B, FSDP 32 x TP 8, full AC, batch 16 x 8192 per data-parallel rank", 256,
         _titan_70b("--parallelism.data_parallel_shard_degree", "32", "--parallelism.tensor_parallel_degree", "8",
                    local_batch=16), 32 * 16 * 8192, 597.3, None,
         "torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md, Llama3 70b, vanilla TP, bfloat16",
-        GRAND_TETON),
+        GRAND_TETON, env=TITAN_ENV),
     Row("nemo70b-64", "Llama 3.1 70B as NeMo-Automodel's recipe, FSDP 32 x CP 2, full AC, batch 128 x 8192 "
         "(4 microbatches of 1 per rank pair)", 64,
         _titan_70b("--parallelism.data_parallel_shard_degree", "32", "--parallelism.context_parallel_degree", "2",
@@ -176,7 +186,8 @@ def run_row(row: Row, where: Path) -> list[dict]:
     started = time.perf_counter()
     proc = subprocess.run([sys.executable, "-m", "meshscope", "trace", "--fake-world", str(row.world), "--fake-tensors",
                            "--work", "--out", str(trace_dir), "--", *row.job], cwd=work, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+                          stderr=subprocess.PIPE, text=True,
+                          env={**os.environ, **dict(row.env), "PYTHONPATH": str(ROOT / "src")})
     traced_s = time.perf_counter() - started
     if proc.returncode != 0:
         print(f"{row.key}: the trace failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -191,11 +202,12 @@ def run_row(row: Row, where: Path) -> list[dict]:
             continue
         doc = json.loads(proc.stdout)
         peak = max(c["peak_bytes"] for c in doc["classes"]) / 2**30
+        reserved = max(c["reserved_bytes"] for c in doc["classes"]) / 2**30
         tps = doc["tokens_per_s_per_gpu"]
         out.append({"row": row.key, "cluster": doc["cluster"]["name"], "traced_s": traced_s, "step_s": doc["step_s"],
                     "step_error": _error(doc["step_s"], row.published_step_s), "tps": tps,
-                    "tps_error": _error(tps, row.published_tps), "peak_gib": peak,
-                    "gib_error": _error(peak, row.published_gib),
+                    "tps_error": _error(tps, row.published_tps), "peak_gib": peak, "reserved_gib": reserved,
+                    "gib_error": _error(reserved, row.published_gib),
                     "exposed_s": max(sum(a["exposed_s"] for a in c["axes"]) for c in doc["classes"])})
     return out
 
@@ -228,7 +240,8 @@ def main() -> None:
             results.append(r)
             err = {k: f" ({r[k]:+.1%})" if r[k] is not None else "" for k in ("step_error", "tps_error", "gib_error")}
             print(f"  {r['cluster']:24s} step {r['step_s']:.3f} s{err['step_error']}  {r['tps']:,.0f} TPS/GPU"
-                  f"{err['tps_error']}  peak {r['peak_gib']:.1f} GiB{err['gib_error']}  exposed comm "
+                  f"{err['tps_error']}  peak {r['peak_gib']:.1f} GiB, reserved {r['reserved_gib']:.1f} GiB"
+                  f"{err['gib_error']}  exposed comm "
                   f"{r['exposed_s'] * 1e3:.0f} ms  (traced in {r['traced_s']:.0f} s)", flush=True)
     print(json.dumps(results))
 

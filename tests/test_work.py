@@ -175,3 +175,33 @@ def test_a_segments_seconds_split_by_what_bounds_them():
     assert segment_terms(bytes_bound, gpu) == pytest.approx({"matmul": 4e-3, "attention": 8e-3})
     assert segment_seconds(bytes_bound, gpu) == pytest.approx(12e-3)
     assert segment_terms(["c", "backward", {}, 0, 0, 0, 7e-3], gpu) == {"measured": 7e-3}
+
+
+@pytest.mark.parametrize("conf, reserved_mib", [("", 12 + 12 + 20), ("expandable_segments:True", 20 + 20)])
+def test_reserved_bytes_are_the_storages_replayed_through_the_caching_allocator(monkeypatch, conf, reserved_mib):
+    """By hand (capture/caching_allocator.py's rules): three 12 MiB tensors made one after another, the first two
+    dropped before the next is made, take one block; a 12 MiB tensor made on a side stream cannot have it; an 8 MiB
+    one beside the third cuts a 20 MiB segment. With expandable segments the first stream's 12 MiB maps a 20 MiB
+    page whose other 8 MiB hold the 8 MiB tensor; the side stream maps a page of its own."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class Context:
+        step, phase, region = 0, staticmethod(lambda: "forward"), staticmethod(lambda: "block")
+
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", conf)
+    stream = [None]
+    counter = WorkCounter(0, Context(), current_stream=lambda: stream[0])
+    with FakeTensorMode(), ModeRecorder(lambda *call: 0, None, counter):
+        for _ in range(2):
+            dropped = torch.empty(3 << 20)  # fp32: 12 MiB
+            del dropped
+        kept = torch.empty(3 << 20)
+        stream[0] = side = object()
+        other = torch.empty(3 << 20)
+        stream[0] = None
+        small = torch.empty(2 << 20)  # 8 MiB, on the first stream
+        assert side and kept is not None and other is not None and small is not None
+    log = counter.finish()
+    assert log.peak_bytes == 32 << 20
+    assert log.reserved_bytes == reserved_mib << 20
+    assert log.reserved_at == {"expandable_segments": bool(conf), "step": 0, "phase": "forward", "module": "block"}

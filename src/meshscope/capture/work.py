@@ -21,6 +21,9 @@ A ``--fake-tensors`` rank runs every aten op of its job through one dispatch mod
   gathered parameters, freed and refilled) holds its new size from then (`resized`). An op on the meta device counts
   nothing: a model built there before it is sharded (torchtitan's ``torch.device("meta")``) holds no memory
   on a GPU, and its full size had been the peak of a 70B model at FSDP 32 x TP 8 (263 GiB, on 96 GiB GPUs).
+- **Reserved bytes**: the same storages, made and freed in the same order on the streams they were made on,
+  through a model of torch's CUDA caching allocator (`caching_allocator`, expandable segments where the job's
+  environment asks for them): the most the allocator would have held, ``max_memory_reserved``, and where.
 
 The log is a flat list of items in program order (`WorkLog.items`); `WorkLog` is what a rank writes to
 ``work/rank<R>.json`` and ``forecast`` reads.
@@ -35,6 +38,8 @@ from dataclasses import dataclass, field
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
+
+from .caching_allocator import CachingAllocator, expandable_segments
 
 POLL_OPS = 64
 """Least ops between two polls of the live storages; a poll's cost grows with what is live, so the interval
@@ -206,15 +211,21 @@ class WorkLog:
     """Ops that may compute much but have no FLOP formula (their bytes are counted): name -> calls."""
     measured_on: str = ""
     """The device whose clock timed each compute segment (``--measure-on``); empty: none did."""
+    reserved_bytes: int = 0
+    """Most bytes the CUDA caching allocator would have reserved for those storages (`caching_allocator`)."""
+    reserved_at: dict = field(default_factory=dict)
+    """Where the reserved bytes peaked (``step``, ``phase``, ``module``) and with which allocator settings
+    (``expandable_segments``)."""
 
     def to_json(self) -> dict:
         return {"rank": self.rank, "items": self.items, "peak_bytes": self.peak_bytes, "peak_at": self.peak_at,
-                "uncounted": self.uncounted, "measured_on": self.measured_on}
+                "uncounted": self.uncounted, "measured_on": self.measured_on, "reserved_bytes": self.reserved_bytes,
+                "reserved_at": self.reserved_at}
 
     @classmethod
     def from_json(cls, doc: dict) -> "WorkLog":
         return cls(doc["rank"], doc["items"], doc["peak_bytes"], doc["peak_at"], doc["uncounted"],
-                   doc.get("measured_on", ""))
+                   doc.get("measured_on", ""), doc.get("reserved_bytes", 0), doc.get("reserved_at", {}))
 
     @classmethod
     def read(cls, path) -> "WorkLog":
@@ -259,6 +270,9 @@ class WorkCounter:
         self._by_phase: dict[str, int] = {}  # live bytes by the phase that made them
         self._since_poll = 0
         self._made_since = 0  # bytes made since the last poll
+        # a request the allocator's cache cannot serve first takes the frees the polls have not seen yet
+        self.allocator = CachingAllocator(expandable_segments(), missed=self._poll)
+        self.log.reserved_at = {"expandable_segments": self.allocator.expandable}
 
     # -- the hot path: one call per aten op ------------------------------------------------------------
     def op(self, func, args, kwargs, out) -> None:
@@ -435,9 +449,14 @@ class WorkCounter:
     def _made(self, t: torch.Tensor, phase: str) -> None:
         storage = t.untyped_storage()
         key = storage._cdata
-        if key in self._live:
-            return
+        entry = self._live.get(key)
+        if entry is not None:
+            if not entry[0].expired():
+                return
+            self._forget(key)  # made where a storage no poll saw die was: that one is gone now
         size = storage.nbytes()
+        if self.allocator.malloc(key, size, self._stream):
+            self._reserved(phase)
         self._live[key] = (StorageWeakRef(storage), size, phase)
         self._live_bytes += size
         self._made_since += size
@@ -452,6 +471,9 @@ class WorkCounter:
             return
         ref, old, made = entry
         phase = self._phase or "other"
+        self.allocator.free(key)  # a storage resized to nothing frees its block; refilled, it takes a new one
+        if self.allocator.malloc(key, size, self._stream):
+            self._reserved(phase)
         self._live[key] = (ref, size, phase)
         self._live_bytes += size - old
         self._by_phase[made] -= old
@@ -470,15 +492,26 @@ class WorkCounter:
             log.peak_at = {"step": self.context.step, "phase": phase, "module": self.context.region(),
                            "by_phase": dict(self._by_phase)}
 
+    def _reserved(self, phase: str) -> None:
+        """The allocator reserved more: a new reserved peak is recorded, where it is."""
+        log = self.log
+        if self.allocator.reserved > log.reserved_bytes:
+            log.reserved_bytes = self.allocator.reserved
+            log.reserved_at.update(step=self.context.step, phase=phase, module=self.context.region())
+
     def _poll(self) -> None:
         self._since_poll = self._made_since = 0
-        gone = [key for key, (ref, _, _) in self._live.items() if ref.expired()]
-        for key in gone:
-            _, size, made = self._live.pop(key)
-            self._in_backward.difference_update(self._pending.get(key, ()))
-            self._live_bytes -= size
-            self._by_phase[made] -= size
-            self._pending.pop(key, None)
+        for key in [key for key, (ref, _, _) in self._live.items() if ref.expired()]:
+            self._forget(key)
+
+    def _forget(self, key: int) -> None:
+        """Storage `key` died: its bytes no longer count, its block goes back to the allocator's cache."""
+        self.allocator.free(key)
+        _, size, made = self._live.pop(key)
+        self._in_backward.difference_update(self._pending.get(key, ()))
+        self._live_bytes -= size
+        self._by_phase[made] -= size
+        self._pending.pop(key, None)
 
 
 class CountingMode:

@@ -46,6 +46,12 @@ class ClassForecast:
     """The most tensor bytes the rank held at once (its whole run, `capture.work`)."""
     peak_at: dict
     """step, phase, module of that peak, and the live bytes by the phase that made them."""
+    reserved_bytes: int
+    """The most the CUDA caching allocator would have reserved for those tensors (`capture.caching_allocator`):
+    what ``torch.cuda.max_memory_reserved`` reports, and torchtitan logs as its memory."""
+    reserved_at: dict
+    """step, phase, module of that peak, and ``expandable_segments`` (the allocator's setting, from the job's
+    environment)."""
 
     @property
     def exposed_s(self) -> float:

@@ -55,7 +55,8 @@ def forecast(job: TracedJob, cluster: ClusterSpec, tokens: int | None = None, tf
         work = job.work[rank]
         classes.append(ClassForecast(rank, job.classes.get(rank, 1), tl.end_s, tl.compute_s,
                                      dict(tl.compute_by_phase), by_kind, tl.side_compute_s, tl.waited_on_streams_s,
-                                     flops, axes, work.peak_bytes, work.peak_at))
+                                     flops, axes, work.peak_bytes, work.peak_at, work.reserved_bytes,
+                                     work.reserved_at))
         for name, n in work.uncounted.items():
             notes.append(f"rank {rank}: {n} call(s) of {name} have no FLOP formula in torch; timed by their bytes")
     if unmodelled:
@@ -69,6 +70,14 @@ def forecast(job: TracedJob, cluster: ClusterSpec, tokens: int | None = None, tf
     if peak.peak_bytes > cluster.gpu.hbm_bytes:
         notes.append(f"rank {peak.rank}'s class holds {human_bytes(peak.peak_bytes)} of tensors at its peak, more "
                      f"than the {human_bytes(cluster.gpu.hbm_bytes)} of a {cluster.gpu.name}: it would run out of memory")
+    else:
+        reserved = max(classes, key=lambda c: c.reserved_bytes)
+        if reserved.reserved_bytes > cluster.gpu.hbm_bytes:
+            notes.append(f"rank {reserved.rank}'s class would have the caching allocator reserve "
+                         f"{human_bytes(reserved.reserved_bytes)}, more than the {human_bytes(cluster.gpu.hbm_bytes)} "
+                         f"of a {cluster.gpu.name}, for {human_bytes(reserved.peak_bytes)} of tensors: it would "
+                         f"free its cache and retry where full (synchronising the GPU each time), or run out of "
+                         f"memory where the fragments left do not fit a request")
     measured = sorted({w.measured_on for w in job.work.values()})
     if measured != [""]:
         if "" in measured:

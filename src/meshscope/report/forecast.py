@@ -23,9 +23,9 @@ def render(f: Forecast, console=None) -> None:
     console.print(f"step {_s(f.step_s)} (rank {f.critical_rank}'s class paces it){rate}; HFU {f.hfu:.1%} "
                   f"(counted matmul FLOPs, recomputation included, over the bf16 peak)")
     print_table(console, "rank classes", ("rank", "plays", "step", "compute", "exposed comm", "waits on side streams",
-                                          "peak memory", "peak at"),
+                                          "peak memory", "reserved", "peak at"),
                 [(c.rank, c.ranks, _s(c.step_s), _s(c.compute_s), _s(c.exposed_s), _s(c.waited_on_streams_s),
-                  human_bytes(c.peak_bytes),
+                  human_bytes(c.peak_bytes), human_bytes(c.reserved_bytes),
                   f"step {c.peak_at.get('step')} {c.peak_at.get('phase')} {c.peak_at.get('module') or ''}".strip())
                  for c in f.classes])
     print_table(console, "communication per axis (each class's step)",
@@ -36,13 +36,19 @@ def render(f: Forecast, console=None) -> None:
     for c in f.classes:
         console.print(f"  rank {c.rank}'s compute stream: " + ", ".join(
             f"{kind} {_s(s)}" for kind, s in sorted(c.compute_by_kind.items(), key=lambda kv: -kv[1])))
+    expandable = {c.reserved_at.get("expandable_segments") for c in f.classes}
+    console.print("memory: peak = tensor bytes (max_memory_allocated); reserved = what torch's caching allocator "
+                  "would hold (max_memory_reserved), " + ("with expandable segments" if expandable == {True} else
+                                                          "without expandable segments" if expandable == {False}
+                                                          else "expandable segments in some classes"))
     for note in f.notes:
         console.print(f"note: {note}")
 
 
 def plot(f: Forecast, path: Path) -> str:
     """Per rank class: the step as compute, each axis's exposed communication and the rest (waits on side streams),
-    with each axis's hidden part beside it; and the peak memory by the phase that made it, against the GPU's."""
+    with each axis's hidden part beside it; and the peak memory by the phase that made it, with what the caching
+    allocator would reserve, against the GPU's."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -77,10 +83,12 @@ def plot(f: Forecast, path: Path) -> str:
         values = [c.peak_at.get("by_phase", {}).get(phase, 0) / 2**30 for c in classes]
         right.barh(y, values, left=start, label=f"made in {phase}")
         start = [s + v for s, v in zip(start, values)]
+    right.scatter([c.reserved_bytes / 2**30 for c in classes], list(y), marker="|", s=400, color="black",
+                  label="reserved (caching allocator)")
     right.axvline(f.cluster["gpu"]["hbm_bytes"] / 2**30, color="black", linestyle="--", label="GPU memory")
     right.set_yticks(list(y), names)
     right.set_xlabel("GiB at the peak")
-    right.set_title("peak tensor memory per rank class")
+    right.set_title("peak memory per rank class")
     right.legend(fontsize="small", loc="upper left", bbox_to_anchor=(0, -0.2), ncol=3, frameon=False)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
