@@ -25,7 +25,7 @@ def render(f: Forecast, console=None) -> None:
     print_table(console, "rank classes", ("rank", "plays", "step", "compute", "exposed comm", "waits on side streams",
                                           "peak memory", "reserved", "peak at"),
                 [(c.rank, c.ranks, _s(c.step_s), _s(c.compute_s), _s(c.exposed_s), _s(c.waited_on_streams_s),
-                  human_bytes(c.peak_bytes), human_bytes(c.reserved_bytes),
+                  human_bytes(c.peak_bytes), human_bytes(c.reserved_bytes) if c.reserved_at else "-",
                   f"step {c.peak_at.get('step')} {c.peak_at.get('phase')} {c.peak_at.get('module') or ''}".strip())
                  for c in f.classes])
     print_table(console, "communication per axis (each class's step)",
@@ -38,9 +38,11 @@ def render(f: Forecast, console=None) -> None:
             f"{kind} {_s(s)}" for kind, s in sorted(c.compute_by_kind.items(), key=lambda kv: -kv[1])))
     expandable = {c.reserved_at.get("expandable_segments") for c in f.classes}
     console.print("memory: peak = tensor bytes (max_memory_allocated); reserved = what torch's caching allocator "
-                  "would hold (max_memory_reserved), " + ("with expandable segments" if expandable == {True} else
-                                                          "without expandable segments" if expandable == {False}
-                                                          else "expandable segments in some classes"))
+                  "would hold (max_memory_reserved), " + (
+                      "with expandable segments" if expandable == {True} else
+                      "without expandable segments" if expandable == {False} else
+                      "not in this trace (made before meshscope modelled the allocator: trace again)"
+                      if expandable == {None} else "expandable segments in some classes"))
     for note in f.notes:
         console.print(f"note: {note}")
 
