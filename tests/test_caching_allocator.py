@@ -116,12 +116,31 @@ def test_a_free_learned_late_is_taken_before_the_allocator_grows():
     assert a.reserved == 12 * MiB
 
 
+def test_a_large_pool_rest_of_more_than_1_mib_is_split_off():
+    a = CachingAllocator()
+    a.malloc(0, 11 * MiB - 512)  # a 12 MiB segment; 1 MiB + 512 B left: split off, free
+    assert a.allocated == 11 * MiB - 512
+    assert not a.malloc(1, MiB + 512)  # ... and taken, though a large request
+    assert a.reserved == 12 * MiB
+
+
+def test_a_resize_takes_its_new_block_before_it_frees_the_old_one():
+    a = CachingAllocator()
+    a.malloc(0, 12 * MiB)
+    assert a.resize(0, 12 * MiB)  # the old 12 MiB still held: a second segment
+    assert (a.reserved, a.allocated) == (24 * MiB, 12 * MiB)
+    a.resize(0, 0)  # resized to nothing (FSDP2 frees its gathered parameters so): the block is cached
+    assert not a.resize(0, 12 * MiB) and a.allocated == 12 * MiB
+
+
 @pytest.mark.parametrize("env, expandable", [
     ({}, False),
     ({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, True),
-    ({"PYTORCH_ALLOC_CONF": "max_split_size_mb:128, expandable_segments:true"}, True),
+    ({"PYTORCH_ALLOC_CONF": "max_split_size_mb:128,\texpandable_segments: True"}, True),
+    ({"PYTORCH_ALLOC_CONF": "expandable_segments:true"}, False),  # torch stops the job: only True and False
     ({"PYTORCH_ALLOC_CONF": "expandable_segments:False", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
      False),
+    ({"PYTORCH_ALLOC_CONF": "", "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, False),  # set: it wins
 ])
 def test_expandable_segments_as_torch_reads_its_environment(env, expandable):
     assert expandable_segments(env) is expandable

@@ -188,7 +188,7 @@ def test_reserved_bytes_are_the_storages_replayed_through_the_caching_allocator(
     class Context:
         step, phase, region = 0, staticmethod(lambda: "forward"), staticmethod(lambda: "block")
 
-    monkeypatch.setenv("PYTORCH_ALLOC_CONF", conf)
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", conf)  # (set, it wins over PYTORCH_CUDA_ALLOC_CONF, even empty)
     stream = [None]
     counter = WorkCounter(0, Context(), current_stream=lambda: stream[0])
     with FakeTensorMode(), ModeRecorder(lambda *call: 0, None, counter):

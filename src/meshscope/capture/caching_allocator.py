@@ -19,7 +19,8 @@ requests, in the order the rank made and freed its storages, through the allocat
 
 Not modelled: ``max_split_size_mb``, ``roundup_power2_divisions`` and garbage collection (off by default); the
 cache released when the GPU is full (reserved never passes the GPU's memory on a real one: the forecast compares
-with it); blocks freed later than asked where ``record_stream`` kept them for another stream.
+with it) or by ``torch.cuda.empty_cache()`` (a fake world answers it with nothing); blocks freed later than asked
+where ``record_stream`` kept them for another stream.
 """
 
 from __future__ import annotations
@@ -44,11 +45,13 @@ ROUND_LARGE = 2 << 20
 
 def expandable_segments(environ: Mapping[str, str] = os.environ) -> bool:
     """Whether the job's allocator grows one segment per pool and stream: ``expandable_segments:True`` in
-    ``PYTORCH_ALLOC_CONF`` or, where that is unset, ``PYTORCH_CUDA_ALLOC_CONF`` (torch 2.13 reads both, the first
-    first), options separated by commas."""
-    conf = environ.get("PYTORCH_ALLOC_CONF") or environ.get("PYTORCH_CUDA_ALLOC_CONF") or ""
-    options = dict(part.split(":", 1) for part in conf.replace(" ", "").split(",") if ":" in part)
-    return options.get("expandable_segments", "").lower() == "true"
+    ``PYTORCH_ALLOC_CONF`` or, where that is not set (set but empty counts as set), ``PYTORCH_CUDA_ALLOC_CONF``;
+    options separated by commas, white space ignored, the value ``True`` exactly (torch 2.13
+    c10/core/AllocatorConfig.h, ``ConfigTokenizer``: any other spelling stops the job at start)."""
+    conf = environ["PYTORCH_ALLOC_CONF"] if "PYTORCH_ALLOC_CONF" in environ else \
+        environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    options = dict(part.split(":", 1) for part in "".join(conf.split()).split(",") if ":" in part)
+    return options.get("expandable_segments") == "True"
 
 
 def rounded(nbytes: int) -> int:
@@ -64,6 +67,11 @@ def segment_size(size: int) -> int:
     if size < MIN_LARGE_ALLOC:
         return LARGE_SEGMENT
     return -(-size // ROUND_LARGE) * ROUND_LARGE
+
+
+_RESIZING = -1
+"""The key a resized storage's new block is held under until its old block is freed (no storage's key is
+negative)."""
 
 
 class _Block:
@@ -137,6 +145,16 @@ class CachingAllocator:
             pool.add(rest)
         self._held[key] = (block, pool)
         self.allocated += block.size
+        return grew
+
+    def resize(self, key: int, nbytes: int, stream: int = 0) -> bool:
+        """Storage `key` resized in place to `nbytes`: a new block is taken while the old one is still held, then
+        the old one freed (torch 2.13 aten/src/ATen/native/cuda/Resize.cpp, ``resize_bytes_cuda``); True where
+        the allocator reserved more."""
+        grew = self.malloc(_RESIZING, nbytes, stream)
+        self.free(key)
+        if _RESIZING in self._held:
+            self._held[key] = self._held.pop(_RESIZING)
         return grew
 
     def free(self, key: int) -> None:

@@ -270,8 +270,9 @@ class WorkCounter:
         self._by_phase: dict[str, int] = {}  # live bytes by the phase that made them
         self._since_poll = 0
         self._made_since = 0  # bytes made since the last poll
-        # a request the allocator's cache cannot serve first takes the frees the polls have not seen yet
-        self.allocator = CachingAllocator(expandable_segments(), missed=self._poll)
+        # a request the allocator's cache cannot serve first takes the frees the polls have not seen yet (once per
+        # op: a poll costs what is live)
+        self.allocator = CachingAllocator(expandable_segments(), missed=lambda: self._since_poll and self._poll())
         self.log.reserved_at = {"expandable_segments": self.allocator.expandable}
 
     # -- the hot path: one call per aten op ------------------------------------------------------------
@@ -360,14 +361,15 @@ class WorkCounter:
             self._stepped()
         self._close()
         phase = self.context.phase()  # now, not the last op's: a call right after backward is not backward's
-        self.log.items.append([ISSUE, call, self._number(self.current_stream())])
+        stream = self._number(self.current_stream())
+        self.log.items.append([ISSUE, call, stream])
         # what a call writes: the arguments its schema writes (an all-reduce's tensors, an all-to-all's or a
         # receive's output, a coalesced op's outputs) and its results (a functional collective's)
         written = {t.untyped_storage()._cdata: t for t in (
             *(t for i in written_positions(func) if i < len(args) for t in _tensors(args[i])), *_tensors(out))}
         for key, t in written.items():
             self._pending.setdefault(key, []).append(call)
-            self._made(t, phase)
+            self._made(t, phase, stream)
         if written and phase == "backward":
             self._in_backward.add(call)
         self._poll()
@@ -446,16 +448,14 @@ class WorkCounter:
                 self._marked.append((item, start, self.clock.mark(stream)))  # on the segment's stream
         self._opened = None
 
-    def _made(self, t: torch.Tensor, phase: str) -> None:
+    def _made(self, t: torch.Tensor, phase: str, stream: int | None = None) -> None:
+        """`t`'s storage, made on `stream` (default: the open segment's, that of the op that made it), counts."""
         storage = t.untyped_storage()
         key = storage._cdata
-        entry = self._live.get(key)
-        if entry is not None:
-            if not entry[0].expired():
-                return
-            self._forget(key)  # made where a storage no poll saw die was: that one is gone now
+        if key in self._live:  # (a key is not reused while its weak reference holds the storage's record)
+            return
         size = storage.nbytes()
-        if self.allocator.malloc(key, size, self._stream):
+        if self.allocator.malloc(key, size, self._stream if stream is None else stream):
             self._reserved(phase)
         self._live[key] = (StorageWeakRef(storage), size, phase)
         self._live_bytes += size
@@ -471,8 +471,7 @@ class WorkCounter:
             return
         ref, old, made = entry
         phase = self._phase or "other"
-        self.allocator.free(key)  # a storage resized to nothing frees its block; refilled, it takes a new one
-        if self.allocator.malloc(key, size, self._stream):
+        if self.allocator.resize(key, size, self._number(self.current_stream())):
             self._reserved(phase)
         self._live[key] = (ref, size, phase)
         self._live_bytes += size - old
@@ -502,16 +501,12 @@ class WorkCounter:
     def _poll(self) -> None:
         self._since_poll = self._made_since = 0
         for key in [key for key, (ref, _, _) in self._live.items() if ref.expired()]:
-            self._forget(key)
-
-    def _forget(self, key: int) -> None:
-        """Storage `key` died: its bytes no longer count, its block goes back to the allocator's cache."""
-        self.allocator.free(key)
-        _, size, made = self._live.pop(key)
-        self._in_backward.difference_update(self._pending.get(key, ()))
-        self._live_bytes -= size
-        self._by_phase[made] -= size
-        self._pending.pop(key, None)
+            self.allocator.free(key)
+            _, size, made = self._live.pop(key)
+            self._in_backward.difference_update(self._pending.get(key, ()))
+            self._live_bytes -= size
+            self._by_phase[made] -= size
+            self._pending.pop(key, None)
 
 
 class CountingMode:
