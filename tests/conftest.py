@@ -31,9 +31,9 @@ def pytest_runtest_protocol(item, nextitem):
 @pytest.fixture(scope="session", autouse=True)
 def warm_starts(tmp_path_factory):
     """One zygote per test process (`meshscope.run.zygote`): every agent and fake-world fork server the
-    tests launch, in this process or in a ``python -m meshscope`` it starts, is forked from it instead
-    of importing torch again (about 3 s of the 4 s a small 2-rank trace took, 2026-12-05). It ends with
-    this process: its stdin is a pipe only this process holds."""
+    tests launch, in this process or in a ``python -m meshscope`` it starts (itself forked from it:
+    `helpers.cli`), is forked from it instead of importing torch again (about 3 s of the 4 s a small
+    2-rank trace took, 2026-12-05). It ends with this process: its stdin is a pipe only this process holds."""
     import os
     import subprocess
     import sys
@@ -44,7 +44,8 @@ def warm_starts(tmp_path_factory):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
            "JE_ARROW_MALLOC_CONF": "background_thread:false"}
     env.pop(zygote.ENV, None)
-    warm = ["meshscope.run.agent", "meshscope.trace.rank", "meshscope.trace.fake.fork_server", "meshscope.cli.worker"]
+    warm = ["meshscope.run.agent", "meshscope.trace.rank", "meshscope.trace.fake.fork_server", "meshscope.cli.worker",
+            "meshscope.cli.parser", "meshscope.experiments"]  # the last two: `helpers.cli`'s own commands
     proc = subprocess.Popen([sys.executable, "-m", "meshscope.run.zygote", str(path), *warm], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, env=env, text=True)
     if proc.stdout.readline().strip() != "ready":  # it could not start: every launch starts fresh, as without it

@@ -58,10 +58,24 @@ def run_many(tmp_path: Path, items, world: int, timeout: float = 60.0, backend: 
 
 def cli(*args, timeout: float = 120.0, env: dict | None = None, cwd: Path = ROOT) -> subprocess.CompletedProcess:
     """Run `python -m meshscope ARGS` in `cwd` and return the completed process (text stdout/stderr);
-    `env` adds to this process's environment (this checkout's ``src`` first on the path, wherever `cwd` is)."""
+    `env` adds to this process's environment (this checkout's ``src`` first on the path, wherever `cwd` is).
+    Forked from the suite's zygote (tests/conftest.py) unless `env` is given, a variable the zygote's imports
+    may have read: ``meshscope run`` imports torch before it launches (3 s of CPU a call on the 2-core box)."""
+    from meshscope.run import zygote
+
     path = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)
-    return subprocess.run([sys.executable, "-m", "meshscope", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, cwd=cwd, env={**os.environ, "PYTHONPATH": path, **(env or {})})
+    command = [sys.executable, "-m", "meshscope", *map(str, args)]
+    child_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
+    if env is not None:
+        return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=child_env)
+    proc = zygote.start(command, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=str(cwd))
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()  # as subprocess.run does
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(command, proc.returncode, out, err)
 
 
 def cli_here(*args) -> subprocess.CompletedProcess:

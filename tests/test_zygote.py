@@ -67,6 +67,29 @@ def test_a_forked_child_is_what_popen_starts(tmp_path):
     assert "', 'x'] yes TMP ['a', 'b'] True\nto stderr\n" in popen_side[1]
 
 
+@pytest.mark.parametrize("through_zygote", [True, False], ids=["zygote", "popen"])
+def test_communicate_reads_both_piped_streams_and_the_exit_of_sys_exit_with_a_message(tmp_path, through_zygote):
+    """What `helpers.cli` takes from a forked ``python -m meshscope``: stdout and stderr apart, each whole (more than
+    a pipe holds), and ``sys.exit("message")``'s message on stderr with exit 1, as Popen's child gives them."""
+    if through_zygote and not os.environ.get(zygote.ENV):
+        pytest.skip("no zygote serves this process")
+    (tmp_path / "loud.py").write_text("import sys\nprint('o' * 200000)\nprint('e' * 200000, file=sys.stderr)\n"
+                                      "sys.exit('the message')\n")
+    env = dict(os.environ)
+    if not through_zygote:
+        env.pop(zygote.ENV, None)
+    saved = os.environ.pop(zygote.ENV, None) if not through_zygote else None
+    try:
+        proc = zygote.start([sys.executable, "-m", "loud"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            cwd=str(tmp_path))
+    finally:
+        if saved is not None:
+            os.environ[zygote.ENV] = saved
+    out, err = proc.communicate(timeout=60)
+    assert type(proc).__name__ == ("Started" if through_zygote else "Popen")
+    assert (proc.returncode, out, err) == (1, "o" * 200000 + "\n", "e" * 200000 + "\nthe message\n")
+
+
 def test_a_forked_childs_session_is_killed_whole(tmp_path):
     if not os.environ.get(zygote.ENV):
         pytest.skip("no zygote serves this process")

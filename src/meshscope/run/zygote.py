@@ -30,9 +30,11 @@ import json
 import os
 import runpy
 import select
+import selectors
 import socket
 import subprocess
 import sys
+import time
 
 ENV = "MESHSCOPE_ZYGOTE"
 """The zygote's socket path, where one serves this process's launchers."""
@@ -45,9 +47,41 @@ _HIGH_FD = 512
 class Started:
     """A process the zygote forked, as much of ``subprocess.Popen`` as `run.launch` and the fork server use."""
 
-    def __init__(self, conn: socket.socket, pid: int, stdin=None, stdout=None):
-        self._conn, self.pid, self.stdin, self.stdout = conn, pid, stdin, stdout
+    def __init__(self, conn: socket.socket, pid: int, stdin=None, stdout=None, stderr=None, text: bool = True):
+        self._conn, self.pid, self.stdin, self.stdout, self.stderr = conn, pid, stdin, stdout, stderr
+        self._text = text
         self.returncode: int | None = None
+
+    def communicate(self, timeout: float | None = None) -> tuple:
+        """Read the piped streams to their end and wait, as ``Popen.communicate`` (no input); past `timeout`
+        seconds ``subprocess.TimeoutExpired``, the child left running, as Popen leaves it."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pipes = {f: [] for f in (self.stdout, self.stderr) if f is not None}
+        with selectors.DefaultSelector() as sel:
+            for f in pipes:
+                sel.register(f, selectors.EVENT_READ)
+            while sel.get_map():
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    raise subprocess.TimeoutExpired(f"zygote child {self.pid}", timeout)
+                for key, _ in sel.select(left):
+                    chunk = os.read(key.fileobj.fileno(), 1 << 16)
+                    if chunk:
+                        pipes[key.fileobj].append(chunk)
+                    else:
+                        sel.unregister(key.fileobj)
+                        key.fileobj.close()
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        read = {f: b"".join(chunks) for f, chunks in pipes.items()}
+        return tuple(None if f is None else read[f].decode() if self._text else read[f]
+                     for f in (self.stdout, self.stderr))
+
+    def kill(self) -> None:
+        """SIGKILL the child (the zygote reaps it and answers its status)."""
+        try:
+            os.kill(self.pid, 9)
+        except ProcessLookupError:
+            pass
 
     def poll(self) -> int | None:
         if self.returncode is None and select.select([self._conn], [], [], 0)[0]:
@@ -115,7 +149,8 @@ def start(args: list[str], *, env: dict, stdin=None, stdout=None, stderr=None, p
     lines = 1 if text and bufsize == 1 else -1
     stdin_file = os.fdopen(mine[0], "w" if text else "wb", buffering=lines) if 0 in mine else None
     stdout_file = os.fdopen(mine[1], "r" if text else "rb") if 1 in mine else None
-    return Started(conn, pid, stdin_file, stdout_file)
+    stderr_file = os.fdopen(mine[2], "r" if text else "rb") if 2 in mine else None
+    return Started(conn, pid, stdin_file, stdout_file, stderr_file, text)
 
 
 def _line(conn: socket.socket) -> bytes:
@@ -206,6 +241,8 @@ def _fork_child(conn: socket.socket, listener: socket.socket) -> int:
             code = 0
         except SystemExit as exc:
             code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if not isinstance(exc.code, int) and exc.code is not None:
+                print(exc.code, file=sys.stderr)  # as the interpreter does with ``sys.exit("message")``
         sys.stdout.flush()
         sys.stderr.flush()
     except BaseException:  # noqa: BLE001 - the child must never return into the zygote's loop
