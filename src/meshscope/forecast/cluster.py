@@ -216,16 +216,20 @@ _IN_STEP = (f"measured in this workplace over whole training steps, not one kern
             f"benchmarks/forecast_step_kernels.py on an H200 (700 W, torch 2.11), 8B Llama blocks in 5 configs (4-8 "
             f"blocks, 1-4 x 2,048-8,192 tokens), each class's kernels summed from the profile of a step against the "
             f"work the forecast counts for it ({_STEPS})")
+_STEPS_H100 = "docs/results/forecast/step_kernels_h100.txt"
 _MATMUL_IN_STEP = (f"{_IN_STEP}: matmuls at 0.72 of the bf16 peak over the 5 (0.69-0.74 in steps over 100 ms, 0.77 "
-                   f"in a 96 ms one: the clock drops under sustained load); one 8192^3 matmul alone reaches 0.77-0.80")
+                   f"in a 96 ms one: the clock drops under sustained load; an H100's same steps: 0.73, {_STEPS_H100}); "
+                   f"one 8192^3 matmul alone reaches 0.77-0.80")
 _ATTENTION_IN_STEP = (f"{_IN_STEP}: causal grouped-query attention, head dim 128, at 0.45 of the bf16 peak over the "
-                      f"5 (0.50 at 1 x 8,192 tokens, 0.40 at 4 x 2,048); torch 2.11 runs cuDNN's flash kernel, which "
-                      f"alone reaches 0.52 at sequence 8,192 on an H100 (docs/results/forecast/kernel_rates_h100.txt)")
+                      f"5 (0.50 at 1 x 8,192 tokens, 0.40 at 4 x 2,048; an H100's same steps: 0.46); torch 2.11 runs "
+                      f"cuDNN's flash kernel, which alone reaches 0.52 at sequence 8,192 on an H100 "
+                      f"(docs/results/forecast/kernel_rates_h100.txt)")
 _MEMORY_H200 = (f"{_IN_STEP}: the other kernels (elementwise, norms, AdamW's foreach updates) moved the bytes the "
                 f"forecast counts at 0.67 of 4.8 TB/s (0.63-0.72), 3.2 TB/s; a 1 GiB copy reaches 0.90")
-_MEMORY_H100 = ("measured in this workplace: a 1 GiB device-to-device copy moves 2.98 TB/s, 0.89 of an H100's 3.35 "
-                "(docs/results/forecast/kernel_rates_h100.txt); a training step's other kernels moved 3.2 TB/s on an "
-                f"H200 ({_STEPS}), more than an H100 can, so on an H100 its bandwidth bounds them")
+_MEMORY_H100 = ("measured in this workplace over whole training steps: benchmarks/forecast_step_kernels.py on an H100 "
+                "SXM (700 W, torch 2.11), the same 5 configs: the other kernels (elementwise, norms, AdamW's foreach "
+                f"updates) moved the bytes the forecast counts at 0.78 of 3.35 TB/s (0.75-0.82), 2.6 TB/s ({_STEPS_H100}); "
+                "a 1 GiB device-to-device copy alone moves 0.89 (docs/results/forecast/kernel_rates_h100.txt)")
 
 
 def _hopper_gpu(name: str, hbm_bandwidth: float, hbm_gib: int, sheet: str, smi_mib: int,
@@ -262,7 +266,7 @@ def _a100_network() -> NetworkSpec:
 
 SHIPPED: dict[str, ClusterSpec] = {
     "h100-sxm": ClusterSpec(name="h100-sxm", description="H100 SXM5 80 GB, NVLink 4 + 8 x 400 Gb/s NDR InfiniBand",
-                            gpu=_hopper_gpu("H100 SXM5 80GB", 3.35e12, 80, _H100_DS, 81559, 0.9, _MEMORY_H100),
+                            gpu=_hopper_gpu("H100 SXM5 80GB", 3.35e12, 80, _H100_DS, 81559, 0.78, _MEMORY_H100),
                             network=_hopper_network()),
     "h200": ClusterSpec(name="h200", description="H200 SXM 141 GB, NVLink 4 + 8 x 400 Gb/s NDR InfiniBand",
                         gpu=_hopper_gpu("H200 SXM 141GB", 4.8e12, 141, _H200_DS, 143771, 0.67, _MEMORY_H200),
