@@ -49,3 +49,23 @@ def test_the_result_names_the_rows_a_fake_world_applied(tmp_path):
             if p.mode in patches.modes(fake_tensors=False) and patches.meant_for(p, torch.__version__)
             and (not p.library or patches.present(p))]
     assert doc["fake_world"]["patched"] == want and doc["ranks"][0]["patched"] == want
+
+
+@pytest.mark.parametrize("size, num", [(10, 4), (9, 6), (8, 8), (3, 8), (0, 4), (1024, 1024), (7, 1)])
+def test_fsdp2s_chunks_made_where_read_are_torchs_chunks(size, num):
+    """The row "FSDP2's chunks made where read": the lazy list answers what torch's ``_chunk_with_empty`` (the
+    oracle, unpatched in this process) returns, chunk by chunk: the same length, and views of the same size,
+    storage offset and strides (the padding past torch.chunk's last: empty tensors), on a 2-D parameter along
+    dim 0 and dim 1."""
+    from torch.distributed.fsdp._fully_shard._fsdp_common import _chunk_with_empty
+
+    from meshscope.trace.fake.tensors import _Chunks
+
+    for dim in (0, 1):
+        param = torch.randn((size, 3) if dim == 0 else (3, size))
+        want, got = _chunk_with_empty(param, num, dim), _Chunks(param, num, dim)
+        assert len(got) == len(want) == num
+        for i in (*range(num), -1):
+            a, b = want[i], got[i]
+            assert (b.shape, b.stride(), b.storage_offset()) == (a.shape, a.stride(), a.storage_offset()), (dim, i)
+            assert b.numel() == 0 or b.untyped_storage().data_ptr() == param.untyped_storage().data_ptr()

@@ -326,6 +326,11 @@ PATCHES = (
           "their values where all are known (torchtitan 0.2.2's MoE token permutation from balanced routing), and "
           "is skipped otherwise, what it could write no longer known (trace/fake/known.py)", "2.13 (triton 3.8)",
           FAKE_TENSORS, known.interpreted_kernels_on_known_values, library="triton"),
+    Patch("FSDP2's chunks made where read", ("torch.distributed.fsdp._fully_shard._fsdp_param._chunk_with_empty",),
+          "FSDP2 cuts each parameter into one chunk per rank of its shard group and reads this rank's and the first "
+          "(torch 2.13 distributed/fsdp/_fully_shard/_fsdp_param.py:298, 569); under --fake-tensors each chunk is "
+          "a FakeTensor made in Python, most of a 1,024-rank trace's set-up: they are made when read, the same "
+          "views", "2.13", FAKE_TENSORS, tensors.fsdp_chunks_on_demand),
     Patch("storage resizes counted", ("torch.UntypedStorage.resize_",),
           "FSDP2 frees its gathered parameters by resizing their storage to 0 and refills it before the next "
           "gather (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_param.py free_storage, alloc_storage), below "

@@ -138,6 +138,45 @@ def sharding_propagation_uncounted() -> None:
     ShardingPropagator._propagate_tensor_meta_non_cached = propagate
 
 
+class _Chunks:
+    """FSDP2's list of a parameter's `num` chunks along `dim` (``_chunk_with_empty``: ``torch.chunk``'s, padded
+    with empty tensors to `num`), each made when first read."""
+
+    def __init__(self, tensor, num: int, dim: int):
+        self.tensor, self.num, self.dim = tensor, num, dim
+        self.step = -(-tensor.size(dim) // num)  # torch.chunk's size: every chunk but the last
+        self.made: dict[int, object] = {}
+
+    def __len__(self) -> int:
+        return self.num
+
+    def __getitem__(self, i: int):
+        if not -self.num <= i < self.num:
+            raise IndexError(f"chunk {i} of {self.num}")
+        i %= self.num
+        if i not in self.made:
+            start, size = i * self.step, self.tensor.size(self.dim)
+            if start < size or size == 0:  # torch.chunk's i-th (of a size-0 dim: `num` empty views)
+                self.made[i] = self.tensor.narrow(self.dim, min(start, size), max(0, min(self.step, size - start)))
+            else:  # past torch.chunk's last: FSDP2's padding
+                self.made[i] = self[0].new_empty(0)
+        return self.made[i]
+
+    def __iter__(self):
+        return (self[i] for i in range(self.num))
+
+
+@functools.cache
+def fsdp_chunks_on_demand() -> None:
+    """FSDP2 cuts each parameter into one chunk per rank of its shard group and reads two of them (this rank's and
+    the first); under fake tensors every chunk is a FakeTensor made in Python (tens of microseconds), which at
+    1,024 ranks was most of a rank's time before its first step (70-90 s of about 125, torchtitan's Llama 3 8B
+    on the project's 2-core box; 4 s with this): the chunks are made where read."""
+    from torch.distributed.fsdp._fully_shard import _fsdp_param
+
+    _fsdp_param._chunk_with_empty = _Chunks
+
+
 @functools.cache
 def ddp_bucket_rebuild_real() -> None:
     """DDP's bucket rebuild (``_pre_forward``) reads what it gathered as numbers: with fake mode off its
