@@ -500,7 +500,9 @@ class WorkCounter:
 
     def _poll(self) -> None:
         self._since_poll = self._made_since = 0
-        for key in [key for key, (ref, _, _) in self._live.items() if ref.expired()]:
+        expired = torch.UntypedStorage._expired  # StorageWeakRef.expired's C call without its two Python frames:
+        # a sixth of the time a check took, and polls had been 30 % of a 1,024-rank FSDP step (py-spy, 2026-12-07)
+        for key in [key for key, (ref, _, _) in self._live.items() if expired(ref.cdata)]:
             self.allocator.free(key)
             _, size, made = self._live.pop(key)
             self._in_backward.difference_update(self._pending.get(key, ()))
