@@ -12,15 +12,14 @@ import gzip
 import json
 import sys
 
-from meshscope.capture.caching_allocator import CachingAllocator
+from meshscope.capture.caching_allocator import CachingAllocator, expandable_segments
 
 GROW, SHRINK = ("segment_alloc", "segment_map"), ("segment_free", "segment_unmap")
 
 
 def replay(doc: dict) -> tuple[int, int, int]:
     """(the model's reserved peak, the trace's own reserved peak from its segment events, the allocated peak)."""
-    expandable = "expandable_segments:true" in doc["alloc_conf"].replace(" ", "").lower()
-    model = CachingAllocator(expandable)
+    model = CachingAllocator(expandable_segments({"PYTORCH_ALLOC_CONF": doc["alloc_conf"]}))
     streams: dict[int, int] = {}
     reserved = peak_reserved = peak_allocated = 0
     for action, addr, size, stream in doc["trace"]:

@@ -2,13 +2,15 @@
 size and stream, and every segment the allocator reserved for them, recorded by torch's own memory history
 (``torch.cuda.memory._record_memory_history``). The forecast's peak is tensor bytes (``max_memory_allocated``);
 what a job reports is often ``max_memory_reserved`` (torchtitan's logs and docs/performance tables): replaying the
-requests of this trace through the forecast's model of the allocator (`meshscope.forecast.allocator`) and holding
-its reserved peak against the one this GPU reached is the check of that model (docs/forecast.md, "Reserved memory").
+requests of this trace through the forecast's model of the allocator (`meshscope.capture.caching_allocator`) and
+holding its reserved peak against the one this GPU reached is the check of that model (docs/forecast.md,
+"Reserved memory").
 
 On a machine with a CUDA GPU, for the Llama 3 8B blocks of benchmarks/forecast_llama_layers.py under DDP or FSDP2
 at a world of 1 on NCCL it records the history from before the model is built through `--steps` steps and writes
 one JSON file: the config, ``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``, the allocator's
-settings (``PYTORCH_CUDA_ALLOC_CONF`` as the job ran), and the trace as rows ``[action, addr, size, stream]``.
+settings (``PYTORCH_ALLOC_CONF`` where set, else ``PYTORCH_CUDA_ALLOC_CONF``, as torch reads them), and the
+trace as rows ``[action, addr, size, stream]``.
 
 Run: torchrun --nproc-per-node 1 benchmarks/forecast_allocator_trace.py --out FILE [--fsdp] [--layers 8 ...]
 """
@@ -65,7 +67,8 @@ def main() -> None:
     doc = {"config": {"layers": args.layers, "batch": args.batch, "seq": args.seq, "steps": args.steps,
                       "mode": "FSDP2" if args.fsdp else "DDP"},
            "gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", os.environ.get("PYTORCH_ALLOC_CONF", "")),
+           "alloc_conf": os.environ["PYTORCH_ALLOC_CONF"] if "PYTORCH_ALLOC_CONF" in os.environ else
+           os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
            "max_allocated": torch.cuda.max_memory_allocated(), "max_reserved": torch.cuda.max_memory_reserved(),
            "trace": trace}
     Path(args.out).write_text(json.dumps(doc))

@@ -31,6 +31,7 @@ import os
 import runpy
 import select
 import selectors
+import signal
 import socket
 import subprocess
 import sys
@@ -79,7 +80,7 @@ class Started:
     def kill(self) -> None:
         """SIGKILL the child (the zygote reaps it and answers its status)."""
         try:
-            os.kill(self.pid, 9)
+            os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
 
