@@ -43,7 +43,8 @@ from .caching_allocator import CachingAllocator, expandable_segments
 
 POLL_OPS = 64
 """Least ops between two polls of the live storages; a poll's cost grows with what is live, so the interval
-is at least a sixteenth of the live storages (a poll then costs under a tenth of a microsecond per op),
+is at least a sixteenth of the live storages (a poll then costs at most 16 checks per op, about a microsecond
+on the project's box at 0.07 us a check),
 unless the ops since the last poll made more than `POLL_SHARE` of the live bytes (an optimizer's foreach
 ops make a temporary the size of the model's shard in one op). A freed storage leaves the count that late
 at most: the peak is over-, never under-stated, by less than that share."""
