@@ -107,15 +107,6 @@ def test_a_small_expandable_pool_maps_2_mib_pages():
     assert a.reserved == 4 * MiB
 
 
-def test_a_free_learned_late_is_taken_before_the_allocator_grows():
-    dead = []
-    a = CachingAllocator(missed=lambda: [a.free(k) for k in dead])
-    a.malloc(0, 12 * MiB)
-    dead.append(0)  # freed, not yet told
-    assert not a.malloc(1, 12 * MiB)
-    assert a.reserved == 12 * MiB
-
-
 def test_a_large_pool_rest_of_more_than_1_mib_is_split_off():
     a = CachingAllocator()
     a.malloc(0, 11 * MiB - 512)  # a 12 MiB segment; 1 MiB + 512 B left: split off, free

@@ -205,3 +205,27 @@ def test_reserved_bytes_are_the_storages_replayed_through_the_caching_allocator(
     assert log.peak_bytes == 32 << 20
     assert log.reserved_bytes == reserved_mib << 20
     assert log.reserved_at == {"expandable_segments": bool(conf), "step": 0, "phase": "forward", "module": "block"}
+
+
+def test_a_storage_dropped_between_two_ops_is_free_for_the_second(monkeypatch):
+    """By hand (the allocator's defaults): a 12 MiB tensor takes a 12 MiB segment, a 4 MiB one a 20 MiB segment whose
+    other 16 MiB stay cached. The first dropped, the next 12 MiB request is its block (the best fit), and a 16 MiB one
+    the cached rest: 32 MiB reserved. Had the drop been seen late, the 12 MiB request would have cut the 16 MiB
+    rest and the 16 MiB one a new segment (48 MiB)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class Context:
+        step, phase, region = 0, staticmethod(lambda: "forward"), staticmethod(lambda: "block")
+
+    monkeypatch.setenv("PYTORCH_ALLOC_CONF", "")  # the allocator's defaults, whatever the environment says
+    counter = WorkCounter(0, Context())
+    with FakeTensorMode(), ModeRecorder(lambda *call: 0, None, counter):
+        first = torch.empty(3 << 20)  # fp32: 12 MiB
+        small = torch.empty(1 << 20)
+        del first
+        again = torch.empty(3 << 20)
+        rest = torch.empty(4 << 20)
+        assert small is not None and again is not None and rest is not None
+    log = counter.finish()
+    assert log.peak_bytes == (4 + 12 + 16) << 20
+    assert log.reserved_bytes == 32 << 20

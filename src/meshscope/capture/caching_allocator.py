@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import bisect
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 MIN_BLOCK = 512
 """Every request rounds up to a multiple of this (kMinBlockSize)."""
@@ -106,12 +106,10 @@ class _Pool:
 
 class CachingAllocator:
     """Requests and frees of one rank's storages (by key) replayed through the caching allocator's rules (module
-    doc); `reserved` and `peak` in bytes. `missed` is called before a request would reserve more, so that a caller
-    that learns of frees late (the work log polls for dead storages) can free them first."""
+    doc); `reserved` and `peak` in bytes."""
 
-    def __init__(self, expandable: bool = False, missed: Callable[[], None] = lambda: None):
+    def __init__(self, expandable: bool = False):
         self.expandable = expandable
-        self.missed = missed
         self.reserved = 0
         self.peak = 0
         self._pools: dict[tuple[int, bool], _Pool] = {}
@@ -128,9 +126,6 @@ class CachingAllocator:
         pool = self._pool(stream, size <= SMALL)
         block = self._fit(pool, size)
         grew = False
-        if block is None:
-            self.missed()
-            block = self._fit(pool, size)
         if block is None:
             block = self._grow(pool, size)
             grew = True

@@ -15,8 +15,9 @@ A ``--fake-tensors`` rank runs every aten op of its job through one dispatch mod
   an all-reduced bucket, a received activation, ``wait_tensor`` of a functional collective). On a GPU that
   is where the compute stream must wait for the call at the latest (a job may wait earlier, as a
   synchronous call on the compute stream does; docs/forecast.md says what that changes).
-- **Live bytes**: every storage an op creates counts from its creation until it is freed (polled through
-  torch's ``StorageWeakRef``, every `POLL_OPS` ops and at each call), with the phase it was made in; the
+- **Live bytes**: every storage an op creates counts from its creation until it is freed (seen before the
+  rank's next op: a weak reference's callback on the storage's Python object, which torch keeps for as long as
+  the storage lives), with the phase it was made in; the
   peak, and where it was (step, phase, module), is the rank's peak memory. A storage resized in place (FSDP2's
   gathered parameters, freed and refilled) holds its new size from then (`resized`). An op on the meta device counts
   nothing: a model built there before it is sharded (torchtitan's ``torch.device("meta")``) holds no memory
@@ -34,21 +35,14 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import weakref
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .caching_allocator import CachingAllocator, expandable_segments
-
-POLL_OPS = 64
-"""Least ops between two polls of the live storages; a poll's cost grows with what is live, so the interval
-is at least a sixteenth of the live storages (a poll then costs at most 16 checks per op, about a microsecond
-on the project's box at 0.07 us a check),
-unless the ops since the last poll made more than `POLL_SHARE` of the live bytes (an optimizer's foreach
-ops make a temporary the size of the model's shard in one op). A freed storage leaves the count that late
-at most: the peak is over-, never under-stated, by less than that share."""
-POLL_SHARE = 1 / 64
 
 VIEWS = frozenset({"view", "_unsafe_view", "reshape", "expand", "as_strided", "t", "transpose", "permute",
                    "squeeze", "unsqueeze", "alias", "detach", "slice", "select", "split", "split_with_sizes",
@@ -266,14 +260,13 @@ class WorkCounter:
         self._bytes = 0  # bytes the other ops read and wrote
         self._pending: dict[int, list[int]] = {}  # storage key -> calls that wrote it, not yet needed
         self._in_backward: set[int] = set()  # calls issued in backward, not yet needed
-        self._live: dict[int, tuple] = {}  # storage key -> (weak ref, bytes, phase made in)
+        # storage key -> (torch's weak reference, which keeps the key from being reused while the entry is here;
+        # a Python weak reference, whose callback says it died; bytes; phase made in)
+        self._live: dict[int, tuple] = {}
+        self._died: deque[int] = deque()  # keys of live storages that died since the last `_freed`
         self._live_bytes = 0
         self._by_phase: dict[str, int] = {}  # live bytes by the phase that made them
-        self._since_poll = 0
-        self._made_since = 0  # bytes made since the last poll
-        # a request the allocator's cache cannot serve first takes the frees the polls have not seen yet (once per
-        # op: a poll costs what is live)
-        self.allocator = CachingAllocator(expandable_segments(), missed=lambda: self._since_poll and self._poll())
+        self.allocator = CachingAllocator(expandable_segments())
         self.log.reserved_at = {"expandable_segments": self.allocator.expandable}
 
     # -- the hot path: one call per aten op ------------------------------------------------------------
@@ -301,7 +294,7 @@ class WorkCounter:
             self._close()
             if self._phase == "backward" and self._in_backward:
                 self._backward_done()
-            self._poll()  # what the phase before made and dropped (an optimizer's temporaries) is gone
+            self._freed()  # what the phase before made and dropped (an optimizer's temporaries) is gone
             self._phase = phase
         pending = self._pending
         nbytes = 0
@@ -330,11 +323,8 @@ class WorkCounter:
         if results and all(t.device.type == "meta" for t in results):
             return  # a model built on the meta device (torchtitan's, before it is sharded) holds and moves nothing
         formula = self.formulas.get(func._overloadpacket)
-        self._since_poll += 1
-        # before its results count: what the ops before it freed is gone by now
-        if (self._since_poll >= POLL_OPS and self._since_poll * 16 >= len(self._live)) or \
-                self._made_since > self._live_bytes * POLL_SHARE:
-            self._poll()
+        if self._died:  # before its results count: what died since the op before is gone by now
+            self._freed()
         for t in results:
             nbytes += t.nbytes
             self._made(t, phase)
@@ -373,7 +363,7 @@ class WorkCounter:
             self._made(t, phase, stream)
         if written and phase == "backward":
             self._in_backward.add(call)
-        self._poll()
+        self._freed()
 
     def _backward_done(self) -> None:
         """Autograd finished: a call its backward issued whose result no op has read yet is needed now. DDP and
@@ -455,12 +445,19 @@ class WorkCounter:
         key = storage._cdata
         if key in self._live:  # (a key is not reused while its weak reference holds the storage's record)
             return
+        if self._died:
+            self._freed()
         size = storage.nbytes()
         if self.allocator.malloc(key, size, self._stream if stream is None else stream):
             self._reserved(phase)
-        self._live[key] = (StorageWeakRef(storage), size, phase)
+        # torch keeps a storage's Python object for as long as the storage lives (PyObject preservation, torch
+        # >= 2.1 c10/core/impl/PyObjectSlot.h), so a weak reference's callback on it runs when the storage dies:
+        # a free costs one append, where polling every live storage's weak reference had cost 11 % of a
+        # 1,024-rank FSDP trace (py-spy, 2026-12-07)
+        died = self._died
+        self._live[key] = (StorageWeakRef(storage), weakref.ref(storage, lambda _, key=key: died.append(key)),
+                           size, phase)
         self._live_bytes += size
-        self._made_since += size
         self._by_phase[phase] = self._by_phase.get(phase, 0) + size
         self._peaked(phase)
 
@@ -470,23 +467,22 @@ class WorkCounter:
         entry = self._live.get(key)
         if entry is None or getattr(_outside, "depth", 0):
             return
-        ref, old, made = entry
+        if self._died:
+            self._freed()
+        pin, ref, old, made = entry
         phase = self._phase or "other"
         if self.allocator.resize(key, size, self._number(self.current_stream())):
             self._reserved(phase)
-        self._live[key] = (ref, size, phase)
+        self._live[key] = (pin, ref, size, phase)
         self._live_bytes += size - old
         self._by_phase[made] -= old
         self._by_phase[phase] = self._by_phase.get(phase, 0) + size
         if size > old:
-            self._made_since += size - old
             self._peaked(phase)
 
     def _peaked(self, phase: str) -> None:
         """The live bytes grew: a new peak is recorded, where it is."""
         log = self.log
-        if self._live_bytes > log.peak_bytes and self._since_poll:
-            self._poll()  # a new peak is counted without what died since the last poll (once per op)
         if self._live_bytes > log.peak_bytes:
             log.peak_bytes = self._live_bytes
             log.peak_at = {"step": self.context.step, "phase": phase, "module": self.context.region(),
@@ -499,13 +495,13 @@ class WorkCounter:
             log.reserved_bytes = self.allocator.reserved
             log.reserved_at.update(step=self.context.step, phase=phase, module=self.context.region())
 
-    def _poll(self) -> None:
-        self._since_poll = self._made_since = 0
-        expired = torch.UntypedStorage._expired  # StorageWeakRef.expired's C call without its two Python frames:
-        # a sixth of the time a check took, and polls had been 30 % of a 1,024-rank FSDP step (py-spy, 2026-12-07)
-        for key in [key for key, (ref, _, _) in self._live.items() if expired(ref.cdata)]:
+    def _freed(self) -> None:
+        """The storages that died since the last call leave the count and the allocator."""
+        died = self._died  # (the list the callbacks append to: emptied in place)
+        while died:
+            key = died.popleft()
             self.allocator.free(key)
-            _, size, made = self._live.pop(key)
+            _, _, size, made = self._live.pop(key)
             self._in_backward.difference_update(self._pending.get(key, ()))
             self._live_bytes -= size
             self._by_phase[made] -= size
