@@ -46,12 +46,15 @@ def warm_starts(tmp_path_factory):
     env.pop(zygote.ENV, None)
     warm = ["meshscope.run.agent", "meshscope.trace.rank", "meshscope.trace.fake.fork_server", "meshscope.cli.worker",
             "meshscope.cli.parser", "meshscope.experiments"]  # the last two: `helpers.cli`'s own commands
-    proc = subprocess.Popen([sys.executable, "-m", "meshscope.run.zygote", str(path), *warm], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, env=env, text=True)
-    if proc.stdout.readline().strip() != "ready":  # it could not start: every launch starts fresh, as without it
+    log = path.with_name("zygote.log")
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "meshscope.run.zygote", str(path), *warm],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env, text=True)
+    if proc.stdout.readline().strip() != "ready":
+        # loud: without it every launch starts fresh and the suite passes at twice its time (a zygote that died
+        # of its own start-up error had, 2026-12-07)
         proc.kill()
-        yield
-        return
+        pytest.fail(f"the suite's zygote did not start: {log.read_text()[-2000:]}", pytrace=False)
     os.environ[zygote.ENV] = str(path)
     try:
         yield

@@ -26,3 +26,37 @@ def test_a_forked_rank_starts_as_a_fresh_interpreter_would(tmp_path, world):
     assert [s["rank"] for s in states] == [0, 1], output[-3000:]
     assert all(s["sigint_python"] and s["sighup_default"] for s in states), states
     assert states[0]["random"] != states[1]["random"] and states[0]["numpy"] != states[1]["numpy"], states
+
+
+def test_the_rendezvous_event_names_its_method_as_torchs_own_lookup_did():
+    """`run.agent` puts a frame lookup where torch's rendezvous called ``inspect.stack()`` for an event's name
+    (torch 2.13 elastic/rendezvous/dynamic_rendezvous.py ``get_method_name``): the same name, for the same
+    depths, as torch's own function gives."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    from meshscope.run.agent import _method_name
+
+    torchs = dynamic_rendezvous.get_method_name
+
+    def record(lookup, depth=2):  # as a handler's _record calls it
+        return lookup(depth) if depth != 2 else lookup()
+
+    def next_rendezvous(lookup, depth=2):
+        return record(lookup, depth)
+
+    for depth in (1, 2, 3):
+        assert next_rendezvous(_method_name, depth) == next_rendezvous(torchs, depth)
+    assert next_rendezvous(_method_name) == "next_rendezvous"
+    assert _method_name(10_000) == torchs(10_000) == "no_method_name"
+
+
+def test_the_zygote_indexes_the_modules_for_its_children_before_it_forks():
+    """`trace.rank.prefork`, which `run.zygote` and `run.agent` call after their imports: the rebinding index
+    holds every loaded module, so a forked rank's patches scan only what it imported since."""
+    import sys
+
+    from meshscope.run.agent import before_forks
+    from meshscope.trace import entry_points, rank
+
+    before_forks(rank)
+    assert set(sys.modules) <= entry_points._indexed

@@ -79,6 +79,26 @@ def _restore(value: str | None) -> None:
         os.environ[NVML_CHECK] = value
 
 
+def before_forks(module) -> None:
+    """A program a warm process forks may define ``prefork()``: what each of its processes would do first
+    that does not depend on which one it is, done here once (`trace.rank.prefork`)."""
+    hook = getattr(module, "prefork", None)
+    if hook is not None:
+        hook()
+
+
+def _method_name(depth: int = 2) -> str:
+    """torch's ``dynamic_rendezvous.get_method_name`` (the name of the function `depth` frames up, for the
+    rendezvous' event log) without its two ``inspect.stack()`` calls, which read the source of every frame on
+    the stack: an event costs microseconds instead of milliseconds, and agents forked from a process that
+    imported two thousand modules had spent 69 of a test suite's 1,106 sampled CPU-seconds on them (py-spy,
+    2026-12-07)."""
+    try:
+        return sys._getframe(depth).f_code.co_name  # (frame 0 is this function, as inspect.stack()[0] was)
+    except ValueError:  # a stack less deep
+        return "no_method_name"
+
+
 def _rank(program: str, *argv: str) -> None:
     """One rank, in a process the elastic agent forked: `program`'s ``main(argv)``."""
     as_fresh_interpreter()
@@ -108,8 +128,13 @@ def main(argv: list[str]) -> int:
     # H200 every forked rank failed "Cannot re-initialize CUDA in forked subprocess"; which import asked
     # is what benchmarks/check_fork_cuda.py prints there)
     os.environ[NVML_CHECK] = "1"
-    for name in (*PRELOAD, args.training_script):
+    for name in PRELOAD:
         importlib.import_module(name)
+    before_forks(importlib.import_module(args.training_script))
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    if hasattr(dynamic_rendezvous, "get_method_name"):  # (torch 2.4 to 2.15: called by name at each event)
+        dynamic_rendezvous.get_method_name = _method_name
     if _fork_poisoned():  # torchrun as it is: each rank a fresh ``python -m PROGRAM``
         print("meshscope: CUDA was initialised while torch's parallel APIs were imported, so the ranks "
               "start as fresh processes (a few seconds each), not forked", file=sys.stderr)

@@ -167,10 +167,10 @@ def _line(conn: socket.socket) -> bytes:
 def serve(path: str, modules: list[str]) -> None:
     """Import `agent.PRELOAD` and `modules` (the programs its children will run), print ``ready``, then fork
     a child per request until stdin closes."""
-    from .agent import PRELOAD
+    from .agent import PRELOAD, before_forks
 
     for name in (*PRELOAD, *modules):
-        importlib.import_module(name)
+        before_forks(importlib.import_module(name))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(64)

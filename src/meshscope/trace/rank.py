@@ -38,7 +38,7 @@ from ..core.rundir import RunDir
 from ..core.rank_end import exit_code
 from . import script_frames
 from .created import note_creations
-from .entry_points import wrap
+from .entry_points import index_new_modules, wrap
 from .fake.mode import FakeMode
 from .mesh_dims import label_device_meshes
 from .mode import RealMode
@@ -53,6 +53,14 @@ def _failure(exc: BaseException, error: str) -> dict:
     own frame if meshscope failed there."""
     where, origin, ours = script_frames.raised_at(exc)
     return {"error": error, "exception": type(exc).__name__, "where": where, "origin": origin, "meshscope_frame": ours}
+
+
+def prefork() -> None:
+    """What every rank does first, done once by a warm process before it forks ranks or their launchers
+    (`run.zygote`, `run.agent`): the index of the loaded modules' functions that the trace's patches rebind
+    through (`entry_points.rebind`), which each forked rank had built again (28 CPU-s of a test suite's
+    ranks, and 34 of its fake worlds' servers, in py-spy's samples, 2026-12-07)."""
+    index_new_modules()
 
 
 def main(argv: list[str], on_end=None) -> int:
