@@ -61,10 +61,17 @@ def cli(*args, timeout: float = 120.0, env: dict | None = None, cwd: Path = ROOT
     `env` adds to this process's environment (this checkout's ``src`` first on the path, wherever `cwd` is).
     Forked from the suite's zygote (tests/conftest.py) unless `env` is given, a variable the zygote's imports
     may have read: ``meshscope run`` imports torch before it launches (3 s of CPU a call on the 2-core box)."""
+    return run_module("meshscope", *args, timeout=timeout, env=env, cwd=cwd)
+
+
+def run_module(module: str, *args, timeout: float = 120.0, env: dict | None = None,
+               cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    """`cli` for any ``python -m MODULE ARGS`` (``meshscope.run.agent``: a launch as ``meshscope run`` makes it,
+    its ranks forked; a module in `cwd` is importable, as ``python -m`` puts the working directory first)."""
     from meshscope.run import zygote
 
     path = os.pathsep.join(p for p in (str(ROOT / "src"), os.environ.get("PYTHONPATH")) if p)
-    command = [sys.executable, "-m", "meshscope", *map(str, args)]
+    command = [sys.executable, "-m", module, *map(str, args)]
     child_env = {**os.environ, "PYTHONPATH": path, **(env or {})}
     if env is not None:
         return subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=cwd, env=child_env)

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from .helpers import ROOT, trace_json
+from .helpers import ROOT, run_module, trace_json
 
 
 @pytest.mark.parametrize("world", ["real", "fake"])
@@ -60,3 +60,27 @@ def test_the_zygote_indexes_the_modules_for_its_children_before_it_forks():
 
     before_forks(rank)
     assert set(sys.modules) <= entry_points._indexed
+
+
+SIBLINGS = """
+import os
+
+
+def main(argv):
+    # the agent's children now: each rank's first line, before it would connect to the agent's store
+    agent = os.getppid()
+    with open(f"/proc/{agent}/task/{agent}/children") as f:
+        print("siblings", os.environ["LOCAL_RANK"], len(f.read().split()), flush=True)
+    return 0
+"""
+
+
+def test_a_forked_rank_starts_once_the_agent_has_forked_every_rank_of_its_node(tmp_path):
+    """`run.agent` holds each forked rank until the last is forked: the agent's store thread holds a C library
+    lock while it names a new client, and a rank forked then kept it locked (`agent._after_every_fork`).
+    Without the hold, rank 0 ran its program while the agent forked the rest (it saw 1 of the 4)."""
+    (tmp_path / "siblings.py").write_text(SIBLINGS)
+    proc = run_module("meshscope.run.agent", "--standalone", "--nproc-per-node", 4, "-m", "siblings", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    seen = sorted(line.split()[1:] for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("siblings"))
+    assert seen == [[str(r), "4"] for r in range(4)], seen

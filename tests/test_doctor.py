@@ -5,10 +5,8 @@ one module fixture, because most of a hung run's time is spent waiting for its c
 """
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -21,7 +19,7 @@ from meshscope.doctor.evidence import load
 from meshscope.doctor.p2p import p2p
 from meshscope.doctor.prediction import dp_wrong_group
 
-from .helpers import ROOT, cli, cli_here
+from .helpers import cli, cli_here, run_module
 
 # -- synthetic flight logs ------------------------------------------------------------------------
 AXES = {(0, 1): "pp", (0, 2): "dp"}
@@ -246,7 +244,7 @@ def test_injected_fault_is_named_first(injected, kind):
     assert proc.returncode == 1, proc.stderr[-2000:]
     # The ranks ended on their own collective timeout (or error): the launcher's watchdog was not needed,
     # and no rank of the run outlived it.
-    assert "no rank made progress" not in proc.stderr
+    assert "no rank made progress" not in proc.stderr, (out / "launcher.log").read_text()[-3000:]
     assert subprocess.run(["pgrep", "-f", str(out)], capture_output=True).returncode == 1
     assert f"meshscope doctor: [{expect_kind}]" in proc.stderr  # the launcher ran the doctor
     report = diagnose(out).to_json()
@@ -301,24 +299,27 @@ def test_a_healthy_run_has_no_findings_and_a_reused_directory_starts_clean(injec
 
 
 LATE_RANK = """
-import datetime, os, sys, time
+import datetime, os, time
 import torch, torch.distributed as dist
 from meshscope.core.groups import init_default_group
 
-late_s, timeout_s = float(sys.argv[1]), float(sys.argv[2])
-rank = int(os.environ["RANK"])
-if rank == 1:
-    time.sleep(late_s)
-init_default_group("gloo", rank, int(os.environ["WORLD_SIZE"]), datetime.timedelta(seconds=timeout_s))
-dist.all_reduce(torch.ones(1))
-if rank == 0:  # rank 1 never sends, and stays until this receive has timed out
-    began = time.monotonic()
-    try:
-        dist.recv(torch.zeros(1), src=1)
-    except RuntimeError as exc:
-        print(f"recv ended after {time.monotonic() - began:.1f} s: {'Timed out' in str(exc)}", flush=True)
-else:
-    time.sleep(timeout_s + 2)
+
+def main(argv):
+    late_s, timeout_s = float(argv[0]), float(argv[1])
+    rank = int(os.environ["RANK"])
+    if rank == 1:
+        time.sleep(late_s)
+    init_default_group("gloo", rank, int(os.environ["WORLD_SIZE"]), datetime.timedelta(seconds=timeout_s))
+    dist.all_reduce(torch.ones(1))
+    if rank == 0:  # rank 1 never sends, and stays until this receive has timed out
+        began = time.monotonic()
+        try:
+            dist.recv(torch.zeros(1), src=1)
+        except RuntimeError as exc:
+            print(f"recv ended after {time.monotonic() - began:.1f} s: {'Timed out' in str(exc)}", flush=True)
+    else:
+        time.sleep(timeout_s + 2)
+    return 0
 """
 
 
@@ -326,12 +327,11 @@ def test_the_default_group_waits_for_a_late_rank_and_its_calls_keep_the_timeout(
     """`meshscope run`'s ranks start their default group with `init_default_group`: a rank 2.5 s late
     no longer fails the rendezvous of a run whose collective timeout is 1 s (CI, 2026-12-03:
     "DistStoreError: wait timeout after 6000ms" before the planted fault), and a receive its peer
-    never answers still times out after 1 s, not after the start-up allowance."""
-    script = tmp_path / "late_rank.py"
-    script.write_text(LATE_RANK)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(script), "2.5", "1"], capture_output=True, text=True, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    never answers still times out after 1 s, not after the start-up allowance. Launched as ``meshscope run``
+    launches its ranks (`run.agent`: torchrun's agent, the ranks forked)."""
+    (tmp_path / "late_rank.py").write_text(LATE_RANK)
+    proc = run_module("meshscope.run.agent", "--standalone", "--nproc-per-node", 2, "-m", "late_rank", "2.5", "1",
+                      cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("recv ended after"))
     waited, timed_out = line.removeprefix("recv ended after ").split(" s: ")

@@ -1,9 +1,8 @@
-"""Real gloo Flight Recorder dumps, made here by a 4-rank job through torch's elastic agent: the limits of
+"""Real gloo Flight Recorder dumps, made here by a 4-rank job under torch's elastic agent: the limits of
 gloo's recorder on this torch, measured, and the doctor (not torchfrtrace) diagnosing them."""
 
 from __future__ import annotations
 
-import os
 import pickle
 import pickletools
 import subprocess
@@ -13,7 +12,7 @@ import pytest
 
 from meshscope.doctor import diagnose
 
-from .helpers import ROOT, TORCH
+from .helpers import ROOT, TORCH, run_module
 
 JOB = ROOT / "tests" / "jobs" / "flight_recorder_dumps.py"
 
@@ -22,10 +21,12 @@ JOB = ROOT / "tests" / "jobs" / "flight_recorder_dumps.py"
 def skipped(tmp_path_factory):
     """Dumps of the job where rank 1 skips a world all_reduce (the others time out after 3 s and dump)."""
     out = tmp_path_factory.mktemp("fr")
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-                           str(JOB), "--prefix", str(out / "rank_"), "--fault", "skip"],
-                          capture_output=True, text=True, timeout=120, check=False,
-                          env={**os.environ, "TORCH_FR_BUFFER_SIZE": "200"})
+    # torchrun's agent with the ranks forked, as `meshscope run` launches (torch imported once, not four times);
+    # the recorder's size is read where the first process group is made, in the ranks
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TORCH_FR_BUFFER_SIZE", "200")
+        proc = run_module("meshscope.run.agent", "--standalone", "--nproc-per-node", 4, "-m", JOB.stem, "--prefix",
+                          out / "rank_", "--fault", "skip", cwd=JOB.parent)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out
 

@@ -27,10 +27,12 @@ from __future__ import annotations
 import atexit
 import gc
 import importlib
+import multiprocessing
 import os
 import signal
 import sys
 import threading
+import time
 
 PRELOAD = ("torch", "torch.distributed", "torch.distributed.device_mesh", "torch.distributed.tensor",
            "torch.distributed.tensor.parallel", "torch.distributed.fsdp", "torch.distributed.pipelining",
@@ -99,9 +101,33 @@ def _method_name(depth: int = 2) -> str:
         return "no_method_name"
 
 
+_arrived = None
+"""A semaphore the forked ranks count their arrivals on (`_after_every_fork`), made before the first fork."""
+SIBLINGS_S = 120.0
+"""How long a forked rank waits for its node's other ranks to be forked, at most."""
+
+
+def _after_every_fork() -> None:
+    """Hold this rank until the agent has forked every rank of its node: a rank forked while another thread
+    of the agent held a C library lock starts with that lock held, for ever. The agent's rendezvous store runs
+    a thread (``LibUVStoreDaemon``, torch 2.13) that names each new client by a reverse lookup
+    (``formatSockAddr``: ``getnameinfo``, under glibc's resolver lock); the ranks forked first connect while
+    the agent forks the rest, and a rank forked in that window waited in ``getaddrinfo`` on its first
+    connection until the launcher's watchdog stopped the run (gdb and py-spy on the project's 2-core box,
+    2026-12-07: 3 of 66 runs of tests/test_doctor.py's nine injected faults beside busy loops, and one CI run;
+    0 of 30 with this hold). Once every rank of the node has arrived here, the agent forks no more."""
+    _arrived.release()
+    # each restart forks the node's ranks again, on the same count (torch's elastic agent sets both)
+    expected = int(os.environ["LOCAL_WORLD_SIZE"]) * (1 + int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)))
+    deadline = time.monotonic() + SIBLINGS_S
+    while _arrived.get_value() < expected and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
 def _rank(program: str, *argv: str) -> None:
     """One rank, in a process the elastic agent forked: `program`'s ``main(argv)``."""
     as_fresh_interpreter()
+    _after_every_fork()
     _restore(_user_nvml_check)
     code = importlib.import_module(program).main(list(argv))
     sys.stdout.flush()
@@ -144,6 +170,8 @@ def main(argv: list[str]) -> int:
         # would write every page of it (reference counts, GC links), copying what the ranks share, and
         # take longer (Python's gc.freeze, for a parent that forks without exec)
         gc.freeze()
+        global _arrived
+        _arrived = multiprocessing.get_context("fork").Semaphore(0)
         args.run_path, args.start_method = True, "fork"
         # torchrun's --run-path calls this module-level function with the program and its arguments
         # (torch/distributed/run.py, config_from_args, torch 2.4 to 2.15)
