@@ -244,7 +244,9 @@ def test_a_scripts_bad_call_through_meshscopes_recorder_stays_the_scripts(tmp_pa
     proc, doc = trace_json(tmp_path / "run", "--nproc-per-node", 2, "--recorder", "python", "--timeout", 30, [str(job)])
     assert proc.returncode == 1 and doc["outcome"] == "failed", proc.stderr[-3000:]
     root = doc["doctor"]["findings"][0]
-    assert root["kind"] == "script-error" and root["ranks"] == [0, 1], root
+    # both ranks fail at the call, but the agent stops the other once one has failed: a rank slowed by a busy host
+    # may be stopped before it gets there (rank 1, once, with three test workers on two cores)
+    assert root["kind"] == "script-error" and root["ranks"] in ([0], [1], [0, 1]), root
     assert root["entry"].startswith("RuntimeError: ProcessGroupGloo::allgather: invalid tensor size")
     assert f" at {job}:{_line(job, '# the bad output')} " in root["entry"]
     assert "meshscope/" not in (tmp_path / "run" / "logs" / "rank0.log").read_text()
