@@ -72,20 +72,26 @@ class Stack(nn.Module):
         return x
 
 
-def main() -> None:
+def parser(batch: int, seq: int) -> argparse.ArgumentParser:
+    """The options of a blocks job (this one's and forecast_moe_layers.py's), with its default batch and sequence."""
     p = argparse.ArgumentParser()
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--seq", type=int, default=8192)
+    p.add_argument("--batch", type=int, default=batch)
+    p.add_argument("--seq", type=int, default=seq)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard per block and the root) instead of DDP")
-    args = p.parse_args()
+    return p
+
+
+def train(stack: nn.Module, width: int, args) -> None:
+    """`args.steps` steps of `stack` (its ``blocks``) on this rank's GPU, or its CPU, in bf16 under DDP or FSDP2, on
+    random inputs of `width`; on a GPU rank 0 prints the steady steps' times and the memory the tensors held."""
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    model = Stack(args.layers, args.seq).to(device, torch.bfloat16)
+    model = stack.to(device, torch.bfloat16)
     if args.fsdp:
         from torch.distributed.fsdp import fully_shard
 
@@ -97,7 +103,7 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     times = []
     for _ in range(args.steps):
-        x = torch.randn(args.batch, args.seq, 4096, device=device, dtype=torch.bfloat16)
+        x = torch.randn(args.batch, args.seq, width, device=device, dtype=torch.bfloat16)
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -117,6 +123,11 @@ def main() -> None:
               f"{'FSDP2' if args.fsdp else 'DDP'} over {dist.get_world_size()}, "
               f"{torch.cuda.get_device_name()}, torch {torch.__version__})", flush=True)
     dist.destroy_process_group()
+
+
+def main() -> None:
+    args = parser(batch=1, seq=8192).parse_args()
+    train(Stack(args.layers, args.seq), 4096, args)
 
 
 if __name__ == "__main__":

@@ -3,12 +3,13 @@
 counted (forecast/compute.py); set beside this, each class's measured time gives the rate that class really ran
 at over a whole step, and the idle time is what no class holds (docs/forecast.md, "Compute on one H100").
 
-On a machine with a CUDA GPU, for each config of benchmarks/forecast_llama_layers.py's Llama 3 8B blocks (bf16,
-AdamW, DDP over a world of 1 on NCCL) it runs 4 steps, then profiles one step with torch.profiler (CUDA
+On a machine with a CUDA GPU, for each config of benchmarks/forecast_llama_layers.py's Llama 3 8B blocks (or with
+``--model moe`` forecast_moe_layers.py's Qwen3 30B-A3B blocks; bf16, AdamW, DDP over a world of 1 on NCCL) it runs 4 steps, then profiles one step with torch.profiler (CUDA
 activity) and sums its kernels' time per class by kernel name. Prints, per config: the step (CUDA events), the
 GPU's busy time, each class's kernel time and count, and the ten longest kernels of the memory-bound class.
 
-Run: python benchmarks/forecast_step_kernels.py [--configs 4x1x8192,8x1x8192,...] (blocks x batch x seq).
+Run: python benchmarks/forecast_step_kernels.py [--model llama|moe] [--configs 4x1x8192,8x1x8192,...] (blocks x batch
+x seq).
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forecast_llama_layers import Stack  # noqa: E402
+import forecast_llama_layers  # noqa: E402
+import forecast_moe_layers  # noqa: E402
+
+MODELS = {"llama": (forecast_llama_layers.Stack, 4096), "moe": (forecast_moe_layers.Stack, 2048)}
+"""A model's blocks and their width."""
 
 ATTENTION = ("flash", "fmha", "sdpa", "attention")
 MATMUL = ("gemm", "cutlass", "xmma", "nvjet", "cublas")
@@ -39,25 +44,25 @@ def kernel_class(name: str) -> str:
     return "memory-bound"
 
 
-def step(model, opt, batch: int, seq: int) -> None:
-    x = torch.randn(batch, seq, 4096, device="cuda", dtype=torch.bfloat16)
+def step(model, opt, batch: int, seq: int, dim: int) -> None:
+    x = torch.randn(batch, seq, dim, device="cuda", dtype=torch.bfloat16)
     model(x).float().pow(2).mean().backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
 
 
-def profile_config(layers: int, batch: int, seq: int) -> None:
+def profile_config(stack, dim: int, layers: int, batch: int, seq: int) -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    model = nn.parallel.DistributedDataParallel(Stack(layers, seq).to("cuda", torch.bfloat16), device_ids=[0])
+    model = nn.parallel.DistributedDataParallel(stack(layers, seq).to("cuda", torch.bfloat16), device_ids=[0])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for _ in range(4):
-        step(model, opt, batch, seq)
+        step(model, opt, batch, seq, dim)
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         start.record()
-        step(model, opt, batch, seq)
+        step(model, opt, batch, seq, dim)
         end.record()
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
@@ -89,6 +94,7 @@ def profile_config(layers: int, batch: int, seq: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
+    p.add_argument("--model", choices=sorted(MODELS), default="llama")
     p.add_argument("--configs", default="4x1x8192,8x1x8192,4x2x8192,8x1x4096,8x4x2048")
     args = p.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -98,7 +104,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     for config in args.configs.split(","):
         layers, batch, seq = (int(v) for v in config.split("x"))
-        profile_config(layers, batch, seq)
+        profile_config(*MODELS[args.model], layers, batch, seq)
     dist.destroy_process_group()
 
 
