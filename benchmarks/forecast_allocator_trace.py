@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from forecast_llama_layers import Stack  # noqa: E402
+from forecast_llama_layers import llama  # noqa: E402
 
 
 def main() -> None:
@@ -45,7 +45,7 @@ def main() -> None:
     dist.init_process_group("nccl")
     torch.cuda.set_device(0)
     torch.cuda.memory._record_memory_history(max_entries=2_000_000, context=None, stacks="python")
-    model = Stack(args.layers, args.seq).to("cuda", torch.bfloat16)
+    model = llama(args.layers, args.seq).to("cuda", torch.bfloat16)
     if args.fsdp:
         from torch.distributed.fsdp import fully_shard
 

@@ -55,14 +55,14 @@ def rotate(x, cos, sin):
 
 
 class Stack(nn.Module):
-    """The blocks, with the rotary tables of the sequence as buffers."""
+    """`blocks`, with the rotary tables of the sequence (for heads of `head_dim`, base `theta`) as buffers."""
 
-    def __init__(self, layers: int, seq: int, dim: int = 4096, heads: int = 32, kv_heads: int = 8, ffn: int = 14336):
+    def __init__(self, blocks: list[nn.Module], seq: int, head_dim: int, theta: float):
         super().__init__()
-        self.blocks = nn.ModuleList(Block(dim, heads, kv_heads, ffn) for _ in range(layers))
-        half = dim // heads // 2
+        self.blocks = nn.ModuleList(blocks)
+        half = head_dim // 2
         angles = torch.outer(torch.arange(seq, dtype=torch.float32),
-                             500000.0 ** (-torch.arange(half, dtype=torch.float32) / half))
+                             theta ** (-torch.arange(half, dtype=torch.float32) / half))
         self.register_buffer("cos", angles.cos()[None, :, None, :], persistent=False)
         self.register_buffer("sin", angles.sin()[None, :, None, :], persistent=False)
 
@@ -70,6 +70,10 @@ class Stack(nn.Module):
         for block in self.blocks:
             x = block(x, self.cos, self.sin)
         return x
+
+
+def llama(layers: int, seq: int, dim: int = 4096, heads: int = 32, kv_heads: int = 8, ffn: int = 14336) -> Stack:
+    return Stack([Block(dim, heads, kv_heads, ffn) for _ in range(layers)], seq, dim // heads, 500000.0)
 
 
 def parser(batch: int, seq: int) -> argparse.ArgumentParser:
@@ -127,7 +131,7 @@ def train(stack: nn.Module, width: int, args) -> None:
 
 def main() -> None:
     args = parser(batch=1, seq=8192).parse_args()
-    train(Stack(args.layers, args.seq), 4096, args)
+    train(llama(args.layers, args.seq), 4096, args)
 
 
 if __name__ == "__main__":

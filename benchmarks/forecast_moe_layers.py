@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from forecast_llama_layers import parser, train
+from forecast_llama_layers import Stack, parser, rotate, train
 
 
 class Experts(nn.Module):
@@ -71,34 +71,15 @@ class Block(nn.Module):
         return x + self.moe(self.ffn_norm(x))
 
 
-def rotate(x, cos, sin):
-    """Rotary embedding on the last dim's two halves."""
-    a, b = x.chunk(2, dim=-1)
-    return torch.cat((a * cos - b * sin, a * sin + b * cos), dim=-1)
-
-
-class Stack(nn.Module):
-    """The blocks, with the rotary tables of the sequence as buffers."""
-
-    def __init__(self, layers: int, seq: int, dim: int = 2048, heads: int = 32, kv_heads: int = 4,
-                 head_dim: int = 128, ffn: int = 768, experts: int = 128, top: int = 8):
-        super().__init__()
-        self.blocks = nn.ModuleList(Block(dim, heads, kv_heads, head_dim, ffn, experts, top) for _ in range(layers))
-        half = head_dim // 2
-        angles = torch.outer(torch.arange(seq, dtype=torch.float32),
-                             1000000.0 ** (-torch.arange(half, dtype=torch.float32) / half))
-        self.register_buffer("cos", angles.cos()[None, :, None, :], persistent=False)
-        self.register_buffer("sin", angles.sin()[None, :, None, :], persistent=False)
-
-    def forward(self, x):
-        for block in self.blocks:
-            x = block(x, self.cos, self.sin)
-        return x
+def qwen3_moe(layers: int, seq: int, dim: int = 2048, heads: int = 32, kv_heads: int = 4, head_dim: int = 128,
+              ffn: int = 768, experts: int = 128, top: int = 8) -> Stack:
+    return Stack([Block(dim, heads, kv_heads, head_dim, ffn, experts, top) for _ in range(layers)], seq, head_dim,
+                 1000000.0)
 
 
 def main() -> None:
     args = parser(batch=4, seq=4096).parse_args()
-    train(Stack(args.layers, args.seq), 2048, args)
+    train(qwen3_moe(args.layers, args.seq), 2048, args)
 
 
 if __name__ == "__main__":

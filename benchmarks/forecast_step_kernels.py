@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import forecast_llama_layers  # noqa: E402
 import forecast_moe_layers  # noqa: E402
 
-MODELS = {"llama": (forecast_llama_layers.Stack, 4096), "moe": (forecast_moe_layers.Stack, 2048)}
+MODELS = {"llama": (forecast_llama_layers.llama, 4096), "moe": (forecast_moe_layers.qwen3_moe, 2048)}
 """A model's blocks and their width."""
 
 ATTENTION = ("flash", "fmha", "sdpa", "attention")
