@@ -70,7 +70,9 @@ def main(argv):
     # the agent's children now: each rank's first line, before it would connect to the agent's store
     agent = os.getppid()
     with open(f"/proc/{agent}/task/{agent}/children") as f:
-        print("siblings", os.environ["LOCAL_RANK"], len(f.read().split()), flush=True)
+        seen = len(f.read().split())
+    # one write, so that the ranks' lines do not interleave (their output is unbuffered)
+    os.write(1, f"siblings {os.environ['LOCAL_RANK']} {seen}\\n".encode())
     return 0
 """
 
@@ -83,4 +85,4 @@ def test_a_forked_rank_starts_once_the_agent_has_forked_every_rank_of_its_node(t
     proc = run_module("meshscope.run.agent", "--standalone", "--nproc-per-node", 4, "-m", "siblings", cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = sorted(line.split()[1:] for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("siblings"))
-    assert seen == [[str(r), "4"] for r in range(4)], seen
+    assert seen == [[str(r), "4"] for r in range(4)], proc.stdout[-3000:] + proc.stderr[-3000:]
