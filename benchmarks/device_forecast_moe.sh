@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# An MoE block's forecast against the GPU it runs on (docs/forecast.md, "An MoE block on one H100"):
+# An MoE block's forecast against the GPU it runs on (docs/forecast.md, "An MoE block on one GPU"):
 # benchmarks/forecast_moe_layers.py (Qwen3 30B-A3B's blocks: 128 experts, 8 per token, eager grouped matmuls) timed
 # by itself under torchrun at world 1 for each config (blocks x batch x seq), one step of each profiled by kernel
 # class (benchmarks/forecast_step_kernels.py --model moe), and the first config forecast with its compute segments

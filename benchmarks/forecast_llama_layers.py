@@ -87,6 +87,13 @@ def parser(batch: int, seq: int) -> argparse.ArgumentParser:
     return p
 
 
+def step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    """One training step on input `x`."""
+    model(x).float().pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
 def train(stack: nn.Module, width: int, args) -> None:
     """`args.steps` steps of `stack` (its ``blocks``) on this rank's GPU, or its CPU, in bf16 under DDP or FSDP2, on
     random inputs of `width`; on a GPU rank 0 prints the steady steps' times and the memory the tensors held."""
@@ -111,9 +118,7 @@ def train(stack: nn.Module, width: int, args) -> None:
         if cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-        model(x).float().pow(2).mean().backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        step(model, opt, x)
         if cuda:
             end.record()
             torch.cuda.synchronize()

@@ -1,14 +1,14 @@
 """Qwen3 30B-A3B's decoder blocks in plain torch under DDP: an MoE job whose measured step on one GPU holds the
-forecast's compute model to a real kernel timeline (docs/forecast.md, "An MoE block on one H100").
+forecast's compute model to a real kernel timeline (docs/forecast.md, "An MoE block on one GPU").
 
 Run as a user would (``torchrun --nproc-per-node 1 benchmarks/forecast_moe_layers.py``), with the options and the
 timed loop of forecast_llama_layers.py (``train``): on a GPU it prints the median step time of the steps after the
-warm-up and the most memory its tensors held; on the CPU (a fake world) it just runs. Shapes are Qwen3 30B-A3B's (dim 2048, 32 query
-heads and 4 KV heads of 128, RMSNorm on queries and keys, rotary embeddings, 128 experts of FFN 768 with SwiGLU,
-8 chosen per token), bf16 parameters and AdamW, causal SDPA; only the number of blocks is smaller. Each token's
-experts follow from its position (token t takes experts 8t .. 8t + 7 modulo 128: every expert gets the same
-rows, as torchtitan's ``--debug.moe_force_load_balance`` gives), weighted by the router's softmax at those experts.
-The experts run as torchtitan's do, eager: the routed rows sorted by expert (``argsort``), gathered, three
+warm-up and the most memory its tensors held; on the CPU (a fake world) it just runs. Shapes are Qwen3 30B-A3B's
+(dim 2048, 32 query heads and 4 KV heads of 128, RMSNorm on queries and keys, rotary embeddings, 128 experts of FFN
+768 with SwiGLU, 8 chosen per token), bf16 parameters and AdamW, causal SDPA; only the number of blocks is smaller.
+Each token's experts follow from its position (token t takes experts 8t .. 8t + 7 modulo 128: every expert gets the
+same rows, as torchtitan's ``--debug.moe_force_load_balance`` gives), weighted by the router's softmax at those
+experts. The experts run as torchtitan's do, eager: the routed rows sorted by expert (``argsort``), gathered, three
 grouped matmuls (``torch._grouped_mm`` over the experts' row offsets), scattered back weighted (``index_add_``).
 """
 

@@ -4,9 +4,10 @@ counted (forecast/compute.py); set beside this, each class's measured time gives
 at over a whole step, and the idle time is what no class holds (docs/forecast.md, "Compute on one H100").
 
 On a machine with a CUDA GPU, for each config of benchmarks/forecast_llama_layers.py's Llama 3 8B blocks (or with
-``--model moe`` forecast_moe_layers.py's Qwen3 30B-A3B blocks; bf16, AdamW, DDP over a world of 1 on NCCL) it runs 4 steps, then profiles one step with torch.profiler (CUDA
-activity) and sums its kernels' time per class by kernel name. Prints, per config: the step (CUDA events), the
-GPU's busy time, each class's kernel time and count, and the ten longest kernels of the memory-bound class.
+``--model moe`` forecast_moe_layers.py's Qwen3 30B-A3B blocks; bf16, AdamW, DDP over a world of 1 on NCCL) it runs 4
+steps (forecast_llama_layers.py's ``step``), then profiles one step with torch.profiler (CUDA activity) and sums its
+kernels' time per class by kernel name. Prints, per config: the step (CUDA events), the GPU's busy time, each
+class's kernel time and count, and the ten longest kernels of the memory-bound class.
 
 Run: python benchmarks/forecast_step_kernels.py [--model llama|moe] [--configs 4x1x8192,8x1x8192,...] (blocks x batch
 x seq).
@@ -27,6 +28,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import forecast_llama_layers  # noqa: E402
 import forecast_moe_layers  # noqa: E402
+from forecast_llama_layers import step  # noqa: E402
 
 MODELS = {"llama": (forecast_llama_layers.llama, 4096), "moe": (forecast_moe_layers.qwen3_moe, 2048)}
 """A model's blocks and their width."""
@@ -44,11 +46,8 @@ def kernel_class(name: str) -> str:
     return "memory-bound"
 
 
-def step(model, opt, batch: int, seq: int, dim: int) -> None:
-    x = torch.randn(batch, seq, dim, device="cuda", dtype=torch.bfloat16)
-    model(x).float().pow(2).mean().backward()
-    opt.step()
-    opt.zero_grad(set_to_none=True)
+def random_input(batch: int, seq: int, dim: int) -> torch.Tensor:
+    return torch.randn(batch, seq, dim, device="cuda", dtype=torch.bfloat16)
 
 
 def profile_config(stack, dim: int, layers: int, batch: int, seq: int) -> None:
@@ -57,12 +56,12 @@ def profile_config(stack, dim: int, layers: int, batch: int, seq: int) -> None:
     model = nn.parallel.DistributedDataParallel(stack(layers, seq).to("cuda", torch.bfloat16), device_ids=[0])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for _ in range(4):
-        step(model, opt, batch, seq, dim)
+        step(model, opt, random_input(batch, seq, dim))
     torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         start.record()
-        step(model, opt, batch, seq, dim)
+        step(model, opt, random_input(batch, seq, dim))
         end.record()
         torch.cuda.synchronize()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
