@@ -193,3 +193,26 @@ def test_fsdp2s_gathered_parameters_count_until_it_frees_them(tmp_path, reshard)
         assert root <= forward < root + 2**21
     else:
         assert 8 * block + root <= forward < 8 * block + root + 2 * block + 2**21
+
+
+def test_fsdp2s_cpu_offload_keeps_its_sharded_state_off_the_gpu(tmp_path):
+    """tests/jobs/fsdp2.py at world 4 (8 blocks of hidden 2048 and the root: 570.6 MB of fp32 parameters, a
+    142.7 MB shard per rank) under AdamW, with and without fully_shard's CPUOffloadPolicy: offloaded, each rank's
+    parameter shard (``.cpu()``, pinned), its gradients (copied to the host) and AdamW's two moments (made from
+    the parameters) live in the host's memory, so the GPU's peak holds none of them: what the set-up made is the
+    batch (two 8 x 2048 fp32 tensors, 128 KiB), what the optimizer made its step counts, and the peak is the plain
+    job's less at least the parameters' and the moments' three shards."""
+    shard = 4 * (8 * (2 * 2048 * 4096 + 4096 + 2048) + 2 * (2048 * 2048 + 2048)) // 4
+    peaks = {}
+    for offload in (False, True):
+        proc = cli_here("forecast", "--fake-world", 4, "--fake-tensors", "--cluster", "h100-sxm", "--out",
+                        tmp_path / f"t{offload}", "--json", "--", "tests/jobs/fsdp2.py", "--hidden", 2048, "--blocks",
+                        8, *(["--cpu-offload"] if offload else []))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        peaks[offload] = json.loads(proc.stdout)["classes"][0]
+    plain, offloaded = peaks[False], peaks[True]
+    assert plain["peak_at"]["by_phase"]["other"] >= shard
+    assert plain["peak_at"]["by_phase"]["optimizer"] >= 2 * shard
+    assert offloaded["peak_at"]["by_phase"]["other"] <= 2 * 8 * 2048 * 4 + 1024
+    assert offloaded["peak_at"]["by_phase"].get("optimizer", 0) <= 1024
+    assert offloaded["peak_bytes"] <= plain["peak_bytes"] - 3 * shard

@@ -29,6 +29,11 @@ Independent facts (defaults: --blocks 4 --hidden 64 --steps 3, fp32,
   - no all-reduce (pure data parallel FSDP, no HSDP replication).
 * With ``--no-reshard-after-forward``: all-gathers per step = blocks + 1 = 5
   (params stay unsharded between forward and backward), reduce-scatters 5.
+* With ``--cpu-offload`` (``fully_shard``'s ``CPUOffloadPolicy``; the model
+  built on the meta device, sharded, then made on the host, as torchtitan
+  orders it for offload): the same calls per step (measured: 17 all-gathers
+  and 9 reduce-scatters at --blocks 8, world 4); the sharded parameters,
+  their gradients and AdamW's state live in the host's memory.
 * Sizes (fp32 elements; no padding since 64 and 128 divide by 2 and 4):
   a block unit is fc1 (64*128 + 128) + fc2 (128*64 + 64) = 16576 elements
   (66304 B) unsharded, 16576/W per rank; the root unit is inp + head =
@@ -60,7 +65,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
 
 def parse_args():
@@ -71,6 +76,8 @@ def parse_args():
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--no-reshard-after-forward", action="store_true")
+    p.add_argument("--cpu-offload", action="store_true",
+                   help="fully_shard's CPUOffloadPolicy: sharded parameters, gradients and AdamW's state on the host")
     return p.parse_args()
 
 
@@ -121,13 +128,24 @@ def main():
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("dp",))
 
     torch.manual_seed(0)
-    model = Model(args.hidden, args.blocks).to(device)
+    if args.cpu_offload:  # built on no device, sharded, then made on the host (torchtitan's order for offload)
+        with torch.device("meta"):
+            model = Model(args.hidden, args.blocks)
+    else:
+        model = Model(args.hidden, args.blocks).to(device)
     # Default reshard_after_forward (None in torch 2.13: True for the blocks,
     # False for the root); --no-reshard-after-forward passes False everywhere.
     kw = {"reshard_after_forward": False} if args.no_reshard_after_forward else {}
+    if args.cpu_offload:
+        kw["offload_policy"] = CPUOffloadPolicy()
     for block in model.blocks:
         fully_shard(block, mesh=mesh, **kw)
     fully_shard(model, mesh=mesh, **kw)
+    if args.cpu_offload:
+        model.to_empty(device="cpu")
+        for module in model.modules():
+            if isinstance(module, nn.Linear):
+                module.reset_parameters()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
 
     gen = torch.Generator().manual_seed(1234 + rank)

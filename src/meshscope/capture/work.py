@@ -22,6 +22,9 @@ A ``--fake-tensors`` rank runs every aten op of its job through one dispatch mod
   gathered parameters, freed and refilled) holds its new size from then (`resized`). An op on the meta device counts
   nothing: a model built there before it is sharded (torchtitan's ``torch.device("meta")``) holds no memory
   on a GPU, and its full size had been the peak of a 70B model at FSDP 32 x TP 8 (263 GiB, on 96 GiB GPUs).
+- **Host storages** count nothing: what the job keeps in the host's memory (FSDP2's CPU offload: its sharded
+  parameters, gradients and optimizer state) is not the GPU's (``on_host``: in a fake world, where every tensor
+  is a CPU tensor, the storages the script put on the host, `trace.fake.cuda_tensors`).
 - **Reserved bytes**: the same storages, made and freed in the same order on the streams they were made on,
   through a model of torch's CUDA caching allocator (`caching_allocator`, expandable segments where the job's
   environment asks for them): the most the allocator would have held, ``max_memory_reserved``, and where.
@@ -239,10 +242,12 @@ class WorkCounter:
     default one), where the job's streams are known (a fake world's stand-ins, which also call `stream_waits`,
     `event_recorded` and `event_waited`)."""
 
-    def __init__(self, rank: int, context, current_stream=lambda: None, clock=None):
+    def __init__(self, rank: int, context, current_stream=lambda: None, clock=None, on_host=lambda storage: False):
         self.log = WorkLog(rank, measured_on=clock.name() if clock is not None else "")
         self.context = context
         self.current_stream = current_stream
+        self.on_host = on_host
+        """Whether a storage is in the host's memory, not the GPU's (module doc)."""
         self.clock = clock
         """``--measure-on``'s `capture.segment_clock` clock, or None: each segment's start is marked before its
         first op runs (`enter`), its end where it closes; read at the step's end (`_read_clock`)."""
@@ -443,8 +448,8 @@ class WorkCounter:
         """`t`'s storage, made on `stream` (default: the open segment's, that of the op that made it), counts."""
         storage = t.untyped_storage()
         key = storage._cdata
-        if key in self._live:  # (a key is not reused while its weak reference holds the storage's record)
-            return
+        if key in self._live or self.on_host(storage):  # (a key is not reused while its weak reference holds
+            return  # the storage's record)
         if self._died:
             self._freed()
         size = storage.nbytes()

@@ -112,9 +112,11 @@ def cuda_streams_watched() -> None:
 def _watch(stream, event, key, current) -> None:
     """`stream`'s and `event`'s methods that order streams report each order to `StreamWatch.listener` (where
     there is one), the streams named by `key` (None: the default one), then do what they were asked; an event
-    recorded on a stream is the one its method returned (`_Recorded` where that is None: torch.cpu's)."""
+    recorded on a stream is the one its method returned, or where that is None (torch.cpu's) a new `event`: the
+    job may ask it what an event answers (FSDP2 with CPU offload ``synchronize()``s the event its gradients' copy to
+    the host recorded, torch 2.13 distributed/fsdp/_fully_shard/_fsdp_param_group.py ``finalize_backward``)."""
     wait_stream, record_event, wait_event = stream.wait_stream, stream.record_event, stream.wait_event
-    record, wait = event.record, event.wait
+    record, wait, new_event = event.record, event.wait, event
 
     def watched_wait_stream(self, other) -> None:
         if StreamWatch.listener is not None:
@@ -125,7 +127,7 @@ def _watch(stream, event, key, current) -> None:
         recorded = record_event(self) if event is None else record_event(self, event)  # torch.cpu's takes none
         if StreamWatch.listener is None:
             return recorded
-        recorded = recorded if recorded is not None else event if event is not None else _Recorded()
+        recorded = recorded if recorded is not None else event if event is not None else new_event()
         StreamWatch.listener.event_recorded(recorded, key(self))
         return recorded
 
@@ -147,10 +149,6 @@ def _watch(stream, event, key, current) -> None:
     stream.wait_stream, stream.record_event, stream.wait_event = (watched_wait_stream, watched_record_event,
                                                                   watched_wait_event)
     event.record, event.wait = watched_record, watched_wait
-
-
-class _Recorded:
-    """What a watched ``torch.cpu.Stream.record_event`` returns: an event its stream recorded."""
 
 
 @functools.cache

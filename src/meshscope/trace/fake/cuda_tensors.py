@@ -15,6 +15,16 @@ marked when the script reads them). A call that names a device decides by that d
 (``zeros_like(t, device="cpu")``, ``.cpu()``). The mark is on the storage, so whatever shares it
 shares the mark: views, ``.data``, ``detach()``, an ``nn.Parameter`` made of the tensor.
 
+A tensor the script certainly puts in the host's memory is marked as the host's: ``.cpu()`` of a GPU's tensor,
+pinned memory, a non-blocking copy to the CPU (torch pins its destination, aten ``_to_copy``), and what a torch
+call makes from such tensors (torch's rule again; a 0-dim host tensor is a scalar, which decides nothing). A
+CPU a call merely names is no proof: FSDP2 takes its device from its mesh (torch 2.13
+distributed/fsdp/_fully_shard/_fsdp_init.py ``_get_device_from_mesh``), and a fake world's CUDA mesh is a CPU
+one. FSDP2's CPU offload keeps its sharded parameters (``.cpu()``, pinned), gradients (a non-blocking copy) and
+optimizer state (made from those) on the host, and `on_host` tells ``forecast``'s memory count
+(`capture.work`) not to count them as the GPU's (an unmarked tensor counts as the GPU's: most of a GPU job's
+tensors are, autograd's included).
+
 Moves copy, as they do between a GPU and its host: ``.cuda()`` of an unmarked tensor (``.to(cpu)``
 would return the tensor itself, marking the host's copy too: a data loader's batch), and ``.cpu()``
 of a marked one. In-place results keep their own storage's mark (``cpu_t.copy_(cuda_t)`` is on the
@@ -52,9 +62,13 @@ def is_cuda(device) -> bool:
     return isinstance(device, str) and device.split(":")[0] == "cuda"
 
 
-_marked: dict[int, tuple[object, int]] = {}
-"""Each marked storage (by its ``_cdata``): a weak reference to it, and the GPU index it stands on.
-An entry whose storage died is stale (a new storage may reuse the address): `index` says so."""
+HOST = "host"
+"""What a call names that puts its result on the host (``"cpu"``, ``"meta"``, an unmarked tensor's place), and the
+mark of a storage the script put there."""
+
+_marked: dict[int, tuple[object, int | str]] = {}
+"""Each marked storage (by its ``_cdata``): a weak reference to it, and the GPU index it stands on, or `HOST`.
+An entry whose storage died is stale (a new storage may reuse the address): `_place` says so."""
 _pruned_at = [1024]
 
 
@@ -92,6 +106,12 @@ def index(tensor) -> int | None:
 
 def _at(key: int | None) -> int | None:
     """The GPU index the storage `key` stands on (`index`), or None."""
+    where = _place(key)
+    return None if where == HOST else where
+
+
+def _place(key: int | None) -> int | str | None:
+    """The storage `key`'s mark: a GPU index, `HOST`, or None (unmarked)."""
     entry = _marked.get(key) if key is not None else None
     if entry is None:
         return None
@@ -101,31 +121,66 @@ def _at(key: int | None) -> int | None:
     return entry[1]
 
 
+def on_host(storage) -> bool:
+    """`storage` stands for the host's memory: it is marked so, or a call that certainly puts its results there
+    is making it now (its results are marked once it returns, after the dispatch modes below saw them made)."""
+    where = _place(storage._cdata)
+    return where == HOST or (where is None and getattr(_torch_call, "host", False))
+
+
 _torch_call = threading.local()
 """How deep this thread is in torch calls the devices mode handed on (`run`): torch's own Python inside one
 reads where its tensors are, as its CPU kernels need (flex_attention's unfused path allocates on its query's
 device, torch 2.13 nn/attention/flex_attention.py)."""
 
 
-def run(func, args, kwargs, depth: int | None = None):
+def run(func, args, kwargs, depth: int | None = None, host: bool = False):
     """``func(*args, **kwargs)``, a torch call the devices mode hands on: inside it, no tensor answers as a GPU's;
-    or at `depth` 0, code of the script's that torch runs (autograd's backward functions and hooks), where they do."""
-    outer = getattr(_torch_call, "depth", 0)
+    or at `depth` 0, code of the script's that torch runs (autograd's backward functions and hooks), where they do.
+    `host`: the call puts what it makes on the host (`on_host`)."""
+    outer, outer_host = getattr(_torch_call, "depth", 0), getattr(_torch_call, "host", False)
     _torch_call.depth = outer + 1 if depth is None else depth
+    _torch_call.host = host
     try:
         return func(*args, **kwargs)
     finally:
-        _torch_call.depth = outer
+        _torch_call.depth, _torch_call.host = outer, outer_host
 
 
-def mark(tensor, gpu: int) -> None:
+def mark(tensor, gpu: int | str) -> None:
+    """`tensor` stands on GPU `gpu`, or on the host (`HOST`): its storage, and a wrapper subclass's inner tensors'
+    (a DTensor holds a storage of its own beside its local tensor's, torch 2.13; dispatch modes see the local
+    one)."""
     storage = _storage(tensor)
     if storage is not None:
         mark_storage(storage, gpu)
+    for inner in _inner(tensor):
+        mark(inner, gpu)
 
 
-def mark_storage(storage, gpu: int) -> None:
-    """`storage` (untyped, or a TypedStorage: a checkpoint's) stands on GPU `gpu`."""
+def _inner(tensor) -> list:
+    """A wrapper subclass's inner tensors (DTensor's local tensor), else none."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not is_traceable_wrapper_subclass(tensor):
+        return []
+    import torch
+
+    inner = (getattr(tensor, name, None) for name in type(tensor).__tensor_flatten__(tensor)[0])
+    return [t for t in inner if isinstance(t, torch.Tensor)]
+
+
+def _where(tensor, key: int) -> int | str | None:
+    """The mark of `tensor` (storage `key`), or where it is unmarked, of its first inner tensor."""
+    where = _place(key)
+    if where is None:
+        for inner in _inner(tensor):
+            return _where(inner, _key(inner))
+    return where
+
+
+def mark_storage(storage, gpu: int | str) -> None:
+    """`storage` (untyped, or a TypedStorage: a checkpoint's) stands on GPU `gpu`, or on the host (`HOST`)."""
     from torch.multiprocessing.reductions import StorageWeakRef
 
     storage = getattr(storage, "_untyped_storage", storage)
@@ -207,10 +262,6 @@ def gpu(device) -> int:
     return torch.device(device).index
 
 
-HOST = "host"
-"""What a call names that puts its result on the host (``"cpu"``, ``"meta"``, an unmarked tensor's place)."""
-
-
 class MeshCpu(str):
     """``"cpu"``, the device type of a mesh the script built for CUDA (`devices.cpu_device_mesh`): DTensor moves
     its local tensors to it (``.to(mesh.device_type)``, torch 2.13 distributed/tensor/_api.py), and they stay
@@ -226,9 +277,8 @@ def named(device) -> int | str | None:
         return None
     if is_cuda(device) or is_ordinal(device) or isinstance(device, MeshCpu):
         return gpu(None if isinstance(device, MeshCpu) else device)
-    if isinstance(device, torch.Tensor):  # Tensor.to(other): where `other` is
-        where = index(device)
-        return HOST if where is None else where
+    if isinstance(device, torch.Tensor):  # Tensor.to(other): where `other` is (unmarked: its operands decide)
+        return _place(_key(device))
     return HOST if isinstance(device, (str, torch.device)) else None
 
 
@@ -242,22 +292,31 @@ def _tensors(args, kwargs):
             yield from (v for v in value if isinstance(v, torch.Tensor))
 
 
-def operands(args, kwargs) -> tuple[int | None, set[int]]:
-    """The GPU index of the first marked operand (None if none), and every operand's storage."""
-    gpu, storages = None, set()
+def operands(args, kwargs) -> tuple[int | str | None, set[int]]:
+    """Where a call's operands are: the GPU index of the first one marked so, else `HOST` where one that is not a
+    scalar (0-dim: torch moves those to its other operands' device) is the host's, else None; and every operand's
+    storage."""
+    gpu, host, storages = None, False, set()
     for tensor in _tensors(args, kwargs):
         key = _key(tensor)
         if key is None:
             continue
         storages.add(key)
         if gpu is None:
-            gpu = _at(key)
-    return gpu, storages
+            where = _where(tensor, key)
+            if where == HOST:
+                host = host or tensor.dim() > 0
+            else:
+                gpu = where
+    return (HOST if gpu is None and host else gpu), storages
 
 
-def result(out, asked: int | str | None, operand_gpu: int | None, operand_storages: set[int], deep: bool = False):
+def result(out, asked: int | str | None, operand_gpu: int | str | None, operand_storages: set[int],
+           deep: bool = False, host: bool = False):
     """`out` of a torch call, marked where torch would place it. ``asked`` is what the call named: a GPU
-    index, `HOST`, or None where it named no device (its operands decide); `deep`: `_held`."""
+    index, `HOST`, or None where it named no device (its operands decide, `operands`); `host`: the call certainly
+    puts its results in the host's memory (module doc), and a tensor not marked as the host's comes back copied;
+    `deep`: `_held`."""
     import torch
 
     def place(tensor):
@@ -265,7 +324,12 @@ def result(out, asked: int | str | None, operand_gpu: int | None, operand_storag
         if key is None:
             return tensor
         if asked == HOST:
-            return tensor.clone() if _at(key) is not None else tensor  # a GPU's tensor to the host: a copy
+            if _at(key) is not None or (host and key in operand_storages and _place(key) != HOST):
+                # a GPU's tensor to the host: a copy, made on the host
+                tensor = run(tensor.clone, (), {}, depth=getattr(_torch_call, "depth", 0), host=host)
+            if host and _key(tensor) not in operand_storages:  # (an operand came back: it stays where it was)
+                mark(tensor, HOST)
+            return tensor
         if asked is not None:
             if key in operand_storages and _at(key) is None:
                 tensor = tensor.clone()  # the host's tensor itself came back: a GPU gets a copy

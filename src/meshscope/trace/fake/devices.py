@@ -261,25 +261,30 @@ def _cpu_devices():
                 mark(".to('cuda')")
                 asked = next(cuda_tensors.gpu(a) for a in args if is_cuda(a))
                 args = tuple(cpu if is_cuda(a) else a for a in args)
+            # the host's for certain (`cuda_tensors`): a CPU named alone may be a fake world's mesh's stand-in
+            host = func is tensor_cpu or bool(kwargs.get("pin_memory")) or (
+                func is to and asked == cuda_tensors.HOST and bool(kwargs.get("non_blocking")))
             if kwargs.get("pin_memory"):
                 mark("pin_memory")
                 kwargs = {**kwargs, "pin_memory": False}
             if not marks:
                 return func(*args, **kwargs)
             operand_gpu, operand_storages = cuda_tensors.operands(args, kwargs)
-            return cuda_tensors.result(cuda_tensors.run(func, args, kwargs), asked, operand_gpu, operand_storages)
+            out = cuda_tensors.run(func, args, kwargs, host=host or (asked is None and operand_gpu == cuda_tensors.HOST))
+            return cuda_tensors.result(out, asked, operand_gpu, operand_storages, host=host)
 
     return CpuDevices()
 
 
 @functools.cache
 def unpinned_memory() -> None:
-    """``Tensor.pin_memory()`` returns the tensor: pinning needs an accelerator's allocator, and DataLoader
-    pins in a thread of its own, which the mode does not reach."""
+    """``Tensor.pin_memory()`` returns the tensor, marked as the host's: pinning needs an accelerator's allocator,
+    and DataLoader pins in a thread of its own, which the mode does not reach."""
     import torch
 
     def pin_memory(self, device=None):
         mark("pin_memory")
+        cuda_tensors.mark(self, cuda_tensors.HOST)  # pinned memory is the host's
         return self
 
     torch.Tensor.pin_memory = pin_memory

@@ -29,7 +29,7 @@ from .. import script_frames
 from ..mode import Explained
 from ..options import RankOptions
 from ..recording import RankTrace
-from . import attention, devices, files, gpu, objects, patches, replay, storage, tensors
+from . import attention, cuda_tensors, devices, files, gpu, objects, patches, replay, storage, tensors
 
 PIPELINE_SHAPES = ("the script's pipeline stages exchange their shapes over P2P (recv_object_list): a fake world "
                    "delivers a stage's inputs' shapes only from a traced rank of the stage before it, so trace one "
@@ -72,7 +72,8 @@ class FakeMode:
 
             from ...capture.segment_clock import clock_for
 
-            self.work = WorkCounter(self.rank, trace.context, StreamWatch.current, clock_for(self.options.measure_on))
+            self.work = WorkCounter(self.rank, trace.context, StreamWatch.current, clock_for(self.options.measure_on),
+                                    cuda_tensors.on_host)
             StreamWatch.listener = self.work
             storage.ResizeWatch.listener = self.work
 
