@@ -8,8 +8,10 @@ warm-up and the most memory its tensors held; on the CPU (a fake world) it just 
 768 with SwiGLU, 8 chosen per token), bf16 parameters and AdamW, causal SDPA; only the number of blocks is smaller.
 Each token's experts follow from its position (token t takes experts 8t .. 8t + 7 modulo 128: every expert gets the
 same rows, as torchtitan's ``--debug.moe_force_load_balance`` gives), weighted by the router's softmax at those
-experts. The experts run as torchtitan's do, eager: the routed rows sorted by expert (``argsort``), gathered, three
-grouped matmuls (``torch._grouped_mm`` over the experts' row offsets), scattered back weighted (``index_add_``).
+experts. The experts run eager, as torchtitan's do up to their output: the routed rows sorted by expert
+(``argsort``), gathered, three grouped matmuls (``torch._grouped_mm`` over the experts' row offsets); then scattered
+back weighted with ``index_add_``, where torchtitan 0.2.2 (models/moe/moe.py) unsorts them with an indexed assignment
+(``index_put_``) and sums each token's eight rows: the same bytes, another kernel.
 """
 
 from __future__ import annotations

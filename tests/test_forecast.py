@@ -201,7 +201,10 @@ def test_fsdp2s_cpu_offload_keeps_its_sharded_state_off_the_gpu(tmp_path):
     parameter shard (``.cpu()``, pinned), its gradients (copied to the host) and AdamW's two moments (made from
     the parameters) live in the host's memory, so the GPU's peak holds none of them: what the set-up made is the
     batch (two 8 x 2048 fp32 tensors, 128 KiB), what the optimizer made its step counts, and the peak is the plain
-    job's less at least the parameters' and the moments' three shards."""
+    job's less at least the parameters' and the moments' three shards. The optimizer step is the host's work:
+    torch 2.13's single-tensor AdamW (optim/adam.py ``_single_tensor_adam``, what it runs on host tensors) reads and
+    writes 84 bytes a parameter (weight decay's ``mul_`` 8, ``lerp_`` 12, ``mul_`` 8, ``addcmul_`` 16, ``sqrt``
+    8, ``div`` 8, ``add_`` 8, ``addcdiv_`` 16), timed at the spec's host rate."""
     shard = 4 * (8 * (2 * 2048 * 4096 + 4096 + 2048) + 2 * (2048 * 2048 + 2048)) // 4
     peaks = {}
     for offload in (False, True):
@@ -216,3 +219,9 @@ def test_fsdp2s_cpu_offload_keeps_its_sharded_state_off_the_gpu(tmp_path):
     assert offloaded["peak_at"]["by_phase"]["other"] <= 2 * 8 * 2048 * 4 + 1024
     assert offloaded["peak_at"]["by_phase"].get("optimizer", 0) <= 1024
     assert offloaded["peak_bytes"] <= plain["peak_bytes"] - 3 * shard
+    from meshscope.forecast.cluster import SHIPPED
+
+    assert "host" not in plain["compute_by_kind"]
+    host_s = offloaded["compute_by_kind"]["host"]
+    assert host_s * SHIPPED["h100-sxm"].gpu.host_bandwidth == pytest.approx(84 * shard // 4, rel=1e-6)
+    assert offloaded["compute_by_phase"]["optimizer"] == pytest.approx(host_s)

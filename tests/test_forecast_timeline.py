@@ -16,7 +16,7 @@ def _compute(seconds, stream=0):
 def _sim(programs, ledgers, represent=None, seconds=None):
     seconds = seconds or {}
     return Simulation(programs, ledgers, represent or (lambda r: r),
-                      compute_s=lambda item: item[2].get("float32", 0.0),
+                      compute_s=lambda item: item[2] if item[0] == "h" else item[2].get("float32", 0.0),
                       call_s=lambda e: seconds.get((e.rank, e.seq), 1.0)).run()
 
 
@@ -125,3 +125,17 @@ def test_a_collective_starts_on_every_member_at_once():
     programs = {r: [["i", 0, 0], ["i", 1, 0], ["w", 1, 0]] for r in (0, 1)}
     out = _sim(programs, ledgers, seconds={(0, 0): 3.0, (1, 0): 1.0, (0, 1): 1.0, (1, 1): 1.0})
     assert [(out[r].calls[1].start, out[r].calls[1].end) for r in (0, 1)] == [(3.0, 4.0), (3.0, 4.0)]
+
+
+def test_the_hosts_work_holds_back_what_is_issued_after_it_and_side_streams_run_on():
+    # CPU offload's step: compute 1 s, a gradient's reduce-scatter (2 s) issued on side stream 1 once it waited for
+    # the compute stream (t = 1, as FSDP2 orders it), the optimizer on the host 3 s (1-4), then the next all-gather
+    # (1 s) issued at 4 on the compute stream and 1 s of compute (4-5): the reduce-scatter ran beside the host's
+    # work (1-3), the all-gather beside the compute (4-5)
+    ledger = [_event(0, 0, "reduce_scatter", [0]), _event(0, 1, "all_gather", [0], axis="dp")]
+    program = [_compute(1.0), ["j", 1, 0], ["i", 0, 1], ["h", "optimizer", 3.0], ["i", 1, 0], _compute(1.0),
+               ["w", 0, 0], ["w", 1, 0]]
+    tl = _sim({0: program}, {0: ledger}, seconds={(0, 0): 2.0, (0, 1): 1.0})[0]
+    assert (tl.calls[0].start, tl.calls[0].end, tl.calls[1].start) == (1.0, 3.0, 4.0)
+    assert tl.calls[0].waited == 0.0 and tl.calls[1].waited == 0.0
+    assert tl.compute_s == 5.0 and tl.compute_by_phase == {"backward": 2.0, "optimizer": 3.0} and tl.end_s == 5.0

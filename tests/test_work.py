@@ -175,6 +175,42 @@ def test_a_segments_seconds_split_by_what_bounds_them():
     assert segment_terms(bytes_bound, gpu) == pytest.approx({"matmul": 4e-3, "attention": 8e-3})
     assert segment_seconds(bytes_bound, gpu) == pytest.approx(12e-3)
     assert segment_terms(["c", "backward", {}, 0, 0, 0, 7e-3], gpu) == {"measured": 7e-3}
+    host = GpuSpec(name="round", bf16_flops=1e15, tf32_flops=5e14, fp32_flops=5e13, hbm_bandwidth=2e12,
+                   hbm_bytes=80 << 30, host_bandwidth=2e9)
+    assert segment_seconds(["h", "optimizer", 6 * 10**9], host) == pytest.approx(3.0)  # 6 GB at 2 GB/s
+
+
+def test_ops_on_the_hosts_storages_are_the_hosts_work_and_hold_no_gpu_memory():
+    """A job's host storages (CPU offload's; `on_host` names them) count no memory, and an op that writes only those
+    is the host's work: a segment of its own kind (``"h"``) after the GPU's, by hand. A 1 KiB fp32 tensor on the GPU
+    and a 4 KiB one on the host: ``mul_`` of the host's reads and writes 8 KiB on the host; ``add`` of two GPU
+    tensors reads 2 KiB and writes 1 KiB there, and what it makes counts, as does a tensor made by no host call."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class Context:
+        step, phase, region = 0, staticmethod(lambda: "optimizer"), staticmethod(lambda: "")
+
+    host: set[int] = set()
+    making = [False]  # as a fake world's call that puts its results on the host, until it marks them
+    counter = WorkCounter(0, Context(), on_host=lambda storage: making[0] or storage._cdata in host)
+    with FakeTensorMode(), ModeRecorder(lambda *call: 0, None, counter):
+        gpu = torch.zeros(256)
+        making[0] = True
+        on_host = torch.empty(1024)
+        making[0] = False
+        host.add(on_host.untyped_storage()._cdata)
+        held = counter.log.peak_bytes
+        counter._close()
+        counter.log.items.clear()
+        also = torch.empty(1024)
+        on_host.mul_(2.0)
+        total = gpu + gpu
+        assert total is not None and also is not None
+    items = counter.finish().items
+    assert [item[0] for item in items] == ["c", "h"]
+    assert items[1] == ["h", "optimizer", 2 * 4096]
+    assert items[0][4] == 3 * 1024
+    assert held == 1024 and counter.log.peak_bytes == held + 4096 + 1024  # `also` and `total` count: the GPU's
 
 
 @pytest.mark.parametrize("conf, reserved_mib", [("", 12 + 12 + 20), ("expandable_segments:True", 20 + 20)])

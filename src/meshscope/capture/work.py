@@ -24,7 +24,9 @@ A ``--fake-tensors`` rank runs every aten op of its job through one dispatch mod
   on a GPU, and its full size had been the peak of a 70B model at FSDP 32 x TP 8 (263 GiB, on 96 GiB GPUs).
 - **Host storages** count nothing: what the job keeps in the host's memory (FSDP2's CPU offload: its sharded
   parameters, gradients and optimizer state) is not the GPU's (``on_host``: in a fake world, where every tensor
-  is a CPU tensor, the storages the script put on the host, `trace.fake.cuda_tensors`).
+  is a CPU tensor, the storages the script put on the host, `trace.fake.cuda_tensors`). An op that writes only
+  such storages runs on the host (the offloaded optimizer step): its bytes are the host's work (`HOST_WORK`),
+  which the rank's CPU thread does before it issues anything more.
 - **Reserved bytes**: the same storages, made and freed in the same order on the streams they were made on,
   through a model of torch's CUDA caching allocator (`caching_allocator`, expandable segments where the job's
   environment asks for them): the most the allocator would have held, ``max_memory_reserved``, and where.
@@ -63,11 +65,11 @@ forecast/compute.py); those of `ATTENTION_OPS`."""
 ATTENTION_OPS = ("_scaled_dot_product", "_flash_attention", "_efficient_attention", "_cudnn_attention")
 """Name prefixes of the aten ops that are one fused attention kernel on a GPU (the CPU's stand-in included)."""
 
-COMPUTE, ISSUE, WAIT, STEP = "c", "i", "w", "s"
+COMPUTE, HOST_WORK, ISSUE, WAIT, STEP = "c", "h", "i", "w", "s"
 STREAM_WAITS, RECORDED, EVENT_WAITED = "j", "e", "v"
 """Orders between streams: a stream waits for another's work so far; an event recorded on a stream; a stream
 waits for an event."""
-"""An `Item`'s kinds: a compute segment, a call issued, a call first needed, a step's end."""
+"""An `Item`'s kinds: a compute segment, the host's work in it, a call issued, a call first needed, a step's end."""
 
 _outside = threading.local()
 
@@ -194,7 +196,8 @@ class WorkLog:
     """In program order: ``["c", phase, {dtype: matmul FLOPs}, matmul bytes, other ops' bytes, stream]`` (a
     compute segment: the matmuls are timed by their FLOPs (fused attention's keyed ``"<dtype> attention"``), the
     other ops by the bytes they move; with
-    ``--measure-on``, a seventh field: the seconds it took on `measured_on`),
+    ``--measure-on``, a seventh field: the seconds it took on `measured_on`), ``["h", phase, bytes]`` after it
+    where ops of the segment ran on the host (their results in the host's memory: the bytes they moved),
     ``["j", stream, other]`` (`stream` waits for the work on `other` so far), ``["e", event, stream]``,
     ``["v", event, stream]`` (an event recorded on a stream, waited for on another), where a stream is 0 for
     the default one and 1, 2, ... for the others in the order they were first used; ``["i", call, stream]``,
@@ -263,6 +266,7 @@ class WorkCounter:
         self._mm: dict[str, int] = {}  # matmul FLOPs by dtype
         self._mm_bytes = 0  # bytes the matmuls read and wrote
         self._bytes = 0  # bytes the other ops read and wrote
+        self._host_bytes = 0  # bytes the host's ops read and wrote
         self._pending: dict[int, list[int]] = {}  # storage key -> calls that wrote it, not yet needed
         self._in_backward: set[int] = set()  # calls issued in backward, not yet needed
         # storage key -> (torch's weak reference, which keeps the key from being reused while the entry is here;
@@ -330,13 +334,17 @@ class WorkCounter:
         formula = self.formulas.get(func._overloadpacket)
         if self._died:  # before its results count: what died since the op before is gone by now
             self._freed()
-        for t in results:
-            nbytes += t.nbytes
-            self._made(t, phase)
+        on_host = [self._made(t, phase) for t in results]
+        nbytes += sum(t.nbytes for t in results)
         if not results:  # an in-place op that returns nothing (foreach, fused optimizers)
-            nbytes += sum(t.nbytes for i in written_positions(func) if i < len(args) for t in _tensors(args[i]))
+            written = [t for i in written_positions(func) if i < len(args) for t in _tensors(args[i])]
+            nbytes += sum(t.nbytes for t in written)
+            on_host = [self.on_host(t.untyped_storage()) for t in written]
         if name in ALLOCATIONS:
             nbytes = 0
+        if on_host and all(on_host):
+            self._host_bytes += nbytes
+            return
         flops = 0
         if formula is not None:
             flops = formula(*args, **(kwargs or {}), out_val=out)
@@ -434,7 +442,7 @@ class WorkCounter:
 
     # -- segments and memory -------------------------------------------------------------------------
     def _close(self) -> None:
-        """End the compute segment so far (if it did anything)."""
+        """End the compute segment so far (if it did anything), and the host's work in it."""
         if self._mm or self._bytes:
             item = [COMPUTE, self._phase or "other", self._mm, self._mm_bytes, self._bytes, self._stream]
             self.log.items.append(item)
@@ -442,14 +450,20 @@ class WorkCounter:
             if self._opened is not None:
                 start, stream = self._opened
                 self._marked.append((item, start, self.clock.mark(stream)))  # on the segment's stream
+        if self._host_bytes:
+            self.log.items.append([HOST_WORK, self._phase or "other", self._host_bytes])
+            self._host_bytes = 0
         self._opened = None
 
-    def _made(self, t: torch.Tensor, phase: str, stream: int | None = None) -> None:
-        """`t`'s storage, made on `stream` (default: the open segment's, that of the op that made it), counts."""
+    def _made(self, t: torch.Tensor, phase: str, stream: int | None = None) -> bool:
+        """`t`'s storage, made on `stream` (default: the open segment's, that of the op that made it), counts,
+        unless it is the host's: whether it is."""
         storage = t.untyped_storage()
         key = storage._cdata
-        if key in self._live or self.on_host(storage):  # (a key is not reused while its weak reference holds
-            return  # the storage's record)
+        if key in self._live:  # (a key is not reused while its weak reference holds the storage's record)
+            return False
+        if self.on_host(storage):
+            return True
         if self._died:
             self._freed()
         size = storage.nbytes()
@@ -465,6 +479,7 @@ class WorkCounter:
         self._live_bytes += size
         self._by_phase[phase] = self._by_phase.get(phase, 0) + size
         self._peaked(phase)
+        return False
 
     def resized(self, key: int, size: int) -> None:
         """Storage `key` was resized in place to `size` bytes (FSDP2 frees and refills its gathered parameters so:

@@ -69,6 +69,9 @@ class GpuSpec:
     """Fraction of peak HBM bandwidth a memory-bound op reaches, on the bytes the forecast counts for it. Default
     0.9: large device-to-device copies moved 3.0 of 3.35 TB/s on an H100, 4.3 of 4.8 on an H200 (same machines);
     a training step's elementwise kernels reached less on the H200 (its source)."""
+    host_bandwidth: float = 12.8e9
+    """Bytes/s a rank's host-side ops move, on the bytes the forecast counts for them: CPU offload's optimizer step,
+    run by the rank's own CPU thread. Default (`HOST_RATE`): torch's AdamW on the host at one intra-op thread."""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
     """Figure name -> where the figure comes from."""
 
@@ -212,6 +215,11 @@ _A100_DS = "NVIDIA A100 Tensor Core GPU datasheet, 'NVIDIA A100 Tensor Core GPU 
 _DGX_A100 = "NVIDIA DGX A100 datasheet, System Specifications"
 _DENSE = "half the sparse figure; exact in the H100 whitepaper's A100/H100 table (glennklockwood.com/garden)"
 _STEPS = "docs/results/forecast/step_kernels_h200.txt"
+HOST_RATE = ("measured in this workplace: benchmarks/forecast_host_rate.py, torch 2.13's AdamW over 64 Mi fp32 "
+             "parameters on the host at one intra-op thread (torchrun sets OMP_NUM_THREADS=1 for each of several "
+             "ranks a node, torch 2.13 distributed/run.py), 12.8 GB/s of the bytes the forecast counts (5.64 GB a "
+             "step in 439 ms) on this project's 2-core box (x86_64 VM, 2026-12-07); a DGX's Xeon cores, at one "
+             "thread a rank, were not measured")
 _IN_STEP = (f"measured in this workplace over whole training steps, not one kernel: "
             f"benchmarks/forecast_step_kernels.py on an H200 (700 W, torch 2.11), 8B Llama blocks in 5 configs (4-8 "
             f"blocks, 1-4 x 2,048-8,192 tokens), each class's kernels summed from the profile of a step against the "
@@ -246,7 +254,7 @@ def _hopper_gpu(name: str, hbm_bandwidth: float, hbm_gib: int, sheet: str, smi_m
             "hbm_bandwidth": f"{sheet}: GPU memory bandwidth {hbm_bandwidth / 1e12:g} TB/s",
             "hbm_bytes": f"{sheet}: {hbm_gib} GB, read as GiB (nvidia-smi shows {smi_mib} MiB, some reserved)",
             "matmul_efficiency": _MATMUL_IN_STEP, "attention_efficiency": _ATTENTION_IN_STEP,
-            "memory_efficiency": memory_source})
+            "memory_efficiency": memory_source, "host_bandwidth": HOST_RATE})
 
 
 def _a100_network() -> NetworkSpec:
@@ -281,7 +289,7 @@ SHIPPED: dict[str, ClusterSpec] = {
                         "hbm_bandwidth": f"{_A100_DS}: GPU memory bandwidth 2,039 GB/s",
                         "hbm_bytes": f"{_A100_DS}: GPU memory 80GB HBM2e, read as GiB",
                         "matmul_efficiency": "default (GpuSpec)", "attention_efficiency": "default (GpuSpec)",
-                        "memory_efficiency": "default (GpuSpec)"})),
+                        "memory_efficiency": "default (GpuSpec)", "host_bandwidth": HOST_RATE})),
 }
 """The clusters a forecast knows by name."""
 

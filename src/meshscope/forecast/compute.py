@@ -12,7 +12,7 @@ ops they replace (torch.compile).
 
 from __future__ import annotations
 
-from ..capture.work import ATTENTION
+from ..capture.work import ATTENTION, HOST_WORK
 from .cluster import GpuSpec
 
 HALF = ("bfloat16", "float16")
@@ -31,9 +31,10 @@ def peak_flops(gpu: GpuSpec, dtype: str, tf32: bool) -> float:
     return gpu.fp32_flops
 
 
-MATMUL, MEMORY_BOUND, MEASURED = "matmul", "memory-bound", "measured"
+MATMUL, MEMORY_BOUND, MEASURED, HOST = "matmul", "memory-bound", "measured", "host"
 """What a segment's seconds are bound by (`segment_terms`), beside `capture.work.ATTENTION`: the classes a step's
-kernels fall in on a GPU's profile too (benchmarks/forecast_step_kernels.py), so each can be held to its own."""
+kernels fall in on a GPU's profile too (benchmarks/forecast_step_kernels.py), so each can be held to its own; and
+the host's work (CPU offload's optimizer step), which is no GPU's."""
 
 
 def segment_terms(item, gpu: GpuSpec, tf32: bool = False) -> dict[str, float]:
@@ -41,7 +42,10 @@ def segment_terms(item, gpu: GpuSpec, tf32: bool = False) -> dict[str, float]:
     bounds them: `MATMUL` and `ATTENTION` FLOPs (an attention kernel's keyed ``"<dtype> attention"``, at
     `GpuSpec.attention_efficiency`), or the matmuls' bytes where those take longer (the time shared out between the
     two as their FLOPs' was), and `MEMORY_BOUND` for every other op's bytes; a measured segment (``--measure-on``:
-    its seconds as a seventh field) is `MEASURED`, what it took."""
+    its seconds as a seventh field) is `MEASURED`, what it took; the host's work in a segment
+    (``["h", phase, bytes]``) is `HOST`, its bytes at `GpuSpec.host_bandwidth`."""
+    if item[0] == HOST_WORK:
+        return {HOST: item[2] / gpu.host_bandwidth}
     if len(item) > 6:
         return {MEASURED: item[6]}
     _, _, flops, mm_bytes, other_bytes, _ = item
@@ -61,5 +65,5 @@ def segment_terms(item, gpu: GpuSpec, tf32: bool = False) -> dict[str, float]:
 
 
 def segment_seconds(item, gpu: GpuSpec, tf32: bool = False) -> float:
-    """Seconds of one segment on `gpu`: its `segment_terms` together."""
+    """Seconds of one segment (or the host's work in one) on `gpu`: its `segment_terms` together."""
     return sum(segment_terms(item, gpu, tf32).values())

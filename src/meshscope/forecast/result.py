@@ -34,7 +34,8 @@ class ClassForecast:
     compute_by_phase: dict[str, float]
     compute_by_kind: dict[str, float]
     """The compute stream's busy time by what bounds it (`forecast.compute.segment_terms`: matmul, attention,
-    memory-bound; measured where ``--measure-on`` timed it): the classes a GPU profile's kernels fall in."""
+    memory-bound; measured where ``--measure-on`` timed it): the classes a GPU profile's kernels fall in; and host,
+    the host's work that holds it back (CPU offload's optimizer step)."""
     side_compute_s: float
     """Busy time of the job's other streams (FSDP2's copy-in and copy-out)."""
     waited_on_streams_s: float

@@ -4,13 +4,13 @@ together (`timeline`), summed per class and axis into the `Forecast`. The ranks 
 
 from __future__ import annotations
 
-from ..capture.work import COMPUTE
+from ..capture.work import COMPUTE, HOST_WORK
 from ..core.errors import UsageError
 from ..core.events import human_bytes
 from ..predict.alpha_beta import model_bytes
 from .cluster import ClusterSpec
 from .collective_time import NodeOf, collective_time, default_nodes
-from .compute import segment_seconds, segment_terms
+from .compute import HOST, segment_seconds, segment_terms
 from .inputs import TracedJob
 from .result import AxisTime, ClassForecast, Forecast
 from .timeline import Simulation
@@ -39,12 +39,12 @@ def forecast(job: TracedJob, cluster: ClusterSpec, tokens: int | None = None, tf
         flops: dict[str, int] = {}
         by_kind: dict[str, float] = {}
         for item in job.programs[rank]:
+            if item[0] == HOST_WORK or (item[0] == COMPUTE and not item[5]):  # as `RankTimeline.compute_s`
+                for kind, s in segment_terms(item, cluster.gpu, tf32).items():
+                    by_kind[kind] = by_kind.get(kind, 0.0) + s
             if item[0] == COMPUTE:
                 for dtype, f in item[2].items():
                     flops[dtype] = flops.get(dtype, 0) + f
-                if not item[5]:  # the compute stream's, as `RankTimeline.compute_s`
-                    for kind, s in segment_terms(item, cluster.gpu, tf32).items():
-                        by_kind[kind] = by_kind.get(kind, 0.0) + s
         by_axis: dict[str, list] = {}
         for call in tl.calls.values():
             by_axis.setdefault(call.event.axis, []).append(call)
@@ -57,6 +57,9 @@ def forecast(job: TracedJob, cluster: ClusterSpec, tokens: int | None = None, tf
                                      dict(tl.compute_by_phase), by_kind, tl.side_compute_s, tl.waited_on_streams_s,
                                      flops, axes, work.peak_bytes, work.peak_at, work.reserved_bytes,
                                      work.reserved_at))
+        if by_kind.get(HOST):
+            notes.append(f"rank {rank}: {by_kind[HOST] * 1e3:.1f} ms of ops on the host (their results in its memory: "
+                         f"CPU offload), at {cluster.gpu.host_bandwidth / 1e9:g} GB/s, before the rank issues more")
         for name, n in work.uncounted.items():
             notes.append(f"rank {rank}: {n} call(s) of {name} have no FLOP formula in torch; timed by their bytes")
     if unmodelled:

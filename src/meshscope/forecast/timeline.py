@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..capture.work import COMPUTE, EVENT_WAITED, ISSUE, RECORDED, STREAM_WAITS, WAIT
+from ..capture.work import COMPUTE, EVENT_WAITED, HOST_WORK, ISSUE, RECORDED, STREAM_WAITS, WAIT
 from ..core.events import P2P, CommEvent
 
 
@@ -204,8 +204,10 @@ class Simulation:
         tl = self.ranks[r]
         streams = clock[r]
         kind = item[0]
-        if kind == COMPUTE:
-            s, stream = self.compute_s(item), item[5]
+        if kind in (COMPUTE, HOST_WORK):  # the host's work holds back what the rank issues after it, as the
+            # compute stream's own work would: taken on that stream (the CPU waits for the GPU where it reads what
+            # the GPU wrote, as FSDP2's offload does before its optimizer step)
+            s, stream = self.compute_s(item), item[5] if kind == COMPUTE else 0
             streams[stream] = streams.get(stream, 0.0) + s
             if stream:
                 tl.side_compute_s += s

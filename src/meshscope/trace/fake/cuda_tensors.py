@@ -325,8 +325,12 @@ def result(out, asked: int | str | None, operand_gpu: int | str | None, operand_
             return tensor
         if asked == HOST:
             if _at(key) is not None or (host and key in operand_storages and _place(key) != HOST):
-                # a GPU's tensor to the host: a copy, made on the host
-                tensor = run(tensor.clone, (), {}, depth=getattr(_torch_call, "depth", 0), host=host)
+                # a GPU's tensor to the host: a copy, made on the host, by a copy engine: no kernel's or host op's work
+                # (the forecast does not time transfers between host and GPU)
+                from ...capture.work import outside_the_job
+
+                with outside_the_job():
+                    tensor = run(tensor.clone, (), {}, depth=getattr(_torch_call, "depth", 0), host=host)
             if host and _key(tensor) not in operand_storages:  # (an operand came back: it stays where it was)
                 mark(tensor, HOST)
             return tensor
