@@ -84,6 +84,8 @@ def parser(batch: int, seq: int) -> argparse.ArgumentParser:
     p.add_argument("--seq", type=int, default=seq)
     p.add_argument("--steps", type=int, default=8)
     p.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard per block and the root) instead of DDP")
+    p.add_argument("--cpu-offload", action="store_true",
+                   help="with --fsdp: fully_shard's CPUOffloadPolicy (sharded state and the optimizer step on the host)")
     return p
 
 
@@ -103,12 +105,15 @@ def train(stack: nn.Module, width: int, args) -> None:
     if cuda:
         torch.cuda.set_device(device)
     model = stack.to(device, torch.bfloat16)
+    if args.cpu_offload and not args.fsdp:
+        raise SystemExit("--cpu-offload is FSDP2's: give --fsdp too")
     if args.fsdp:
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
+        offload = {"offload_policy": CPUOffloadPolicy()} if args.cpu_offload else {}
         for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
+            fully_shard(block, **offload)
+        fully_shard(model, **offload)
     else:
         model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -129,7 +134,8 @@ def train(stack: nn.Module, width: int, args) -> None:
               f"peak_allocated_gib {torch.cuda.max_memory_allocated() / 2**30:.2f} "
               f"peak_reserved_gib {torch.cuda.max_memory_reserved() / 2**30:.2f} "
               f"(steps 3-{args.steps - 1}; layers {args.layers}, batch {args.batch}, seq {args.seq}, "
-              f"{'FSDP2' if args.fsdp else 'DDP'} over {dist.get_world_size()}, "
+              f"{'FSDP2' if args.fsdp else 'DDP'}{' with CPU offload' if args.cpu_offload else ''} over "
+              f"{dist.get_world_size()}, threads {torch.get_num_threads()}, "
               f"{torch.cuda.get_device_name()}, torch {torch.__version__})", flush=True)
     dist.destroy_process_group()
 

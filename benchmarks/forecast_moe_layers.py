@@ -10,8 +10,9 @@ Each token's experts follow from its position (token t takes experts 8t .. 8t + 
 same rows, as torchtitan's ``--debug.moe_force_load_balance`` gives), weighted by the router's softmax at those
 experts. The experts run eager, as torchtitan's do up to their output: the routed rows sorted by expert
 (``argsort``), gathered, three grouped matmuls (``torch._grouped_mm`` over the experts' row offsets); then scattered
-back weighted with ``index_add_``, where torchtitan 0.2.2 (models/moe/moe.py) unsorts them with an indexed assignment
-(``index_put_``) and sums each token's eight rows: the same bytes, another kernel.
+back weighted with ``index_add_``; with ``--permutation torchtitan`` as torchtitan 0.2.2 does it (models/moe/moe.py
+``_forward``: gathered by indexing, ``x[rows]``, whose backward accumulates through ``index_put_``; unsorted by an
+indexed assignment, then each token's eight rows summed).
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from forecast_llama_layers import Stack, parser, rotate, train
 
 
 class Experts(nn.Module):
-    def __init__(self, dim: int, ffn: int, experts: int, top: int):
+    def __init__(self, dim: int, ffn: int, experts: int, top: int, permutation: str):
         super().__init__()
-        self.experts, self.top = experts, top
+        self.experts, self.top, self.permutation = experts, top, permutation
         self.router = nn.Linear(dim, experts, bias=False)
         self.w1 = nn.Parameter(torch.randn(experts, ffn, dim) * dim ** -0.5)
         self.w3 = nn.Parameter(torch.randn(experts, ffn, dim) * dim ** -0.5)
@@ -41,15 +42,20 @@ class Experts(nn.Module):
         order = chosen.flatten().argsort(stable=True)
         rows = order // self.top
         ends = torch.bincount(chosen.flatten(), minlength=self.experts).cumsum(0).to(torch.int32)
-        x = tokens.index_select(0, rows)
+        x = tokens[rows] if self.permutation == "torchtitan" else tokens.index_select(0, rows)
         y = F.silu(torch._grouped_mm(x, self.w1.transpose(-2, -1), offs=ends)) \
             * torch._grouped_mm(x, self.w3.transpose(-2, -1), offs=ends)
         y = torch._grouped_mm(y, self.w2.transpose(-2, -1), offs=ends) * weights.flatten()[order, None]
+        if self.permutation == "torchtitan":
+            unsorted = y.new_zeros(n * self.top, y.shape[-1])
+            unsorted[order] = y
+            return unsorted.view(n, self.top, -1).sum(1).view_as(h)
         return torch.zeros_like(tokens).index_add_(0, rows, y).view_as(h)
 
 
 class Block(nn.Module):
-    def __init__(self, dim: int, heads: int, kv_heads: int, head_dim: int, ffn: int, experts: int, top: int):
+    def __init__(self, dim: int, heads: int, kv_heads: int, head_dim: int, ffn: int, experts: int, top: int,
+                 permutation: str):
         super().__init__()
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
         self.attn_norm, self.ffn_norm = nn.RMSNorm(dim), nn.RMSNorm(dim)
@@ -58,7 +64,7 @@ class Block(nn.Module):
         self.wk = nn.Linear(dim, kv_heads * head_dim, bias=False)
         self.wv = nn.Linear(dim, kv_heads * head_dim, bias=False)
         self.wo = nn.Linear(heads * head_dim, dim, bias=False)
-        self.moe = Experts(dim, ffn, experts, top)
+        self.moe = Experts(dim, ffn, experts, top, permutation)
 
     def forward(self, x, cos, sin):
         b, s, _ = x.shape
@@ -73,15 +79,18 @@ class Block(nn.Module):
         return x + self.moe(self.ffn_norm(x))
 
 
-def qwen3_moe(layers: int, seq: int, dim: int = 2048, heads: int = 32, kv_heads: int = 4, head_dim: int = 128,
-              ffn: int = 768, experts: int = 128, top: int = 8) -> Stack:
-    return Stack([Block(dim, heads, kv_heads, head_dim, ffn, experts, top) for _ in range(layers)], seq, head_dim,
-                 1000000.0)
+def qwen3_moe(layers: int, seq: int, permutation: str = "index_add", dim: int = 2048, heads: int = 32,
+              kv_heads: int = 4, head_dim: int = 128, ffn: int = 768, experts: int = 128, top: int = 8) -> Stack:
+    return Stack([Block(dim, heads, kv_heads, head_dim, ffn, experts, top, permutation) for _ in range(layers)], seq,
+                 head_dim, 1000000.0)
 
 
 def main() -> None:
-    args = parser(batch=4, seq=4096).parse_args()
-    train(qwen3_moe(args.layers, args.seq), 2048, args)
+    p = parser(batch=4, seq=4096)
+    p.add_argument("--permutation", choices=("index_add", "torchtitan"), default="index_add",
+                   help="how the experts' rows are gathered and scattered back (module doc)")
+    args = p.parse_args()
+    train(qwen3_moe(args.layers, args.seq, args.permutation), 2048, args)
 
 
 if __name__ == "__main__":

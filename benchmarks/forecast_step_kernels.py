@@ -4,12 +4,13 @@ counted (forecast/compute.py); set beside this, each class's measured time gives
 at over a whole step, and the idle time is what no class holds (docs/forecast.md, "Compute on one H100").
 
 On a machine with a CUDA GPU, for each config of benchmarks/forecast_llama_layers.py's Llama 3 8B blocks (or with
-``--model moe`` forecast_moe_layers.py's Qwen3 30B-A3B blocks; bf16, AdamW, DDP over a world of 1 on NCCL) it runs 4
+``--model moe`` forecast_moe_layers.py's Qwen3 30B-A3B blocks, ``moe-torchtitan`` the same with torchtitan's
+permutation; bf16, AdamW, DDP over a world of 1 on NCCL) it runs 4
 steps (forecast_llama_layers.py's ``step``), then profiles one step with torch.profiler (CUDA activity) and sums its
 kernels' time per class by kernel name. Prints, per config: the step (CUDA events), the GPU's busy time, each
 class's kernel time and count, and the ten longest kernels of the memory-bound class.
 
-Run: python benchmarks/forecast_step_kernels.py [--model llama|moe] [--configs 4x1x8192,8x1x8192,...] (blocks x batch
+Run: python benchmarks/forecast_step_kernels.py [--model llama|moe|moe-torchtitan] [--configs 4x1x8192,8x1x8192,...] (blocks x batch
 x seq).
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import functools
 import os
 import sys
 from pathlib import Path
@@ -30,7 +32,8 @@ import forecast_llama_layers  # noqa: E402
 import forecast_moe_layers  # noqa: E402
 from forecast_llama_layers import step  # noqa: E402
 
-MODELS = {"llama": (forecast_llama_layers.llama, 4096), "moe": (forecast_moe_layers.qwen3_moe, 2048)}
+MODELS = {"llama": (forecast_llama_layers.llama, 4096), "moe": (forecast_moe_layers.qwen3_moe, 2048),
+          "moe-torchtitan": (functools.partial(forecast_moe_layers.qwen3_moe, permutation="torchtitan"), 2048)}
 """A model's blocks and their width."""
 
 ATTENTION = ("flash", "fmha", "sdpa", "attention")

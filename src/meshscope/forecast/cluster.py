@@ -69,7 +69,7 @@ class GpuSpec:
     """Fraction of peak HBM bandwidth a memory-bound op reaches, on the bytes the forecast counts for it. Default
     0.9: large device-to-device copies moved 3.0 of 3.35 TB/s on an H100, 4.3 of 4.8 on an H200 (same machines);
     a training step's elementwise kernels reached less on the H200 (its source)."""
-    host_bandwidth: float = 12.8e9
+    host_bandwidth: float = 6.8e9
     """Bytes/s a rank's host-side ops move, on the bytes the forecast counts for them: CPU offload's optimizer step,
     run by the rank's own CPU thread. Default (`HOST_RATE`): torch's AdamW on the host at one intra-op thread."""
     sources: dict[str, str] = field(default_factory=dict, compare=False)
@@ -215,11 +215,11 @@ _A100_DS = "NVIDIA A100 Tensor Core GPU datasheet, 'NVIDIA A100 Tensor Core GPU 
 _DGX_A100 = "NVIDIA DGX A100 datasheet, System Specifications"
 _DENSE = "half the sparse figure; exact in the H100 whitepaper's A100/H100 table (glennklockwood.com/garden)"
 _STEPS = "docs/results/forecast/step_kernels_h200.txt"
-HOST_RATE = ("measured in this workplace: benchmarks/forecast_host_rate.py, torch 2.13's AdamW over 64 Mi fp32 "
+HOST_RATE = ("measured in this workplace: benchmarks/forecast_host_rate.py, torch 2.11's AdamW over 64 Mi "
              "parameters on the host at one intra-op thread (torchrun sets OMP_NUM_THREADS=1 for each of several "
-             "ranks a node, torch 2.13 distributed/run.py), 12.8 GB/s of the bytes the forecast counts (5.64 GB a "
-             "step in 439 ms) on this project's 2-core box (x86_64 VM, 2026-12-07); a DGX's Xeon cores, at one "
-             "thread a rank, were not measured")
+             "ranks a node, torch 2.13 distributed/run.py) moved the bytes the forecast counts at 6.7 GB/s in fp32 "
+             "and 7.0 GB/s in bf16 on the Xeon host of the device tool's H100 (16 cores, 2026-12-07, "
+             "docs/results/forecast/offload_h100.txt); on this project's 2-core box, 13.1-13.5 and 5.9-6.3")
 _IN_STEP = (f"measured in this workplace over whole training steps, not one kernel: "
             f"benchmarks/forecast_step_kernels.py on an H200 (700 W, torch 2.11), 8B Llama blocks in 5 configs (4-8 "
             f"blocks, 1-4 x 2,048-8,192 tokens), each class's kernels summed from the profile of a step against the "
