@@ -57,6 +57,20 @@ inside = []
 torch.Tensor.register_hook(x, lambda grad: inside.extend([where(grad), where(a)]))
 (x * 3).sum().backward()
 seen["a gradient inside a tensor hook"], seen["a marked tensor inside a tensor hook"] = inside
+from meshscope.trace.fake.cuda_tensors import on_host_tensor
+seen["the host's: .cpu() of a GPU's"] = on_host_tensor(moved.cpu())
+seen["the host's: a host factory"] = on_host_tensor(torch.ones(3))
+seen["the host's: device='cpu'"] = on_host_tensor(torch.zeros_like(a, device="cpu"))
+pinned = torch.ones(3, pin_memory=True)
+seen["the host's: pin_memory=True"] = on_host_tensor(pinned)
+plain = torch.ones(3)
+seen["the host's: .pin_memory(), a copy"] = [on_host_tensor(plain.pin_memory()), on_host_tensor(plain)]
+seen["the host's: a non-blocking copy to the CPU"] = on_host_tensor(a.to("cpu", non_blocking=True))
+seen["the host's: an op of the host's"] = on_host_tensor(pinned * 2)
+scalar = torch.ones((), device="cuda").cpu()
+seen["the host's: a host scalar times a GPU's"] = [on_host_tensor(scalar), on_host_tensor(a * scalar), where(a * scalar)]
+back = pinned.to(torch.device("cpu"), non_blocking=True)  # FSDP2's copy of an offloaded shard to its mesh's device
+seen["the host's: a non-blocking copy of the host's"] = [on_host_tensor(back), where(back), back is pinned]
 print(json.dumps(seen))
 '''
 
@@ -78,6 +92,15 @@ EXPECTED = {
     # names the limit; explain() words a type check of it); a parameter's is read through .grad, above
     "a gradient inside a tensor hook": HOST,
     "a marked tensor inside a tensor hook": GPU,  # the hook is the script's code: it sees the marks
+    # in the host's memory for certain (`cuda_tensors`' docstring): what the forecast leaves out of a GPU's memory
+    "the host's: .cpu() of a GPU's": True,
+    "the host's: a host factory": False, "the host's: device='cpu'": False,  # a CPU named is no proof in a fake world
+    "the host's: pin_memory=True": True,
+    "the host's: .pin_memory(), a copy": [True, False],  # torch returns a pinned copy
+    "the host's: a non-blocking copy to the CPU": True,  # torch pins its destination
+    "the host's: an op of the host's": True,
+    "the host's: a host scalar times a GPU's": [True, False, GPU],  # a 0-dim operand decides nothing
+    "the host's: a non-blocking copy of the host's": [False, GPU, False],  # to the mesh's device: the GPU
 }
 
 

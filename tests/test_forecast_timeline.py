@@ -127,15 +127,15 @@ def test_a_collective_starts_on_every_member_at_once():
     assert [(out[r].calls[1].start, out[r].calls[1].end) for r in (0, 1)] == [(3.0, 4.0), (3.0, 4.0)]
 
 
-def test_the_hosts_work_holds_back_what_is_issued_after_it_and_side_streams_run_on():
-    # CPU offload's step: compute 1 s, a gradient's reduce-scatter (2 s) issued on side stream 1 once it waited for
-    # the compute stream (t = 1, as FSDP2 orders it), the optimizer on the host 3 s (1-4), then the next all-gather
-    # (1 s) issued at 4 on the compute stream and 1 s of compute (4-5): the reduce-scatter ran beside the host's
-    # work (1-3), the all-gather beside the compute (4-5)
+def test_the_hosts_work_waits_for_the_jobs_streams_and_holds_back_all_of_them():
+    # CPU offload's step: compute 1 s, a copy on side stream 1 (2 s, its gradients to the host) once it waited for
+    # the compute stream (1-3), a reduce-scatter (2 s) issued on stream 1 after it (3-5, on its group's stream);
+    # the optimizer on the host (3 s) starts once streams 0 and 1 are done (3: the compute stream waited 2 s) and
+    # ends at 6, when both go on; the next all-gather (1 s) is issued at 6, beside 1 s of compute (6-7)
     ledger = [_event(0, 0, "reduce_scatter", [0]), _event(0, 1, "all_gather", [0], axis="dp")]
-    program = [_compute(1.0), ["j", 1, 0], ["i", 0, 1], ["h", "optimizer", 3.0], ["i", 1, 0], _compute(1.0),
-               ["w", 0, 0], ["w", 1, 0]]
+    program = [_compute(1.0), ["j", 1, 0], _compute(2.0, stream=1), ["i", 0, 1], ["h", "optimizer", 3.0],
+               ["i", 1, 0], _compute(1.0), ["w", 0, 0], ["w", 1, 0]]
     tl = _sim({0: program}, {0: ledger}, seconds={(0, 0): 2.0, (0, 1): 1.0})[0]
-    assert (tl.calls[0].start, tl.calls[0].end, tl.calls[1].start) == (1.0, 3.0, 4.0)
-    assert tl.calls[0].waited == 0.0 and tl.calls[1].waited == 0.0
-    assert tl.compute_s == 5.0 and tl.compute_by_phase == {"backward": 2.0, "optimizer": 3.0} and tl.end_s == 5.0
+    assert (tl.calls[0].start, tl.calls[0].end, tl.calls[1].start, tl.calls[1].end) == (3.0, 5.0, 6.0, 7.0)
+    assert tl.calls[0].waited == 0.0 and tl.calls[1].waited == 0.0 and tl.waited_on_streams_s == 2.0
+    assert tl.compute_s == 5.0 and tl.compute_by_phase == {"backward": 2.0, "optimizer": 3.0} and tl.end_s == 7.0

@@ -182,9 +182,11 @@ def test_a_segments_seconds_split_by_what_bounds_them():
 
 def test_ops_on_the_hosts_storages_are_the_hosts_work_and_hold_no_gpu_memory():
     """A job's host storages (CPU offload's; `on_host` names them) count no memory, and an op that writes only those
-    is the host's work: a segment of its own kind (``"h"``) after the GPU's, by hand. A 1 KiB fp32 tensor on the GPU
-    and a 4 KiB one on the host: ``mul_`` of the host's reads and writes 8 KiB on the host; ``add`` of two GPU
-    tensors reads 2 KiB and writes 1 KiB there, and what it makes counts, as does a tensor made by no host call."""
+    is the host's work: a segment of its own kind (``"h"``), in program order with the GPU's, by hand. A 1 KiB fp32
+    tensor on the GPU, a 4 KiB one on the host: ``add`` of two GPU tensors reads 2 KiB and writes 1 KiB on the GPU;
+    ``mul_`` of the host's reads and writes 8 KiB on the host, ``_foreach_add_`` 8 KiB more; a copy from the GPU
+    into the host's tensor is a transfer, no one's work; ``sub`` on the GPU after them is a segment of its own. A
+    tensor made by no host call counts, and stays the GPU's even where `on_host` names it later."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     class Context:
@@ -200,17 +202,21 @@ def test_ops_on_the_hosts_storages_are_the_hosts_work_and_hold_no_gpu_memory():
         making[0] = False
         host.add(on_host.untyped_storage()._cdata)
         held = counter.log.peak_bytes
+        also = torch.empty(1024)
+        host.add(also.untyped_storage()._cdata)  # counted as the GPU's when made: it stays so
         counter._close()
         counter.log.items.clear()
-        also = torch.empty(1024)
-        on_host.mul_(2.0)
         total = gpu + gpu
-        assert total is not None and also is not None
+        on_host.mul_(2.0)
+        torch._foreach_add_([on_host], 1.0)
+        on_host[:256].copy_(gpu)
+        torch._foreach_add_([also], 1.0)
+        assert (total - gpu) is not None
     items = counter.finish().items
-    assert [item[0] for item in items] == ["c", "h"]
-    assert items[1] == ["h", "optimizer", 2 * 4096]
-    assert items[0][4] == 3 * 1024
-    assert held == 1024 and counter.log.peak_bytes == held + 4096 + 1024  # `also` and `total` count: the GPU's
+    assert [item[0] for item in items] == ["c", "h", "c"]
+    assert items[0][4] == 3 * 1024 and items[1] == ["h", "optimizer", 4 * 4096]
+    assert items[2][4] == 2 * 4096 + 3 * 1024  # the foreach on `also` (the GPU's), then sub
+    assert held == 1024 and counter.log.peak_bytes == held + 4096 + 2 * 1024  # `also`, `total` and sub's result
 
 
 @pytest.mark.parametrize("conf, reserved_mib", [("", 12 + 12 + 20), ("expandable_segments:True", 20 + 20)])

@@ -25,8 +25,9 @@ A ``--fake-tensors`` rank runs every aten op of its job through one dispatch mod
 - **Host storages** count nothing: what the job keeps in the host's memory (FSDP2's CPU offload: its sharded
   parameters, gradients and optimizer state) is not the GPU's (``on_host``: in a fake world, where every tensor
   is a CPU tensor, the storages the script put on the host, `trace.fake.cuda_tensors`). An op that writes only
-  such storages runs on the host (the offloaded optimizer step): its bytes are the host's work (`HOST_WORK`),
-  which the rank's CPU thread does before it issues anything more.
+  such storages runs on the host (the offloaded optimizer step): its bytes are the host's work (`HOST_WORK`), a
+  segment of its own in program order, which the rank's CPU thread does before it issues anything more (a copy
+  from the GPU into such storages is a copy engine's transfer: not counted).
 - **Reserved bytes**: the same storages, made and freed in the same order on the streams they were made on,
   through a model of torch's CUDA caching allocator (`caching_allocator`, expandable segments where the job's
   environment asks for them): the most the allocator would have held, ``max_memory_reserved``, and where.
@@ -57,6 +58,8 @@ VIEWS = frozenset({"view", "_unsafe_view", "reshape", "expand", "as_strided", "t
 
 ALLOCATIONS = frozenset({"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided",
                          "empty_permuted", "resize_"})
+COPIES = frozenset({"copy_", "copy", "_to_copy"})
+"""aten ops that copy: from a GPU's storage into the host's, a copy engine's transfer, neither kernel nor host work."""
 """aten ops that only allocate: they hold memory and move no bytes (zeros and full write theirs, and count)."""
 
 ATTENTION = "attention"
@@ -339,12 +342,19 @@ class WorkCounter:
         if not results:  # an in-place op that returns nothing (foreach, fused optimizers)
             written = [t for i in written_positions(func) if i < len(args) for t in _tensors(args[i])]
             nbytes += sum(t.nbytes for t in written)
-            on_host = [self.on_host(t.untyped_storage()) for t in written]
+            on_host = [self._hosts(t) for t in written]
         if name in ALLOCATIONS:
             nbytes = 0
         if on_host and all(on_host):
+            if name in COPIES and any(t.dim() and not self._hosts(t) for a in args for t in _tensors(a)):
+                return
+            if self._mm or self._bytes:
+                self._close()  # the GPU's segment so far ends where the host's work begins
             self._host_bytes += nbytes
+            self._opened = None  # no clock over the host's work: the next GPU op's `enter` starts one afresh
             return
+        if self._host_bytes:
+            self._close_host()
         flops = 0
         if formula is not None:
             flops = formula(*args, **(kwargs or {}), out_val=out)
@@ -450,10 +460,19 @@ class WorkCounter:
             if self._opened is not None:
                 start, stream = self._opened
                 self._marked.append((item, start, self.clock.mark(stream)))  # on the segment's stream
+        self._close_host()
+        self._opened = None
+
+    def _close_host(self) -> None:
+        """End the host's work so far (if any): a segment of its own, in program order with the GPU's."""
         if self._host_bytes:
             self.log.items.append([HOST_WORK, self._phase or "other", self._host_bytes])
             self._host_bytes = 0
-        self._opened = None
+
+    def _hosts(self, t: torch.Tensor) -> bool:
+        """`t`'s storage is the host's: named so, and not counted as the GPU's already."""
+        storage = t.untyped_storage()
+        return storage._cdata not in self._live and self.on_host(storage)
 
     def _made(self, t: torch.Tensor, phase: str, stream: int | None = None) -> bool:
         """`t`'s storage, made on `stream` (default: the open segment's, that of the op that made it), counts,

@@ -30,12 +30,12 @@ class ClassForecast:
     """Ranks of the world it plays."""
     step_s: float
     compute_s: float
-    """Busy time of the compute (default) stream."""
+    """Busy time of the compute (default) stream, and the host's work (`compute_by_kind`'s host), which holds it."""
     compute_by_phase: dict[str, float]
     compute_by_kind: dict[str, float]
     """The compute stream's busy time by what bounds it (`forecast.compute.segment_terms`: matmul, attention,
     memory-bound; measured where ``--measure-on`` timed it): the classes a GPU profile's kernels fall in; and host,
-    the host's work that holds it back (CPU offload's optimizer step)."""
+    the host's work, which holds every stream of the rank back (CPU offload's optimizer step)."""
     side_compute_s: float
     """Busy time of the job's other streams (FSDP2's copy-in and copy-out)."""
     waited_on_streams_s: float

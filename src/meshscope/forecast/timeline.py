@@ -63,7 +63,7 @@ class RankTimeline:
 
     rank: int
     compute_s: float = 0.0
-    """Compute-stream busy time."""
+    """Compute-stream busy time, the host's work included (it holds the stream)."""
     side_compute_s: float = 0.0
     """Busy time of the job's other streams (FSDP2's copy-in and copy-out, a side stream's own work)."""
     waited_on_streams_s: float = 0.0
@@ -204,10 +204,19 @@ class Simulation:
         tl = self.ranks[r]
         streams = clock[r]
         kind = item[0]
-        if kind in (COMPUTE, HOST_WORK):  # the host's work holds back what the rank issues after it, as the
-            # compute stream's own work would: taken on that stream (the CPU waits for the GPU where it reads what
-            # the GPU wrote, as FSDP2's offload does before its optimizer step)
-            s, stream = self.compute_s(item), item[5] if kind == COMPUTE else 0
+        if kind == HOST_WORK:  # the CPU works once the job's streams have done what it reads (FSDP2's offload
+            # synchronizes its copies to the host before its optimizer step), and issues nothing meanwhile: every
+            # stream of the job goes on after it (a group's calls in flight run on)
+            start = max(streams.values())
+            tl.waited_on_streams_s += start - streams.get(0, 0.0)
+            s = self.compute_s(item)
+            for stream in streams:
+                streams[stream] = start + s
+            tl.compute_s += s
+            tl.compute_by_phase[item[1]] = tl.compute_by_phase.get(item[1], 0.0) + s
+            last_issue[r] = None
+        elif kind == COMPUTE:
+            s, stream = self.compute_s(item), item[5]
             streams[stream] = streams.get(stream, 0.0) + s
             if stream:
                 tl.side_compute_s += s

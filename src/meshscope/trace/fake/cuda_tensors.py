@@ -63,8 +63,8 @@ def is_cuda(device) -> bool:
 
 
 HOST = "host"
-"""What a call names that puts its result on the host (``"cpu"``, ``"meta"``, an unmarked tensor's place), and the
-mark of a storage the script put there."""
+"""What a call names that puts its result on the host (``"cpu"``, ``"meta"``, a tensor marked as the host's), and
+the mark of a storage the script certainly put there."""
 
 _marked: dict[int, tuple[object, int | str]] = {}
 """Each marked storage (by its ``_cdata``): a weak reference to it, and the GPU index it stands on, or `HOST`.
@@ -116,9 +116,15 @@ def _place(key: int | None) -> int | str | None:
     if entry is None:
         return None
     if entry[0].expired():
-        del _marked[key]
+        _marked.pop(key, None)  # (DataLoader's pin thread marks too)
         return None
     return entry[1]
+
+
+def on_host_tensor(tensor) -> bool:
+    """`tensor` is marked as the host's (a wrapper subclass by its inner tensor)."""
+    key = _key(tensor)
+    return key is not None and _where(tensor, key) == HOST
 
 
 def on_host(storage) -> bool:
@@ -160,14 +166,24 @@ def mark(tensor, gpu: int | str) -> None:
 
 def _inner(tensor) -> list:
     """A wrapper subclass's inner tensors (DTensor's local tensor), else none."""
+    plain, is_wrapper = _tensor_types()
+    if type(tensor) in plain or not is_wrapper(tensor):
+        return []
+    try:
+        names = type(tensor).__tensor_flatten__(tensor)[0]
+    except Exception:  # noqa: BLE001 - a subclass's own flattening failed: it is placed as itself
+        return []
+    inner = (getattr(tensor, name, None) for name in names)
+    return [t for t in inner if isinstance(t, plain[0])]
+
+
+@functools.cache
+def _tensor_types():
+    """(the plain tensor types, torch's test for a wrapper subclass), imported once: `_inner` runs on every mark."""
+    import torch
     from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
-    if not is_traceable_wrapper_subclass(tensor):
-        return []
-    import torch
-
-    inner = (getattr(tensor, name, None) for name in type(tensor).__tensor_flatten__(tensor)[0])
-    return [t for t in inner if isinstance(t, torch.Tensor)]
+    return (torch.Tensor, torch.nn.Parameter), is_traceable_wrapper_subclass
 
 
 def _where(tensor, key: int) -> int | str | None:
@@ -186,8 +202,8 @@ def mark_storage(storage, gpu: int | str) -> None:
     storage = getattr(storage, "_untyped_storage", storage)
     _marked[storage._cdata] = (StorageWeakRef(storage), gpu)
     if len(_marked) > 2 * _pruned_at[0]:  # dead storages' entries, dropped now and then
-        for dead in [k for k, (ref, _) in _marked.items() if ref.expired()]:
-            del _marked[dead]
+        for dead in [k for k, (ref, _) in list(_marked.items()) if ref.expired()]:  # (a copy: the pin thread marks)
+            _marked.pop(dead, None)
         _pruned_at[0] = max(1024, len(_marked))
 
 
@@ -388,8 +404,8 @@ def compiled_regions() -> None:
             if torch.compiler.is_compiling():
                 return compiled(*args, **kwargs)
             operand_gpu, operand_storages = operands(args, kwargs)
-            if operand_gpu is None:
-                operand_gpu = next((gpu(v) for v in (*args, *kwargs.values()) if is_cuda(v)), None)
+            if operand_gpu in (None, HOST):  # a GPU it was asked for decides over the host's operands
+                operand_gpu = next((gpu(v) for v in (*args, *kwargs.values()) if is_cuda(v)), operand_gpu)
             return result(compiled(*args, **kwargs), None, operand_gpu, operand_storages, deep=True)
 
         return placed

@@ -72,8 +72,11 @@ class FakeMode:
 
             from ...capture.segment_clock import clock_for
 
+            # measured on a GPU, the job's tensors are real: a CPU storage is the host's
+            on_host = (lambda storage: storage.device.type == "cpu") if self.options.measure_on == "cuda" else (
+                cuda_tensors.on_host)
             self.work = WorkCounter(self.rank, trace.context, StreamWatch.current, clock_for(self.options.measure_on),
-                                    cuda_tensors.on_host)
+                                    on_host)
             StreamWatch.listener = self.work
             storage.ResizeWatch.listener = self.work
 
