@@ -110,25 +110,28 @@ def _titan_70b(*parallel: str, local_batch: int, global_batch: int | None = None
 MEGATRON_GPT = ROOT / "benchmarks" / "forecast_megatron_gpt.py"
 
 
-def _gpt_175b(dp: int, global_batch: int, distributed_optimizer: bool) -> tuple[str, ...]:
+def _gpt_175b(dp: int, global_batch: int, megascale: bool) -> tuple[str, ...]:
     """GPT-3 175B on TP 8 x PP 8 x `dp` GPUs in megatron-core, as Megatron-LM's pretrain_gpt trains it.
 
-    From the sources: the model (96 layers, hidden 12288, 96 heads, seq 2048, vocab 51,200: Korthikanti et al.,
-    Megatron-LM's README), TP 8 x PP 8, micro batch 1, the global batch, sequence parallelism and selective
-    recomputation (Korthikanti et al.), an interleaved schedule. Assumed for MegaScale's rows: the same model
-    (vocab and sequence included), TP 8 x PP 8 (the layout of its 12,288-GPU run) and batch 768 (not read in the
-    paper here; at 40.0 s on 256 A100s it is 53 % MFU, a batch of 6,144 would be over 100 %). Assumed for all: 12
-    virtual stages of one layer each (neither paper gives the number; NVIDIA's NeMo-Megatron-Launcher
-    conf/training/gpt3/175b.yaml, PP 8, sets
-    virtual_pipeline_model_parallel_size 12, "set to maximum"), batched point-to-point calls (that file's
-    batch_p2p_comm, and Megatron-LM's only mode in 2022), the word embeddings tied (Megatron-LM's default), dropout
-    0.1, learned positions, no overlap of the data-parallel gradient reduction (Megatron-LM's default), and for
-    MegaScale's rows the distributed optimizer. Without Apex or Transformer Engine the job's softmax, gradient
-    accumulation and attention are unfused (forecast_megatron_gpt.py's docstring)."""
-    return (str(MEGATRON_GPT), "--tp", "8", "--pp", "8", "--vpp", "12", "--layers", "96", "--hidden", "12288",
-            "--heads", "96", "--seq", "2048", "--vocab", "51200", "--micro-batch", "1", "--global-batch",
+    Korthikanti et al.'s row: 96 layers, hidden 12288, 96 heads, seq 2048, vocab 51,200 (their Table 1 and
+    Megatron-LM's README), TP 8 x PP 8, micro batch 1, batch 64, sequence parallelism and selective recomputation;
+    assumed: 12 virtual stages of one layer (the paper gives none; NVIDIA's NeMo-Megatron-Launcher
+    conf/training/gpt3/175b.yaml, PP 8, sets virtual_pipeline_model_parallel_size 12, "set to maximum").
+    MegaScale's rows (arXiv 2402.15627v1): 96 layers, hidden 12288, 128 heads, TP 8 x PP 8 (Table 1), sequence
+    2,048, vocabulary 64,000 (padded as Megatron-LM pads it, to a multiple of 128 x TP: 64,512), six interleaved
+    stages (section 6.1), batch 768 (Table 2); assumed: the distributed optimizer (its Figure 1 draws data
+    parallelism as ZeRO-2), sequence parallelism, selective recomputation, micro batch 1 (not given). Assumed for
+    all: batched point-to-point calls (the launcher file's batch_p2p_comm; Megatron-LM's only mode in 2022, and at
+    MegaScale's baseline commit 285068c8, whose p2p_communication.py waits for them and synchronizes the device),
+    the word embeddings tied (Megatron-LM's default), dropout 0.1, learned positions, no overlap of the
+    data-parallel gradient reduction (Megatron-LM's default; 285068c8 has no option for it). Without Apex or
+    Transformer Engine the job's softmax, gradient accumulation and attention are unfused (forecast_megatron_gpt.py's
+    docstring)."""
+    heads, vocab, vpp = ("128", "64512", "6") if megascale else ("96", "51200", "12")
+    return (str(MEGATRON_GPT), "--tp", "8", "--pp", "8", "--vpp", vpp, "--layers", "96", "--hidden", "12288",
+            "--heads", heads, "--seq", "2048", "--vocab", vocab, "--micro-batch", "1", "--global-batch",
             str(global_batch), "--sequence-parallel", "--no-overlap-p2p", "--steps", "3",
-            *(["--distributed-optimizer"] if distributed_optimizer else []))
+            *(["--distributed-optimizer"] if megascale else []))
 
 
 KORTHIKANTI = "Korthikanti et al. 2022 (arXiv 2205.05198), 175B, sequence parallel + selective recompute"
@@ -163,9 +166,9 @@ ROWS = {r.key: r for r in (
     Row("gpt175b-64", "Megatron GPT-3 175B, TP 8 x PP 8 (12 virtual stages), SP + selective recompute, batch 64 x 2048",
         64, _gpt_175b(1, 64, False), 64 * 2048, None, None, KORTHIKANTI, ("a100-sxm",), published_step_s=13.75,
         assets=False),
-    *(Row(f"gpt175b-{world}", f"Megatron GPT-3 175B, TP 8 x PP 8 x DP {world // 64}, distributed optimizer, batch "
-          f"768 x 2048", world, _gpt_175b(world // 64, 768, True), 768 * 2048, None, None, MEGASCALE, ("a100-sxm",),
-          published_step_s=step, assets=False)
+    *(Row(f"gpt175b-{world}", f"Megatron GPT-3 175B as MegaScale's, TP 8 x PP 8 (6 virtual stages) x DP "
+          f"{world // 64}, distributed optimizer, batch 768 x 2048", world, _gpt_175b(world // 64, 768, True),
+          768 * 2048, None, None, MEGASCALE, ("a100-sxm",), published_step_s=step, assets=False)
       for world, step in ((256, 40.0), (512, 21.2), (768, 15.2), (1024, 11.9))),
 )}
 
