@@ -137,7 +137,8 @@ def main():
     # False for the root); --no-reshard-after-forward passes False everywhere.
     kw = {"reshard_after_forward": False} if args.no_reshard_after_forward else {}
     if args.cpu_offload:
-        kw["offload_policy"] = CPUOffloadPolicy()
+        # pinned memory needs a GPU (torch 2.13: "Cannot access accelerator device when none is available")
+        kw["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     for block in model.blocks:
         fully_shard(block, mesh=mesh, **kw)
     fully_shard(model, mesh=mesh, **kw)
