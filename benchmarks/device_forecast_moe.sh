@@ -28,4 +28,4 @@ if [[ ${MEASURED:-1} == 1 ]]; then
 fi
 cat "$out/gpu.csv" "$out/torch.txt" "$out/moe_steps.txt" "$out/moe_kernels.txt" "$out/runs.txt" 2>/dev/null
 tail -20 "$out/stderr.txt" 2>/dev/null
-[[ ${MEASURED:-1} == 1 ]] && summary moe_measured
+if [[ ${MEASURED:-1} == 1 ]]; then summary moe_measured; fi
