@@ -30,14 +30,14 @@ Rows (the published figure, its source, and the job as its users start it):
   its all-to-all dispatch and grouped matmuls, traced eager with fake tensors (the routing follows from the job's
   numbers: trace/fake/known.py).
 
-- GPT-3 175B (96 layers, hidden 12288, 96 heads, seq 2048, vocab 51,200) in megatron-core, as Megatron-LM's
-  pretrain_gpt trains it (benchmarks/forecast_megatron_gpt.py): TP 8 x PP 8, interleaved schedule (12 virtual stages of
-  one layer), sequence parallel, selective recomputation, bf16, micro batch 1, on A100 80GB SXM:
-  - on 64 GPUs, global batch 64 (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+- GPT-3 175B (96 layers, hidden 12288, seq 2048) in megatron-core, as Megatron-LM's pretrain_gpt trains it
+  (benchmarks/forecast_megatron_gpt.py): TP 8 x PP 8, an interleaved schedule, sequence parallel, selective
+  recomputation, bf16, micro batch 1, on A100 80GB SXM:
+  - on 64 GPUs, global batch 64, 96 heads, vocabulary 51,200, 12 virtual stages (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
     Models", arXiv 2205.05198: 13.75 s per iteration; 51.4 % MFU in Megatron-LM's README of May 2022, which that
     time and batch give exactly);
-  - on 256 / 512 / 768 / 1,024 GPUs (data parallel 4 / 8 / 12 / 16), global batch 768, the distributed optimizer
-    (Jiang et al. 2024, "MegaScale", NSDI '24, arXiv 2402.15627, its strong-scaling comparison's Megatron-LM rows:
+  - on 256 / 512 / 768 / 1,024 GPUs (data parallel 4 / 8 / 12 / 16), global batch 768, 128 heads, vocabulary
+    64,000, 6 virtual stages, the distributed optimizer (Jiang et al. 2024, "MegaScale", NSDI '24, arXiv 2402.15627, its strong-scaling comparison's Megatron-LM rows:
     40.0 / 21.2 / 15.2 / 11.9 s per iteration). What each row assumes beyond its source is in `_gpt_175b`'s docstring.
 
 torchtitan is run at the installed release (0.2.2 on the CI torch: ``-m torchtitan.train`` with its flags; the
