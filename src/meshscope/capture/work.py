@@ -58,9 +58,9 @@ VIEWS = frozenset({"view", "_unsafe_view", "reshape", "expand", "as_strided", "t
 
 ALLOCATIONS = frozenset({"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided",
                          "empty_permuted", "resize_"})
+"""aten ops that only allocate: they hold memory and move no bytes (zeros and full write theirs, and count)."""
 COPIES = frozenset({"copy_", "copy", "_to_copy"})
 """aten ops that copy: from a GPU's storage into the host's, a copy engine's transfer, neither kernel nor host work."""
-"""aten ops that only allocate: they hold memory and move no bytes (zeros and full write theirs, and count)."""
 
 ATTENTION = "attention"
 """A segment's FLOPs of fused attention kernels are keyed ``"<dtype> attention"`` (timed at their own efficiency:

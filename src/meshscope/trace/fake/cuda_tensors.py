@@ -80,7 +80,6 @@ def _storage(tensor):
             return tensor.untyped_storage()
     except (RuntimeError, NotImplementedError, TypeError):  # no storage of its own
         from torch._C import _functorch
-        from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
         # vmap's and grad's wrappers: the tensor they wrap holds the storage, and vmap's result is a view
         # of it (flex_attention's create_block_mask builds its mask under vmap, torch 2.13
@@ -89,9 +88,8 @@ def _storage(tensor):
         # nn/parallel/distributed.py:1372); a sparse tensor has none
         if _functorch.is_functorch_wrapped_tensor(tensor):
             return _storage(_functorch.get_unwrapped(tensor))
-        if is_traceable_wrapper_subclass(tensor):
-            return _storage(getattr(tensor, type(tensor).__tensor_flatten__(tensor)[0][0]))
-        return None
+        inner = _inner(tensor)
+        return _storage(inner[0]) if inner else None
 
 
 def _key(tensor) -> int | None:
@@ -341,13 +339,8 @@ def result(out, asked: int | str | None, operand_gpu: int | str | None, operand_
             return tensor
         if asked == HOST:
             if _at(key) is not None or (host and key in operand_storages and _place(key) != HOST):
-                # a GPU's tensor to the host: a copy, made on the host, by a copy engine: no kernel's or host op's work
-                # (the forecast does not time transfers between host and GPU)
-                from ...capture.work import outside_the_job
-
-                with outside_the_job():
-                    tensor = run(tensor.clone, (), {}, depth=getattr(_torch_call, "depth", 0), host=host)
-            if host and _key(tensor) not in operand_storages:  # (an operand came back: it stays where it was)
+                return copied_to_host(tensor, host)  # a GPU's tensor to the host: a copy
+            if host and key not in operand_storages:  # (an operand came back: it stays where it was)
                 mark(tensor, HOST)
             return tensor
         if asked is not None:
@@ -363,6 +356,18 @@ def result(out, asked: int | str | None, operand_gpu: int | str | None, operand_
     for tensor in _held(out, deep):  # no call that names a device returns several tensors: nothing is copied
         place(tensor)
     return out
+
+
+def copied_to_host(tensor, certain: bool = True):
+    """A copy of `tensor` made on the host by a copy engine: no kernel's or host op's work (the forecast does not
+    time transfers between host and GPU), marked as the host's where that is `certain` (module doc)."""
+    from ...capture.work import outside_the_job
+
+    with outside_the_job():
+        copy = run(tensor.clone, (), {}, depth=getattr(_torch_call, "depth", 0), host=certain)
+    if certain:
+        mark(copy, HOST)
+    return copy
 
 
 def _held(out, deep: bool):

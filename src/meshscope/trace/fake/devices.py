@@ -261,16 +261,17 @@ def _cpu_devices():
                 mark(".to('cuda')")
                 asked = next(cuda_tensors.gpu(a) for a in args if is_cuda(a))
                 args = tuple(cpu if is_cuda(a) else a for a in args)
+            pinned = bool(kwargs.get("pin_memory"))
+            if pinned:  # pinned memory is the host's
+                mark("pin_memory")
+                kwargs, asked = {**kwargs, "pin_memory": False}, cuda_tensors.HOST
             # the host's for certain (`cuda_tensors`): a CPU named alone may be a fake world's mesh's stand-in
-            host = func is tensor_cpu or bool(kwargs.get("pin_memory")) or (
+            host = func is tensor_cpu or pinned or (
                 func is to and asked == cuda_tensors.HOST and bool(kwargs.get("non_blocking")))
             if host and func is to and args and cuda_tensors.on_host_tensor(args[0]):
                 # the host's tensor copied without blocking to where FSDP2 puts its shards, its mesh's CPU in a fake
                 # world: a copy to the GPU (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_param.py, CPU offload)
                 host, asked = False, cuda_tensors.gpu(None)
-            if kwargs.get("pin_memory"):  # pinned memory is the host's
-                mark("pin_memory")
-                kwargs, asked = {**kwargs, "pin_memory": False}, cuda_tensors.HOST
             if not marks:
                 return func(*args, **kwargs)
             operand_gpu, operand_storages = cuda_tensors.operands(args, kwargs)
@@ -289,14 +290,7 @@ def unpinned_memory() -> None:
 
     def pin_memory(self, device=None):
         mark("pin_memory")
-        if cuda_tensors.on_host_tensor(self):
-            return self
-        from ...capture.work import outside_the_job
-
-        with outside_the_job():  # a copy into pinned memory, as torch makes one: the host's, and no kernel's work
-            pinned = cuda_tensors.run(self.clone, (), {}, depth=getattr(cuda_tensors._torch_call, "depth", 0), host=True)
-        cuda_tensors.mark(pinned, cuda_tensors.HOST)
-        return pinned
+        return self if cuda_tensors.on_host_tensor(self) else cuda_tensors.copied_to_host(self)
 
     torch.Tensor.pin_memory = pin_memory
 
