@@ -67,6 +67,45 @@ def test_a_measured_segment_holds_its_own_ops_from_before_the_first(monkeypatch)
     assert items[0][2] == {"float32": 2 * 4 * 8 * 8} and items[3][2] == {"float32": 2 * 4 * 8 * 2}
 
 
+class WrittenClock(OpsClock):
+    """A clock whose time is how many elements of `out` are set: a segment's "seconds" are what was written into
+    `out` between its marks."""
+
+    def __init__(self, out: torch.Tensor):
+        self.out = out
+
+    def mark(self, stream=None) -> int:
+        return int(self.out.count_nonzero())
+
+
+def test_a_measured_segment_leaves_out_what_the_fake_process_group_does():
+    """torch's fake process group copies an all-gather's input into every rank's chunk of its output (torch 2.13
+    c10d/FakeProcessGroup.hpp): 1,024 copies a call at world 1,024, which a GPU's measured segments took in (an 8B
+    model under FSDP2 at world 1,024 on an H100: 14-16 s of side-stream time a step), where NCCL's kernel writes
+    the output and the forecast times the call on its link. mm | all_gather_into_tensor | sum of what it
+    gathered: neither segment saw its 2 x 32 elements written."""
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", rank=0, world_size=2, store=FakeStore())
+    context = JobContext()
+    context.install()
+    gathered = torch.zeros(8, 8)
+    counter = WorkCounter(0, context, clock=WrittenClock(gathered))
+    calls = itertools.count()
+    try:
+        with CountingMode(counter, lambda: next(calls)):
+            y = torch.ones(4, 8) @ torch.ones(8, 8)
+            dist.all_gather_into_tensor(gathered, y)
+            gathered.sum()
+    finally:
+        context.remove()
+        dist.destroy_process_group()
+    items = counter.finish().items
+    assert [item[0] for item in items] == ["c", "i", "w", "c"], items
+    assert int(gathered.count_nonzero()) == 64
+    assert [item[6] for item in items if item[0] == "c"] == [0, 0]
+
+
 def test_a_world_1_jobs_measured_forecast_is_the_step_it_timed_itself(tmp_path):
     """On the CPU the measured segments are the job's own ops on one thread: the forecast step (their sum; no
     link at world 1) is at most the step the script timed (the Python between its ops is in no segment) and
@@ -86,6 +125,22 @@ def test_a_world_1_jobs_measured_forecast_is_the_step_it_timed_itself(tmp_path):
     assert work["measured_on"].startswith("this machine's CPU")
     measured = [item for item in work["items"] if item[0] == "c"]
     assert measured and all(len(item) == 7 and item[6] > 0 for item in measured)
+
+
+def test_a_measured_fsdp2_rank_holds_adamws_state_once(tmp_path):
+    """With real tensors DTensor's sharding propagation still runs each of foreach AdamW's ops again at its global
+    shape, on fake tensors of its own (torch 2.13 distributed/tensor/_sharding_prop.py): those are torch's, not the
+    rank's. tests/jobs/fsdp2.py at world 2 (4 blocks of hidden 512 and the root: 4,725,760 fp32 parameters, a
+    9,451,520-byte shard per rank) with foreach AdamW (torch's default on a GPU): the peak's optimizer part is the
+    two moments' shards, as with fake tensors; counted as the rank's, they made the peak step 0's optimizer, 9
+    shards (an 8B model under FSDP2 at world 8, measured on an H200: 134.6 GiB where its own peak is 67)."""
+    shard = 4 * (4 * (2 * 512 * 1024 + 1024 + 512) + 2 * (512 * 512 + 512)) // 2
+    proc = cli_here("forecast", "--fake-world", 2, "--measure-on", "cpu", "--cluster", "h100-sxm", "--out",
+                    tmp_path / "t", "--json", "--", "tests/jobs/fsdp2.py", "--hidden", 512, "--blocks", 4, "--foreach")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    peak_at = json.loads(proc.stdout)["classes"][0]["peak_at"]
+    assert peak_at["by_phase"]["optimizer"] == 2 * shard, peak_at
+    assert (peak_at["step"], peak_at["phase"]) == (1, "backward"), peak_at
 
 
 @pytest.mark.parametrize("args, words", [

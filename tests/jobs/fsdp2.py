@@ -78,6 +78,9 @@ def parse_args():
     p.add_argument("--no-reshard-after-forward", action="store_true")
     p.add_argument("--cpu-offload", action="store_true",
                    help="fully_shard's CPUOffloadPolicy: sharded parameters, gradients and AdamW's state on the host")
+    p.add_argument("--foreach", action="store_true",
+                   help="AdamW's foreach implementation (torch's default for GPU tensors; the CPU's is one tensor at "
+                        "a time)")
     return p.parse_args()
 
 
@@ -147,7 +150,7 @@ def main():
         for module in model.modules():
             if isinstance(module, nn.Linear):
                 module.reset_parameters()
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, foreach=args.foreach or None)
 
     gen = torch.Generator().manual_seed(1234 + rank)
     for _ in range(args.steps):

@@ -81,8 +81,9 @@ _outside = threading.local()
 def outside_the_job():
     """Ops run in the block are torch's bookkeeping, not the job's work: not counted, their tensors not held.
     DTensor's sharding propagation runs each op once more at its global shape on tensors it makes for that, in
-    the fake mode it finds (torch 2.13 distributed/tensor/_sharding_prop.py, ``_propagate_tensor_meta_non_cached``):
-    on a GPU that mode is its own and costs nothing; in a fake world it is the job's, and would count them."""
+    the fake mode it finds, the job's under fake tensors, else one it makes (torch 2.13
+    distributed/tensor/_sharding_prop.py, ``_propagate_tensor_meta_non_cached``): either way this counter sees
+    those ops and would count them and hold their tensors as the rank's."""
     _outside.depth = getattr(_outside, "depth", 0) + 1
     try:
         yield
@@ -368,9 +369,16 @@ class WorkCounter:
                 log.uncounted[name] = log.uncounted.get(name, 0) + 1
             self._bytes += nbytes
 
+    def calling(self) -> None:
+        """A c10d op is about to run: the segment so far ends here, so that what the process group does on the
+        stream is in no segment. torch's fake one copies an all-gather's input into every rank's chunk of its
+        output (torch 2.13 c10d/FakeProcessGroup.hpp ``_allgather_base``), 1,024 copies a call at world 1,024,
+        where NCCL's kernel writes the output and the forecast times the call on its link."""
+        self._close()
+
     def issued(self, call: int, func, args, out) -> None:
         """The rank issued its `call`-th call (c10d op `func`): what it writes is needed where first read."""
-        # (a collective never runs inside `outside_the_job`: DTensor's propagation issues none)
+        # (also inside `outside_the_job`: a fake world's replay issues the job's calls there, `trace.fake.replay`)
         if self.context.step != self._step:
             self._stepped()
         self._close()
@@ -569,6 +577,7 @@ class CountingMode:
                         return func(*args, **(kwargs or {}))
                     return NotImplemented  # a subclass (DTensor) desugars first; its ops come back here
                 if func.namespace.startswith("c10d") or func.namespace.startswith("_c10d_functional"):
+                    counter.calling()
                     before = issued_so_far()
                     out = func(*args, **(kwargs or {}))
                     issued = range(before, issued_so_far())

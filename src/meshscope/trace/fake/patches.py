@@ -317,9 +317,10 @@ PATCHES = (
           MEASURE_CUDA, cuda_api.cuda_streams_watched),
     Patch("DTensor's sharding propagation is not the job's work",
           ("torch.distributed.tensor._sharding_prop.ShardingPropagator._propagate_tensor_meta_non_cached",),
-          "it runs each new op again at its global shape, in the fake mode it finds: on a GPU that is its own, in "
-          "a fake world the job's, where --work would count those FLOPs and hold those tensors as the rank's "
-          "(torch 2.13 distributed/tensor/_sharding_prop.py:546)", "2.13", FAKE_TENSORS,
+          "it runs each new op again at its global shape on tensors of its own, in the fake mode it finds (the "
+          "job's under --fake-tensors, else one it makes), where --work would count those FLOPs and hold those "
+          "tensors as the rank's: with real tensors (--measure-on) its cached results held 2 copies of AdamW's "
+          "state at step 0 under FSDP2 (torch 2.13 distributed/tensor/_sharding_prop.py:546)", "2.11, 2.13", FAKE_WORLD,
           tensors.sharding_propagation_uncounted),
     Patch("triton kernels on known values", ("triton.runtime.interpreter.InterpretedFunction.run",),
           "under --fake-tensors an interpreted kernel's tensors are FakeTensors, which it cannot read: it runs on "
