@@ -1,5 +1,7 @@
-"""Llama 3 8B decoder blocks in plain torch under DDP: a job whose measured step on one GPU holds the forecast's
-compute model to a real kernel timeline (docs/forecast.md, "Compute on one H100").
+"""Llama 3 8B decoder blocks in plain torch under DDP or FSDP2: a job whose measured step on one GPU holds the
+forecast's compute model to a real kernel timeline (docs/forecast.md, "Compute on one H100"). With
+``--torchtitan``, the whole model trained as bench_forecast.py's torchtitan 8B rows train it (docs/forecast.md,
+"The 8B row's rank classes on one GPU"), for a GPU whose image lacks torchtitan's own packages.
 
 Run as a user would (``torchrun --nproc-per-node 1 benchmarks/forecast_llama_layers.py``): on a GPU it prints
 the median step time of the steps after the warm-up, timed with CUDA events around each whole step, and the most
@@ -96,17 +98,48 @@ def step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
     opt.zero_grad(set_to_none=True)
 
 
-def train(stack: nn.Module, width: int, args) -> None:
-    """`args.steps` steps of `stack` (its ``blocks``) on this rank's GPU, or its CPU, in bf16 under DDP or FSDP2, on
-    random inputs of `width`; on a GPU rank 0 prints the steady steps' times and the memory the tensors held."""
+def setup() -> torch.device:
+    """Join the job's process group (NCCL on a GPU, gloo on the CPU) and return this rank's device."""
     cuda = torch.cuda.is_available()
     dist.init_process_group("nccl" if cuda else "gloo")
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
-    model = stack.to(device, torch.bfloat16)
+    return device
+
+
+def timed(steps: int, one_step, what: str) -> None:
+    """Run `one_step` `steps` times; on a GPU rank 0 prints the steady steps' times (CUDA events around each whole
+    step) and the memory the tensors held, with `what` the job ran."""
+    cuda = torch.cuda.is_available()
+    times = []
+    for _ in range(steps):
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+        one_step()
+        if cuda:
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end))
+    if cuda and dist.get_rank() == 0:
+        first = 3 if steps > 3 else 0  # the warm-up, where there are steps after it
+        steady = times[first:]
+        print(f"step_ms median {statistics.median(steady):.2f} min {min(steady):.2f} max {max(steady):.2f} "
+              f"peak_allocated_gib {torch.cuda.max_memory_allocated() / 2**30:.2f} "
+              f"peak_reserved_gib {torch.cuda.max_memory_reserved() / 2**30:.2f} "
+              f"(steps {first}-{steps - 1}; {what} over {dist.get_world_size()}, threads {torch.get_num_threads()}, "
+              f"{torch.cuda.get_device_name()}, torch {torch.__version__})", flush=True)
+    dist.destroy_process_group()
+
+
+def train(stack: nn.Module, width: int, args) -> None:
+    """`args.steps` steps of `stack` (its ``blocks``) on this rank's GPU, or its CPU, in bf16 under DDP or FSDP2, on
+    random inputs of `width`."""
     if args.cpu_offload and not args.fsdp:
         raise SystemExit("--cpu-offload is FSDP2's: give --fsdp too")
+    device = setup()
+    model = stack.to(device, torch.bfloat16)
     if args.fsdp:
         from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
@@ -115,34 +148,101 @@ def train(stack: nn.Module, width: int, args) -> None:
             fully_shard(block, **offload)
         fully_shard(model, **offload)
     else:
-        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+        model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    times = []
-    for _ in range(args.steps):
-        x = torch.randn(args.batch, args.seq, width, device=device, dtype=torch.bfloat16)
-        if cuda:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-        step(model, opt, x)
-        if cuda:
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end))
-    if cuda and dist.get_rank() == 0:
-        steady = times[3:]
-        print(f"step_ms median {statistics.median(steady):.2f} min {min(steady):.2f} max {max(steady):.2f} "
-              f"peak_allocated_gib {torch.cuda.max_memory_allocated() / 2**30:.2f} "
-              f"peak_reserved_gib {torch.cuda.max_memory_reserved() / 2**30:.2f} "
-              f"(steps 3-{args.steps - 1}; layers {args.layers}, batch {args.batch}, seq {args.seq}, "
-              f"{'FSDP2' if args.fsdp else 'DDP'}{' with CPU offload' if args.cpu_offload else ''} over "
-              f"{dist.get_world_size()}, threads {torch.get_num_threads()}, "
-              f"{torch.cuda.get_device_name()}, torch {torch.__version__})", flush=True)
-    dist.destroy_process_group()
+    timed(args.steps, lambda: step(model, opt, torch.randn(args.batch, args.seq, width, device=device,
+                                                           dtype=torch.bfloat16)),
+          f"layers {args.layers}, batch {args.batch}, seq {args.seq}, "
+          f"{'FSDP2' if args.fsdp else 'DDP'}{' with CPU offload' if args.cpu_offload else ''}")
+
+
+class Llama(nn.Module):
+    """Llama 3 8B's whole model: the token embedding, `layers` blocks, a final RMSNorm and the output projection
+    over the vocabulary."""
+
+    def __init__(self, layers: int, seq: int, vocab: int = 128256, dim: int = 4096):
+        super().__init__()
+        self.tok_embeddings = nn.Embedding(vocab, dim)
+        self.layers = llama(layers, seq, dim)
+        self.norm = nn.RMSNorm(dim)
+        self.output = nn.Linear(dim, vocab, bias=False)
+
+    def forward(self, tokens):
+        return self.output(self.norm(self.layers(self.tok_embeddings(tokens))))
+
+
+SAVED = {torch.ops.aten.mm.default, torch.ops.aten.max.default,
+         torch.ops.aten._scaled_dot_product_flash_attention.default,
+         torch.ops.aten._scaled_dot_product_efficient_attention.default,
+         torch.ops.aten._scaled_dot_product_cudnn_attention.default}
+"""The ops whose outputs torchtitan's selective op checkpointing keeps (torchtitan 0.2.2,
+models/llama3/infra/parallelize.py's save list; each of every two matmuls only: see `selective`)."""
+
+
+def selective(block: nn.Module) -> nn.Module:
+    """`block` under selective op activation checkpointing as torchtitan 0.2.2 applies it
+    (distributed/activation_checkpoint.py): the outputs of SAVED's ops are kept, but of the matmuls only the
+    first, third, ... of each pass; the rest is recomputed in the backward."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    def context():
+        matmuls = {False: 0, True: 0}
+
+        def policy(ctx, func, *args, **kwargs):
+            keep = func in SAVED
+            if func is torch.ops.aten.mm.default:
+                matmuls[ctx.is_recompute] += 1
+                keep = matmuls[ctx.is_recompute] % 2 == 1
+            return CheckpointPolicy.MUST_SAVE if keep else CheckpointPolicy.PREFER_RECOMPUTE
+
+        return create_selective_checkpoint_contexts(policy)
+
+    return checkpoint_wrapper(block, context_fn=context)
+
+
+def train_as_torchtitan(args) -> None:
+    """`args.steps` steps of the whole model (`Llama`) as torchtitan 0.2.2 trains it (bench_forecast.py's 8B
+    rows: ``--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op``): fp32
+    parameters, each block, the embedding and the norm with the output sharded by FSDP2 in bf16 mixed precision
+    (reduced in fp32; the last unit kept gathered after the forward), summed cross-entropy on fp32 logits,
+    gradients clipped to norm 1, fused AdamW."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    device = setup()
+    model = Llama(args.layers, args.seq).to(device)
+    model.layers.blocks = nn.ModuleList(selective(block) for block in model.layers.blocks)
+    mp = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
+    fully_shard(model.tok_embeddings, **mp)
+    for block in model.layers.blocks:
+        fully_shard(block, **mp)
+    fully_shard([model.norm, model.output], **mp, reshard_after_forward=False)
+    fully_shard(model, **mp)
+    opt = torch.optim.AdamW(model.parameters(), lr=8e-4, eps=1e-8, weight_decay=0.1, fused=True)
+
+    def one_step():
+        tokens = torch.randint(0, model.output.out_features, (args.batch, args.seq + 1), device=device)
+        # One expression, so that the bf16 logits are freed before the backward, as torchtitan's `del pred` does.
+        F.cross_entropy(model(tokens[:, :-1]).flatten(0, 1).float(), tokens[:, 1:].flatten(0, 1),
+                        reduction="sum").backward()
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    timed(args.steps, one_step, f"the whole model with {args.layers} layers, batch {args.batch}, seq {args.seq}, "
+          "as torchtitan trains it")
 
 
 def main() -> None:
-    args = parser(batch=1, seq=8192).parse_args()
-    train(llama(args.layers, args.seq), 4096, args)
+    p = parser(batch=1, seq=8192)
+    p.add_argument("--torchtitan", action="store_true",
+                   help="the whole model (embedding, blocks, output over 128,256 words) as torchtitan trains its 8B: "
+                        "FSDP2 in bf16 mixed precision over fp32 parameters, selective op checkpointing, fused AdamW")
+    args = p.parse_args()
+    if args.torchtitan:
+        train_as_torchtitan(args)
+    else:
+        train(llama(args.layers, args.seq), 4096, args)
 
 
 if __name__ == "__main__":
