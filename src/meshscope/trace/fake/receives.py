@@ -95,6 +95,13 @@ def _all_gather_single(call, issue, given):
     out = issue()
     flat, k = _flat(output), inp.numel()
     if flat is not None and flat.numel() == k * call.n:
+        if not (call.small([inp]) or call.counts(inp)):
+            # every member's part is this one's size, above the cap, so none was recorded, and none can size a
+            # call: each stands in as this rank's own (`Call.put`), written at once rather than part by part
+            # (1,023 parts at world 1,024, half a rank's time under --real-tensors)
+            with torch.no_grad():
+                flat.view(call.n, k).copy_(inp.reshape(1, k).expand(call.n, k))
+            return out
         for j in range(call.n):
             if j != call.me:
                 call.put(flat[j * k:(j + 1) * k], j, own=inp)

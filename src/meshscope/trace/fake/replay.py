@@ -309,6 +309,8 @@ class Call:
         """Whether `tensors` are within the cap (`cap`): recorded, and worth replaying."""
         return sum(t.numel() * t.element_size() for t in tensors) <= cap(tensors)
 
+    counts = staticmethod(_counts)
+
     def send(self, tensors: list | None) -> None:
         """Record what this rank sends (None, or above the cap: a marker, so no receiver waits for it)."""
         packed = [_pack(t) for t in tensors] if tensors is not None and self.small(tensors) else None
