@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The 8B rows' rank classes measured on one GPU (docs/forecast.md, "The 8B row's compute on one H100"):
+# The 8B rows' rank classes measured on one GPU (docs/forecast.md, "The 8B row's rank classes on one GPU"):
 # benchmarks/forecast_llama_layers.py --torchtitan is Llama 3.1 8B trained as torchtitan trains it in
 # bench_forecast.py's 8B rows (FSDP2 in bf16 mixed precision, selective op checkpointing, batch 2 x 8192), in plain
 # torch, since torchtitan's own loop needs packages this image lacks (tokenizers, datasets). Cases (CASES, default

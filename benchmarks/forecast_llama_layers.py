@@ -8,7 +8,8 @@ the median step time of the steps after the warm-up, timed with CUDA events arou
 memory its tensors held (``torch.cuda.max_memory_allocated``); on the CPU
 (a fake world) it just runs. Shapes are Llama 3 8B's (dim 4096, 32 heads, 8 KV heads, FFN 14336, RMSNorm,
 rotary embeddings, SwiGLU), bf16 parameters and AdamW, causal SDPA; only the number of blocks is smaller, so
-the model fits one GPU with its optimizer state.
+the model fits one GPU with its optimizer state. With ``--torchtitan``: fp32 parameters in bf16 mixed precision,
+and the embedding and the output too (`train_as_torchtitan` says what differs from torchtitan's own loop).
 """
 
 from __future__ import annotations
@@ -130,7 +131,6 @@ def timed(steps: int, one_step, what: str) -> None:
               f"peak_reserved_gib {torch.cuda.max_memory_reserved() / 2**30:.2f} "
               f"(steps {first}-{steps - 1}; {what} over {dist.get_world_size()}, threads {torch.get_num_threads()}, "
               f"{torch.cuda.get_device_name()}, torch {torch.__version__})", flush=True)
-    dist.destroy_process_group()
 
 
 def train(stack: nn.Module, width: int, args) -> None:
@@ -154,6 +154,7 @@ def train(stack: nn.Module, width: int, args) -> None:
                                                            dtype=torch.bfloat16)),
           f"layers {args.layers}, batch {args.batch}, seq {args.seq}, "
           f"{'FSDP2' if args.fsdp else 'DDP'}{' with CPU offload' if args.cpu_offload else ''}")
+    dist.destroy_process_group()
 
 
 class Llama(nn.Module):
@@ -172,11 +173,13 @@ class Llama(nn.Module):
 
 
 SAVED = {torch.ops.aten.mm.default, torch.ops.aten.max.default,
-         torch.ops.aten._scaled_dot_product_flash_attention.default,
-         torch.ops.aten._scaled_dot_product_efficient_attention.default,
-         torch.ops.aten._scaled_dot_product_cudnn_attention.default}
+         torch.ops._c10d_functional.reduce_scatter_tensor.default,
+         *(getattr(torch.ops.aten, f"_scaled_dot_product_{kernel}").default
+           for kernel in ("flash_attention", "efficient_attention", "cudnn_attention", "attention_math",
+                          "fused_attention_overrideable") if hasattr(torch.ops.aten, f"_scaled_dot_product_{kernel}"))}
 """The ops whose outputs torchtitan's selective op checkpointing keeps (torchtitan 0.2.2,
-models/llama3/infra/parallelize.py's save list; each of every two matmuls only: see `selective`)."""
+models/llama3/infra/parallelize.py's save list, less flex, varlen and compiled attention, which this model does
+not run; of the matmuls only the first of each two: see `selective`)."""
 
 
 def selective(block: nn.Module) -> nn.Module:
@@ -198,7 +201,9 @@ def selective(block: nn.Module) -> nn.Module:
 
         return create_selective_checkpoint_contexts(policy)
 
-    return checkpoint_wrapper(block, context_fn=context)
+    # early_stop=False, torchtitan's default (its ActivationCheckpoint config): the backward recomputes the whole
+    # block, where torch's default stops once the last saved tensor is made again
+    return checkpoint_wrapper(block, context_fn=context, early_stop=False)
 
 
 def train_as_torchtitan(args) -> None:
@@ -206,7 +211,10 @@ def train_as_torchtitan(args) -> None:
     rows: ``--activation_checkpoint.mode selective --activation_checkpoint.selective_ac_option op``): fp32
     parameters, each block, the embedding and the norm with the output sharded by FSDP2 in bf16 mixed precision
     (reduced in fp32; the last unit kept gathered after the forward), summed cross-entropy on fp32 logits,
-    gradients clipped to norm 1, fused AdamW."""
+    gradients clipped to norm 1, fused AdamW. Unlike torchtitan's loop: the model is made on the GPU and then
+    sharded (torchtitan makes it on the meta device), FSDP2 averages the gradients (torchtitan divides the summed
+    loss by the tokens, one all-reduce of their count a step), and there is no data loader, logging or
+    learning-rate schedule."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     device = setup()
@@ -231,6 +239,7 @@ def train_as_torchtitan(args) -> None:
 
     timed(args.steps, one_step, f"the whole model with {args.layers} layers, batch {args.batch}, seq {args.seq}, "
           "as torchtitan trains it")
+    dist.destroy_process_group()
 
 
 def main() -> None:

@@ -20,6 +20,25 @@ from meshscope.run.launch import launch
 ROOT = Path(__file__).resolve().parents[1]
 
 
+class CountClock:
+    """A stand-in for `capture.segment_clock`'s clocks whose time is what `read()` returns, a count: a measured
+    segment's "seconds" are how much it grew between the segment's marks."""
+
+    def __init__(self, read):
+        self.read = read
+
+    def mark(self, stream=None) -> int:
+        return self.read()
+
+    @staticmethod
+    def seconds(start: int, end: int) -> int:
+        return end - start
+
+    @staticmethod
+    def name() -> str:
+        return "a count"
+
+
 def skip_unless_installed(*modules: str) -> None:
     """Skip the calling test module unless every one of `modules` is installed. Found, not imported:
     importing megatron.core, lightning or torchtitan costs 4-6 s in each pytest worker that collects

@@ -9,10 +9,13 @@ pair is sized by values received in it), and the real gloo trace of the same scr
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import sys
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from meshscope.cli.trace_command import cmd_diff
 from meshscope.core.rank_end import RankEnd
@@ -21,7 +24,7 @@ from meshscope.core.trace_result import TraceResult
 from meshscope.trace.fake import receives, stood_in
 from meshscope.trace.fake.world import retrace
 
-from .helpers import ROOT, trace_json
+from .helpers import ROOT, CountClock, trace_json
 
 JOB = [str(ROOT / "tests" / "jobs" / "received_sizes.py")]
 SIZES = ("bytes_in", "bytes_out")
@@ -292,38 +295,76 @@ def test_a_list_all_to_all_whose_parts_differ_by_peer_runs_and_is_recorded_as_is
         ("all_to_all", "int64", 40, 24, [2, 3], [2, 1])]
 
 
-def test_what_a_rank_is_given_in_a_call_is_not_its_work(rank_0_of_2, tmp_path):
-    """The stand-ins a rank's all-gather slots get (rank 1 not traced: rank 0's own input in its place) and the
-    copy of its own slot are this fake world's writes, where NCCL's kernel writes the output: under --work none
-    is counted or held (at world 1,024 an all-gather writes 1,023 slots: 7.2 s of an 8B model's measured step on
-    an H100), while the call itself is still the rank's: its issue and its output, needed where first read."""
-    import sys
-
-    import torch.distributed as dist
-
+@contextlib.contextmanager
+def _rank_0_counted(tmp_path, clock=None):
+    """Rank 0's work counter (with `clock`: its segments measured) and replay, the counter's mode on in the block;
+    each c10d op the mode sees issues one call."""
     from meshscope.capture.job_context import JobContext
     from meshscope.capture.work import CountingMode, WorkCounter
     from meshscope.trace.fake.replay import Replay
 
     context = JobContext()
     context.install()
-    counter = WorkCounter(0, context)
+    counter = WorkCounter(0, context, clock=clock)
     replay = Replay()
     replay.begin(RunDir(tmp_path), 0, context, on=True)
-    calls = iter(range(10))  # each asking says one more was issued: one call per c10d op
-    given = {"output_tensor": _left(4), "input_tensor": torch.tensor([5, 6])}
-    op, handle = receives.HANDLERS["all_gather_into_tensor"]
+    calls = iter(range(10))
     try:
         with CountingMode(counter, lambda: next(calls)):
-            replay.run(op, handle, lambda: dist.all_gather_into_tensor(**given), given, rank_0_of_2,
-                       sys._getframe())
-            given["output_tensor"].sum()
+            yield counter, replay
     finally:
         context.remove()
+
+
+def test_what_a_rank_is_given_in_a_call_is_not_its_work(rank_0_of_2, tmp_path):
+    """The stand-ins a rank's all-gather slots get (rank 1 not traced: rank 0's own input in its place) and the
+    copy of its own slot are this fake world's writes, where NCCL's kernel writes the output: under --work none
+    is counted or held (at world 1,024 an all-gather writes 1,023 slots: 7.2 s of an 8B model's measured step on
+    an H100), while the call itself is still the rank's: its issue and its output, needed where first read."""
+    given = {"output_tensor": _left(4), "input_tensor": torch.tensor([5, 6])}
+    op, handle = receives.HANDLERS["all_gather_into_tensor"]
+    with _rank_0_counted(tmp_path) as (counter, replay):
+        replay.run(op, handle, lambda: dist.all_gather_into_tensor(**given), given, rank_0_of_2, sys._getframe())
+        given["output_tensor"].sum()
     assert given["output_tensor"].tolist() == [5, 6, 5, 6]
     items = counter.finish().items
     assert [item[0] for item in items] == ["i", "w", "c"], items
     assert items[2][4] == 4 * 8 + 8  # the sum: it reads the gathered 4 int64 and writes one
+
+
+def test_a_list_all_to_all_issued_as_one_is_needed_where_its_parts_are_written(rank_0_of_2, tmp_path):
+    """An all-to-all whose parts differ by peer is issued as one tensor with splits, and what that received is
+    copied into the job's parts: those copies stand for the job reading what the call wrote, so the call is
+    needed there (a wait item before them), not left running to the step's end as if nothing read it."""
+    given = {"output_tensor_list": [_left(1), _left(2)], "input_tensor_list": [torch.tensor([1]),
+                                                                              torch.tensor([3, 4, 5])]}
+    op, handle = receives.HANDLERS["all_to_all"]
+    with _rank_0_counted(tmp_path) as (counter, replay):
+        replay.run(op, handle, lambda: dist.all_to_all(**given), given, rank_0_of_2, sys._getframe())
+        given["output_tensor_list"][1].sum()
+    assert [item[0] for item in counter.finish().items] == ["i", "w", "c"]
+
+
+def test_a_measured_segment_ends_before_the_replays_own_work(rank_0_of_2, tmp_path):
+    """What a fake world's replay does before it issues the call (its clones of what a reduction sends, its
+    record of it) is not the rank's compute: the segment open before ends at the replay's first op, so a clock
+    sees none of the replay's steps in it, nor in the segment after the call."""
+    taken = []  # the replay's own steps: the clock's time
+
+    def handle(call, issue, given):
+        torch.ones(1)  # the replay's first op: its own, like `_all_reduce`'s clone of what it sends
+        taken.extend((1, 2))
+        return issue()
+
+    tensor = torch.ones(4)
+    with _rank_0_counted(tmp_path, CountClock(lambda: len(taken))) as (counter, replay):
+        tensor.mul_(2)
+        replay.run("all_reduce", handle, lambda: dist.all_reduce(tensor), {"tensor": tensor}, rank_0_of_2,
+                   sys._getframe())
+        tensor.sum()
+    items = counter.finish().items
+    assert [item[0] for item in items] == ["c", "i", "w", "c"], items
+    assert [item[6] for item in items if item[0] == "c"] == [0, 0]
 
 
 def test_an_all_gather_above_the_cap_gives_each_part_the_ranks_own_without_reading_a_record(rank_0_of_2, monkeypatch):

@@ -16,26 +16,7 @@ import torch.distributed as dist
 from meshscope.capture.job_context import JobContext
 from meshscope.capture.work import CountingMode, WorkCounter
 
-from .helpers import cli_here
-
-
-class OpsClock:
-    """A clock whose time is the number of ops the counter has counted (`WorkCounter.count` runs right after
-    each op): a segment's "seconds" are the ops that ran between its marks."""
-
-    def __init__(self, counter_ran: list):
-        self.ran = counter_ran
-
-    def mark(self, stream=None) -> int:
-        return len(self.ran)
-
-    @staticmethod
-    def seconds(start: int, end: int) -> int:
-        return end - start
-
-    @staticmethod
-    def name() -> str:
-        return "ops"
+from .helpers import CountClock, cli_here
 
 
 def test_a_measured_segment_holds_its_own_ops_from_before_the_first(monkeypatch):
@@ -47,7 +28,7 @@ def test_a_measured_segment_holds_its_own_ops_from_before_the_first(monkeypatch)
     context = JobContext()
     context.install()
     ran: list[str] = []
-    counter = WorkCounter(0, context, clock=OpsClock(ran))
+    counter = WorkCounter(0, context, clock=CountClock(lambda: len(ran)))  # a segment's time: the ops it counted
     count = counter.count
     monkeypatch.setattr(counter, "count", lambda func, *rest: (ran.append(func.__name__), count(func, *rest)))
     x, w1, w2 = torch.randn(4, 8), torch.randn(8, 8), torch.randn(8, 2)
@@ -67,17 +48,6 @@ def test_a_measured_segment_holds_its_own_ops_from_before_the_first(monkeypatch)
     assert items[0][2] == {"float32": 2 * 4 * 8 * 8} and items[3][2] == {"float32": 2 * 4 * 8 * 2}
 
 
-class WrittenClock(OpsClock):
-    """A clock whose time is how many elements of `out` are set: a segment's "seconds" are what was written into
-    `out` between its marks."""
-
-    def __init__(self, out: torch.Tensor):
-        self.out = out
-
-    def mark(self, stream=None) -> int:
-        return int(self.out.count_nonzero())
-
-
 def test_a_measured_segment_leaves_out_what_the_fake_process_group_does():
     """torch's fake process group copies an all-gather's input into every rank's chunk of its output (torch 2.13
     c10d/FakeProcessGroup.hpp): 1,024 copies a call at world 1,024, which a GPU's measured segments took in (an 8B
@@ -90,7 +60,7 @@ def test_a_measured_segment_leaves_out_what_the_fake_process_group_does():
     context = JobContext()
     context.install()
     gathered = torch.zeros(8, 8)
-    counter = WorkCounter(0, context, clock=WrittenClock(gathered))
+    counter = WorkCounter(0, context, clock=CountClock(lambda: int(gathered.count_nonzero())))  # elements written
     calls = itertools.count()
     try:
         with CountingMode(counter, lambda: next(calls)):

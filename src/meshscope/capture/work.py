@@ -91,6 +91,19 @@ def outside_the_job():
         _outside.depth -= 1
 
 
+@contextlib.contextmanager
+def inside_the_job():
+    """Ops run in the block are the job's again, inside `outside_the_job`: a fake world's replay copies what a
+    list all-to-all received into the job's parts, reads of the call's output that say where the rank needs it
+    (`trace.fake.receives._issue_as_one`)."""
+    depth = getattr(_outside, "depth", 0)
+    _outside.depth = 0
+    try:
+        yield
+    finally:
+        _outside.depth = depth
+
+
 def _flop_formulas() -> dict:
     """Overload packet -> FLOP formula (torch.utils.flop_counter, torch 2.4-2.15), plus the CPU's fused
     attention under the GPU flash attention's formula (same operands: query, key, value first).
@@ -294,6 +307,12 @@ class WorkCounter:
         wrote (it must wait for the call), and mark a segment's start; the bytes the op reads, None for an op
         outside the job."""
         if getattr(_outside, "depth", 0):
+            if self.clock is not None:
+                # a clock's segment ends before work that is not the job's: a fake world's replay (`trace.fake.
+                # replay`), whose clones, copies and records would else be timed as the rank's compute. DTensor's
+                # propagation, which the job pays for on a GPU too, runs on FakeTensors that `CountingMode` hands
+                # on without asking here
+                self._close()
             return None
         if self.context.step != self._step:
             self._stepped()

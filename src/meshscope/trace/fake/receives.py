@@ -14,6 +14,8 @@ import functools
 import torch
 import torch.distributed as dist
 
+from ...capture.work import inside_the_job
+
 
 def reduce(op, parts: list[torch.Tensor]) -> torch.Tensor | None:
     """The members' `parts` reduced by `op` as a backend reduces them (None: an op not replayed)."""
@@ -221,7 +223,9 @@ def _issue_as_one(given, outputs, inputs):
     received = torch.empty((sum(sizes), *outputs[0].shape[1:]), dtype=outputs[0].dtype)
     work = dist.all_to_all_single(received, torch.cat(inputs), sizes, [i.shape[0] for i in inputs],
                                   group=given.get("group"), async_op=given.get("async_op", False))
-    with torch.no_grad():
+    # the copies read what the call wrote, so the job's counter sees the rank need the call here, as it saw the
+    # job read the parts it would have written itself (`replay.Replay.run` runs this handler outside the job)
+    with torch.no_grad(), inside_the_job():
         for part, got in zip(outputs, torch.split(received, sizes)):
             part.copy_(got)
     return work

@@ -161,9 +161,10 @@ class Replay:
         if op not in ("send", "recv"):
             call.collective()
         # what the handler records, stands in and writes is this fake world's doing, not the rank's work: under
-        # --work none of it is counted, held or timed (an all-gather at world 1,024 writes 1,023 slots; its
-        # copies had taken 7.2 s of an 8B model's measured step on an H100); the call it issues stays the rank's
-        # (`capture.work.CountingMode` records a c10d op inside `outside_the_job` too)
+        # --work none of its ops is counted or held, and a measured segment ends at the first (an all-gather at
+        # world 1,024 writes 1,023 slots; their copies had taken 7.2 s of an 8B model's measured step on an
+        # H100); the call it issues stays the rank's (`capture.work.CountingMode` records a c10d op inside
+        # `outside_the_job` too)
         with outside_the_job():
             out = handle(call, issue, given)
         t1 = time.perf_counter()
