@@ -125,9 +125,11 @@ def _gpt_175b(dp: int, global_batch: int, megascale: bool) -> tuple[str, ...]:
     all: batched point-to-point calls (the launcher file's batch_p2p_comm; Megatron-LM's only mode in 2022, and at
     MegaScale's baseline commit 285068c8, whose p2p_communication.py waits for them and synchronizes the device),
     the word embeddings tied (Megatron-LM's default), dropout 0.1, learned positions, no overlap of the
-    data-parallel gradient reduction (Megatron-LM's default; 285068c8 has no option for it). Without Apex or
-    Transformer Engine the job's softmax, gradient accumulation and attention are unfused (forecast_megatron_gpt.py's
-    docstring)."""
+    data-parallel gradient reduction (Megatron-LM's default; 285068c8 has no option for it). Megatron-LM's fused
+    masked softmax and gradient-accumulation fusion on, as its defaults have them (one operator stands in for each
+    kernel where Apex is not installed: megatron_fused_kernels.py); its jit-fused bias-GeLU and bias-dropout-add run
+    op by op (a fake world runs torch.compile eagerly), and attention is unfused (no flash attention: MegaScale
+    counts FlashAttention-2 among its own changes)."""
     heads, vocab, vpp = ("128", "64512", "6") if megascale else ("96", "51200", "12")
     return (str(MEGATRON_GPT), "--tp", "8", "--pp", "8", "--vpp", vpp, "--layers", "96", "--hidden", "12288",
             "--heads", heads, "--seq", "2048", "--vocab", vocab, "--micro-batch", "1", "--global-batch",

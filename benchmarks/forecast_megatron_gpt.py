@@ -26,10 +26,13 @@ What it does, following Megatron-LM's training.py / pretrain_gpt.py (read at the
   mask and attention mask on the last; the other virtual chunks read none;
 * the loss as pretrain_gpt's ``loss_func``: the masked sum with its token count (the schedule divides it).
 
-Two choices differ from a CUDA install with Apex / Transformer Engine, both because neither is installed: the
-layer norms under ``--sequence-parallel`` are torch's ``LayerNorm`` with megatron's ``sequence_parallel`` mark
-on their parameters (the local spec's ``WrappedTorchNorm`` refuses sequence parallelism, ``FusedLayerNorm``
-needs Apex), and ``gradient_accumulation_fusion`` is off (it needs Apex's fused_weight_gradient_mlp_cuda).
+Megatron-LM's fused softmax and gradient-accumulation fusion are on, as its defaults have them (off with
+``--no-masked-softmax-fusion`` / ``--no-gradient-accumulation-fusion``): where their CUDA extensions are not
+installed, ``megatron_fused_kernels.py`` stands one operator in for each kernel. One choice differs from a CUDA
+install with Apex / Transformer Engine, because neither is installed: the layer norms under
+``--sequence-parallel`` are torch's ``LayerNorm`` with megatron's ``sequence_parallel`` mark on their parameters
+(the local spec's ``WrappedTorchNorm`` refuses sequence parallelism, ``FusedLayerNorm`` needs Apex); torch's
+layer norm is one kernel too.
 
 Launch (WORLD_SIZE divisible by tp x pp; global batch divisible by micro batch x dp)::
 
@@ -52,6 +55,10 @@ import warnings
 
 import torch
 import torch.distributed as dist
+
+import megatron_fused_kernels
+
+megatron_fused_kernels.install()  # before megatron-core's layers.py looks for fused_weight_gradient_mlp_cuda
 
 with warnings.catch_warnings():
     # "Transformer Engine and Apex are not installed" on a plain install.
@@ -114,6 +121,10 @@ def parse_args():
     p.add_argument("--no-overlap-p2p", action="store_true",
                    help="batched send/recv instead of Megatron-LM's default overlapped p2p (interleaved schedule)")
     p.add_argument("--untie-embeddings", action="store_true")
+    p.add_argument("--no-masked-softmax-fusion", action="store_true",
+                   help="megatron-core's softmax in torch ops (Megatron-LM's --no-masked-softmax-fusion)")
+    p.add_argument("--no-gradient-accumulation-fusion", action="store_true",
+                   help="bf16 weight gradients added to main_grad after (Megatron-LM's flag of that name)")
     p.add_argument("--steps", type=int, default=3)
     return p.parse_args()
 
@@ -148,7 +159,8 @@ def main():
         recompute_method="uniform" if args.recompute == "full" else None,
         recompute_num_layers=1 if args.recompute == "full" else None,
         overlap_p2p_comm=overlap_p2p, batch_p2p_comm=not overlap_p2p,
-        gradient_accumulation_fusion=False, bias_activation_fusion=True, masked_softmax_fusion=False,
+        gradient_accumulation_fusion=not args.no_gradient_accumulation_fusion, bias_activation_fusion=True,
+        masked_softmax_fusion=not args.no_masked_softmax_fusion,
         init_method_std=0.006)
 
     # Megatron-LM's get_model: one chunk per virtual stage

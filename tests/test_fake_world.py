@@ -3,6 +3,7 @@ its ledger against a real trace of the same script, and the rank classes against
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import sys
@@ -126,6 +127,31 @@ def test_the_server_imports_what_ranks_imported_up_to_one_that_starts_a_thread(t
     finally:
         os.close(server.replies_fd)
         sys.modules.pop("ms_quiet", None)
+
+def test_a_rank_lists_the_library_modules_it_imported_before_the_first_of_the_scripts_own(tmp_path, monkeypatch):
+    """The server imports what a rank's script imported, without the script: a library imported after a module
+    of the script's own may have seen what that module (or the script after it) did (megatron-core's layers.py
+    looks for fused_weight_gradient_mlp_cuda, which benchmarks/megatron_fused_kernels.py puts in sys.modules:
+    imported by the server first, it had found none and every later rank failed), so the list stops there."""
+    library, own = tmp_path / "site", tmp_path / "script"
+    library.mkdir(), own.mkdir()
+    for folder, name in ((library, "ms_lib_first"), (own, "ms_own"), (library, "ms_lib_after")):
+        (folder / f"{name}.py").write_text("X = 1\n")
+    monkeypatch.setattr(fork_server, "LIBRARY_ROOTS", (str(library) + os.sep,))
+    monkeypatch.syspath_prepend(str(library))
+    monkeypatch.syspath_prepend(str(own))
+    before = set(sys.modules)
+    run_dir = RunDir(tmp_path / "run")
+    run_dir.path.mkdir()
+    try:
+        for name in ("ms_lib_first", "ms_own", "ms_lib_after"):  # in this order
+            importlib.import_module(name)
+        fork_server._write_imports(run_dir, 0, before)()
+    finally:
+        for name in ("ms_lib_first", "ms_own", "ms_lib_after"):
+            sys.modules.pop(name, None)
+    assert json.loads(run_dir.imports(0).read_text()) == ["ms_lib_first"]
+
 
 def test_torchtitans_meshes_read_as_the_dims_the_job_has(tmp_path):
     """HSDP x TP at world 8 on meshes built as torchtitan 0.2.2 builds them (tests/jobs/hsdp_tp.py: a 1-D

@@ -153,3 +153,49 @@ def test_every_group_0_19_2_creates_gets_its_axis(tmp_path):
     assert proc.returncode == 0 and doc["passed"], proc.stderr[-3000:]
     descs = {desc for desc, _ in created_groups(RunDir(tmp_path / "t"))} - {"default_pg"}
     assert {desc: axis_of(desc) for desc in descs} == CREATED_0_19_2
+
+
+def test_the_benchmarks_fused_kernel_stand_ins_compute_what_megatron_cores_torch_path_computes(monkeypatch):
+    """benchmarks/megatron_fused_kernels.py stands one operator in for each of Megatron-LM's softmax and
+    gradient-accumulation kernels (forecast_megatron_gpt.py's rows run them, as Megatron-LM does): through
+    megatron-core's own FusedScaleMaskSoftmax, the fused path's probabilities and input gradients equal its torch
+    path's (cast, scale, causal mask, softmax, cast back; autograd through them), and the GEMM's accumulation
+    equals main_grad + grad_output^T @ input by hand."""
+    import importlib.util
+    import sys
+
+    import torch
+    from megatron.core.fusions.fused_softmax import FusedScaleMaskSoftmax
+    from megatron.core.transformer.enums import AttnMaskType
+
+    spec = importlib.util.spec_from_file_location("megatron_fused_kernels",
+                                                  ROOT / "benchmarks" / "megatron_fused_kernels.py")
+    kernels = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kernels)
+    names = ["scaled_upper_triang_masked_softmax_cuda", "scaled_masked_softmax_cuda", "fused_weight_gradient_mlp_cuda"]
+    for name in names:  # each stand-in leaves with the test
+        monkeypatch.setitem(sys.modules, name, None)
+        monkeypatch.delitem(sys.modules, name)
+    assert kernels.install() == names
+    softmax = FusedScaleMaskSoftmax(input_in_fp16=False, input_in_bf16=True, attn_mask_type=AttnMaskType.causal,
+                                    scaled_masked_softmax_fusion=True, mask_func=lambda x, m: x.masked_fill(m, -1e4),
+                                    softmax_in_fp32=True, scale=0.125)
+    seeded = torch.Generator().manual_seed(0)
+    scores = torch.randn(1, 8, 32, 32, dtype=torch.bfloat16, generator=seeded)
+    # a block holds 8 rows of 32 keys (4 warps, two rows each): 8 heads fill it, 4 do not
+    assert softmax.is_kernel_available(None, 1, 8, 32, 32) and not softmax.is_kernel_available(None, 1, 4, 32, 32)
+    grad = torch.randn(scores.shape, dtype=torch.bfloat16, generator=seeded)
+    fused_in, torch_in = scores.clone().requires_grad_(), scores.clone().requires_grad_()
+    future = torch.ones(32, 32, dtype=torch.bool).triu(1)  # get_default_causal_mask's, made on the CPU
+    fused, unfused = softmax.forward_fused_softmax(fused_in, None), softmax.forward_torch_softmax(torch_in, future)
+    (fused * grad).sum().backward()
+    (unfused * grad).sum().backward()
+    torch.testing.assert_close(fused, unfused)
+    # the kernel differentiates from its saved bf16 output, autograd from the fp32 softmax's: a bf16 step apart
+    torch.testing.assert_close(fused_in.grad, torch_in.grad, atol=2e-4, rtol=1.6e-2)
+
+    g, x = torch.randn(16, 8, dtype=torch.bfloat16), torch.randn(16, 4, dtype=torch.bfloat16)
+    main_grad = torch.randn(8, 4)
+    by_hand = main_grad + g.float().t() @ x.float()
+    sys.modules["fused_weight_gradient_mlp_cuda"].wgrad_gemm_accum_fp32(x, g, main_grad)
+    torch.testing.assert_close(main_grad, by_hand)

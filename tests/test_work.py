@@ -129,6 +129,70 @@ def test_a_foreach_update_counts_what_it_reads_and_writes_and_a_sparse_tensor_co
     assert sum(t.nbytes for t in _tensors(sparse)) == 2 * 8 + 2 * 4  # int64 indices, float32 values
 
 
+def test_a_bf16_gemm_accumulating_into_fp32_counts_its_flops_at_bf16():
+    """Megatron's gradient-accumulation fusion adds grad_output^T @ input into the fp32 ``main_grad`` in the
+    GEMM (``addmm`` with ``out_dtype``, torch 2.8 on; the ``mm.dtype`` overload too): torch's formula is called with
+    the default overload's operands (their ``out_dtype`` had landed on ``out_shape``: a TypeError that stopped the
+    rank), the FLOPs are bf16's (the operands', not the fp32 accumulator's), and the accumulator is read and
+    written. By hand: 2 x 64 x 32 x 128 FLOPs; bytes 2 x 128 x 64 x 2 read, 64 x 32 x 4 read and written."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    class Context:
+        step, phase, region = 0, staticmethod(lambda: "backward"), staticmethod(lambda: "")
+
+    counter = WorkCounter(0, Context())
+    with FakeTensorMode(), ModeRecorder(lambda *call: 0, None, counter):
+        grad_out, inputs = torch.zeros(128, 64, dtype=torch.bfloat16), torch.zeros(128, 32, dtype=torch.bfloat16)
+        main_grad = torch.zeros(64, 32)
+        counter._close()
+        counter.log.items.clear()
+        torch.addmm(main_grad, grad_out.t(), inputs, out_dtype=torch.float32, out=main_grad)
+        torch.mm(grad_out.t(), inputs, out_dtype=torch.float32)
+    (segment,) = [item for item in counter.finish().items if item[0] == "c"]
+    assert segment[2] == {"bfloat16": 2 * 2 * 64 * 32 * 128}
+    operands = 128 * 64 * 2 + 128 * 32 * 2
+    assert segment[3] == (operands + 2 * 64 * 32 * 4) + (operands + 64 * 32 * 4)
+    assert segment[4] == 0
+
+
+def test_a_compiled_functions_elementwise_ops_count_as_one_fused_kernel():
+    """Megatron's bias-GeLU (megatron/core/fusions/fused_bias_gelu.py, under its jit_fuser, torch.compile) run
+    eagerly as a fake world runs compiled code: nine elementwise passes, counted as the one kernel inductor makes
+    of them (`run_compiled`): its input and bias read, its result written. A matmul inside a region is a kernel of
+    its own: what it reads is written out, and its result read back. A tensor from before the region updated in
+    place counts as written. By hand, on 256 x 64 fp32 (64 KiB) and a 64-float bias (256 B)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from meshscope.capture.work import run_compiled
+
+    class Context:
+        step, phase, region = 0, staticmethod(lambda: "forward"), staticmethod(lambda: "")
+
+    def bias_gelu(bias, y):
+        x = bias + y
+        return x * 0.5 * (1.0 + torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x)))
+
+    def project_then_scale(y, w, out):
+        h = (y * 2) @ w  # the scaled input is written for the matmul, its result read back
+        out.add_(h)  # and an outer tensor updated in place
+        return h * 3
+
+    def other_bytes(run) -> int:
+        counter = WorkCounter(0, Context())
+        with FakeTensorMode(), ModeRecorder(lambda *call: 0, None, counter):
+            y, bias, w, out = torch.zeros(256, 64), torch.zeros(64), torch.zeros(64, 64), torch.zeros(256, 64)
+            counter._close()
+            counter.log.items.clear()
+            run(y, bias, w, out)
+        return sum(item[4] for item in counter.finish().items if item[0] == "c")
+
+    tensor, vector = 256 * 64 * 4, 64 * 4
+    assert other_bytes(lambda y, b, w, out: run_compiled(bias_gelu, b, y)) == tensor + vector + tensor
+    assert other_bytes(lambda y, b, w, out: bias_gelu(b, y)) > 9 * 2 * tensor  # eager: each pass reads and writes
+    # y read and y * 2 written; h read once (its two consumers fuse); out read and written; h * 3 written
+    assert other_bytes(lambda y, b, w, out: run_compiled(project_then_scale, y, w, out)) == 6 * tensor
+
+
 def test_attention_kernels_flops_are_kept_apart_and_timed_at_attentions_rate():
     """A GPU's fused attention reaches about half the bf16 peak where a large matmul reaches 0.8
     (GpuSpec.attention_efficiency's source): the counter keys an SDPA kernel's FLOPs ``"bfloat16 attention"``,

@@ -104,6 +104,41 @@ def inside_the_job():
         _outside.depth = depth
 
 
+class _Region:
+    """What the ops of one compiled function's call read and made, for `run_compiled`."""
+
+    __slots__ = ("counter", "read", "made", "kept")
+
+    def __init__(self):
+        self.counter = None  # the rank's counter, once an op of the region reached it
+        self.read: dict[tuple, int] = {}  # (storage, offset, bytes) of a tensor made before the region -> bytes
+        self.made: dict[int, int] = {}  # storage key -> bytes an op of the region wrote there
+        self.kept: set[int] = set()  # storages of `made` that a matmul or attention kernel read
+
+
+_compiled = threading.local()
+
+
+def run_compiled(fn, *args, **kwargs):
+    """`fn(*args, **kwargs)`, a function ``torch.compile`` returned, run eagerly (a fake world's stance) and
+    counted as the kernels its compilation makes of it: its matmuls and attention as they run, every other op
+    fused, so that what they move is what the region reads from before it once and what it writes that outlives
+    it (its results, and what a matmul inside reads), not each op's operands (Megatron's bias-GeLU, jit-fused:
+    nine elementwise passes eagerly, one kernel compiled). Inductor's fusion is the model; its choices
+    (a reduction's own kernel, a recomputation) are not. A compiled module's backward, which AOTAutograd compiles
+    too, runs op by op in eager autograd and is counted so. A region inside another is the outer one's."""
+    if getattr(_compiled, "region", None) is not None:
+        return fn(*args, **kwargs)
+    region = _compiled.region = _Region()
+    try:
+        out = fn(*args, **kwargs)
+    finally:
+        _compiled.region = None
+    if region.counter is not None:
+        region.counter.ran_compiled(region, out)
+    return out
+
+
 def _flop_formulas() -> dict:
     """Overload packet -> FLOP formula (torch.utils.flop_counter, torch 2.4-2.15), plus the CPU's fused
     attention under the GPU flash attention's formula (same operands: query, key, value first).
@@ -131,8 +166,32 @@ def _flop_formulas() -> dict:
                 formula = formulas[packet] = _halved_if_causal(formula, causal)
             query = names.index("query") if "query" in names else -1
             if packet.__name__.startswith("_scaled_dot") and names[query:query + 3] == ["query", "key", "value"]:
-                formulas[packet] = _grouped_heads(formula, query)
+                formula = formulas[packet] = _grouped_heads(formula, query)
+            operands = _positional(packet.default)
+            if any(_positional(getattr(packet, o)) > operands for o in packet.overloads()):
+                formulas[packet] = _default_operands(formula, operands)
     return formulas
+
+
+def _positional(overload) -> int:
+    return sum(not a.kwarg_only for a in overload._schema.arguments)
+
+
+def _default_operands(formula, operands: int):
+    """`formula` called with its op's default operands: torch's formulas take those, then ``out_shape``, so an
+    overload with one more positional argument (``mm.dtype``'s and ``addmm.dtype_out``'s ``out_dtype``, torch 2.8
+    on: a bf16 GEMM into an fp32 output) would pass it as ``out_shape`` (torch 2.13 flop_counter.py)."""
+    def flops(*args, out_val=None, **kwargs):
+        return formula(*args[:operands], out_val=out_val, **kwargs)
+    return flops
+
+
+def _operand_dtype(args, out) -> str:
+    """The precision a matmul or attention kernel runs in: its narrowest floating operand's (a bf16 GEMM that
+    adds into an fp32 bias or output runs on bf16 tensor cores; fp8 operands with fp32 scales, on fp8's)."""
+    floats = [t.dtype for a in args for t in _tensors(a) if t.is_floating_point()]
+    dtype = min(floats, key=lambda d: d.itemsize) if floats else out.dtype
+    return str(dtype).removeprefix("torch.")
 
 
 def _grouped_heads(formula, query: int):
@@ -378,15 +437,35 @@ class WorkCounter:
         flops = 0
         if formula is not None:
             flops = formula(*args, **(kwargs or {}), out_val=out)
-            dtype = str(args[0].dtype if isinstance(args[0], torch.Tensor) else out.dtype).removeprefix("torch.")
+            dtype = _operand_dtype(args, out)
             if name.startswith(ATTENTION_OPS):
                 dtype = f"{dtype} {ATTENTION}"
             self._mm[dtype] = self._mm.get(dtype, 0) + flops
             self._mm_bytes += nbytes
+            region = getattr(_compiled, "region", None)
+            if region is not None:  # a kernel of its own in the compiled code: what it reads was written
+                region.kept.update(t.untyped_storage()._cdata for a in args for t in _tensors(a))
         else:
             if name.startswith(HEAVY_WITHOUT_FORMULA):
                 log.uncounted[name] = log.uncounted.get(name, 0) + 1
-            self._bytes += nbytes
+            region = getattr(_compiled, "region", None)
+            if region is None:
+                self._bytes += nbytes
+                return
+            region.counter = self
+            for a in args:
+                for t in _tensors(a):
+                    if t.untyped_storage()._cdata not in region.made:
+                        region.read.setdefault((t.untyped_storage()._cdata, t.storage_offset(), t.nbytes), t.nbytes)
+            for t in results or [t for i in written_positions(func) if i < len(args) for t in _tensors(args[i])]:
+                key = t.untyped_storage()._cdata
+                region.made[key] = max(region.made.get(key, 0), t.nbytes)
+
+    def ran_compiled(self, region: _Region, out) -> None:
+        """The bytes of a compiled region's fused ops (`run_compiled`), into the open segment."""
+        # what outlives it: its results, what a kernel of its own reads, and storages from before it, written in place
+        written = region.kept | {t.untyped_storage()._cdata for t in _tensors(out)} | {k for k, _, _ in region.read}
+        self._bytes += sum(region.read.values()) + sum(region.made[k] for k in written if k in region.made)
 
     def calling(self) -> None:
         """A c10d op is about to run: the segment so far ends here, so that what the process group does on the

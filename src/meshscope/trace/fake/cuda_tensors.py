@@ -393,9 +393,12 @@ def compiled_regions() -> None:
     when the compiled code runs. Its results are marked from its operands, or from a GPU it was asked for
     (torchtitan compiles ``create_block_mask(..., device="cuda")``, whose mask ``flex_attention`` checks
     against its query's device, torch 2.13 nn/attention/flex_attention.py). Every compiled function and
-    module runs through a ``_TorchDynamoContext``'s wrapper (torch 2.13 _dynamo/eval_frame.py:914)."""
+    module runs through a ``_TorchDynamoContext``'s wrapper (torch 2.13 _dynamo/eval_frame.py:914), where a
+    ``--work`` rank counts it as the kernels its compilation fuses (`capture.work.run_compiled`)."""
     import torch
     from torch._dynamo import eval_frame
+
+    from ...capture.work import run_compiled
 
     wrap = eval_frame._TorchDynamoContext.__call__
 
@@ -411,7 +414,7 @@ def compiled_regions() -> None:
             operand_gpu, operand_storages = operands(args, kwargs)
             if operand_gpu in (None, HOST):  # a GPU it was asked for decides over the host's operands
                 operand_gpu = next((gpu(v) for v in (*args, *kwargs.values()) if is_cuda(v)), operand_gpu)
-            return result(compiled(*args, **kwargs), None, operand_gpu, operand_storages, deep=True)
+            return result(run_compiled(compiled, *args, **kwargs), None, operand_gpu, operand_storages, deep=True)
 
         return placed
 

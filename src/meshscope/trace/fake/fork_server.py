@@ -7,9 +7,10 @@ classes, most of the wall time. So `meshscope trace --fake-world` starts one ser
 that imports torch, its parallel APIs and meshscope's rank program once and forks every rank from
 that state (`trace.rank.main` runs in the child, as it would in a fresh process).
 
-Each forked rank also lists the library modules its script imported (`_write_imports`); before it
-forks the next ranks (with ``--ranks auto``, as soon as each first rank ends) the server imports them
-too, so later ranks skip the script's imports. A probe child imports each a module ahead of the server:
+Each forked rank also lists the library modules its script imported (`_write_imports`), up to the first
+module of the script's own (after which a library may see what the script did); before it forks the next
+ranks (with ``--ranks auto``, as soon as each first rank ends) the server imports them too, so later
+ranks skip the script's imports. A probe child imports each a module ahead of the server:
 the server imports those before the first whose import starts a thread (which a forked rank would
 lack), says which one in ``logs/fork_server.log``, and the ranks import it and the rest themselves.
 The server has installed the rank-independent part of a rank's set-up first (the fake backend and
@@ -44,7 +45,7 @@ from ...core.rundir import RunDir, write_atomic
 from ...core.rank_end import exit_code
 from ...run import agent, zygote
 from ..options import RankOptions
-from ..script_frames import LIBRARY_ROOTS
+from ..script_frames import LIBRARY_ROOTS, MESHSCOPE
 from . import files
 
 PRELOAD = (*agent.PRELOAD, "torch.testing._internal.distributed.fake_pg", "meshscope.trace.rank")
@@ -162,11 +163,29 @@ def _library_module(module) -> bool:
     return (getattr(module, "__file__", None) or "").startswith(LIBRARY_ROOTS)
 
 
+def _script_module(name: str, module) -> bool:
+    """A module of the script's own (from its folder or another of the user's): not a library's, nor meshscope's
+    (its package, or its native recorder, built into the user's cache: `capture.native_build`)."""
+    path = getattr(module, "__file__", None) or ""
+    return bool(path) and not path.startswith(LIBRARY_ROOTS) and not name.startswith("meshscope") and \
+        not os.path.abspath(path).startswith(MESHSCOPE)
+
+
 def _write_imports(run_dir: RunDir, rank: int, before: set[str]):
-    """The `rank.main` ``on_end`` of a forked rank: list the library modules its script imported."""
+    """The `rank.main` ``on_end`` of a forked rank: list the library modules its script imported, in order, up
+    to the first module of the script's own. What a library computes at import may depend on what the script
+    did before importing it (benchmarks/forecast_megatron_gpt.py imports megatron_fused_kernels.py first, whose
+    ``install()`` puts Megatron's kernel modules in ``sys.modules``, and megatron-core's layers.py looks for them
+    when imported), which the server, importing libraries alone, would not have done."""
     def on_end() -> None:
-        names = [name for name, module in list(sys.modules.items())
-                 if name not in before and name != "__main__" and module is not None and _library_module(module)]
+        names = []
+        for name, module in list(sys.modules.items()):  # in the order of their imports
+            if name in before or name == "__main__" or module is None:
+                continue
+            if _script_module(name, module):
+                break
+            if _library_module(module):
+                names.append(name)
         run_dir.imports(rank).parent.mkdir(exist_ok=True)
         write_atomic(run_dir.imports(rank), json.dumps(names))  # whole or absent for the server
     return on_end
