@@ -193,6 +193,32 @@ def test_a_compiled_functions_elementwise_ops_count_as_one_fused_kernel():
     assert other_bytes(lambda y, b, w, out: run_compiled(project_then_scale, y, w, out)) == 6 * tensor
 
 
+def test_a_collective_in_compiled_code_splits_its_fused_kernels(fake_pg):
+    """A collective inside a compiled function (tests/jobs/compiled.py all-reduces in its compiled forward) ends
+    the segment before it, and the fused ops so far with it: x read and x * 2 written before the call, its result
+    read and written after (256 x 64 fp32 each, 64 KiB)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from meshscope.capture.work import run_compiled
+
+    class Context:
+        step, phase, region = 0, staticmethod(lambda: "forward"), staticmethod(lambda: "")
+
+    def reduced(x):
+        h = x * 2
+        dist.all_reduce(h)
+        return h + 1
+
+    counter = WorkCounter(0, Context())
+    with FakeTensorMode(), ModeRecorder(lambda *call: 0, None, counter):
+        x = torch.zeros(256, 64)
+        counter._close()
+        counter.log.items.clear()
+        run_compiled(reduced, x)
+    segments = [item[4] for item in counter.finish().items if item[0] == "c"]
+    assert segments == [2 * 256 * 64 * 4, 2 * 256 * 64 * 4]
+
+
 def test_attention_kernels_flops_are_kept_apart_and_timed_at_attentions_rate():
     """A GPU's fused attention reaches about half the bf16 peak where a large matmul reaches 0.8
     (GpuSpec.attention_efficiency's source): the counter keys an SDPA kernel's FLOPs ``"bfloat16 attention"``,

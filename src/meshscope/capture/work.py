@@ -461,10 +461,13 @@ class WorkCounter:
                 key = t.untyped_storage()._cdata
                 region.made[key] = max(region.made.get(key, 0), t.nbytes)
 
-    def ran_compiled(self, region: _Region, out) -> None:
-        """The bytes of a compiled region's fused ops (`run_compiled`), into the open segment."""
+    def ran_compiled(self, region: _Region, out=None, split: bool = False) -> None:
+        """The bytes of a compiled region's fused ops (`run_compiled`), into the open segment; `split` before a
+        collective (`calling`): everything they made so far, which the collective or the region's later kernels
+        may read."""
         # what outlives it: its results, what a kernel of its own reads, and storages from before it, written in place
-        written = region.kept | {t.untyped_storage()._cdata for t in _tensors(out)} | {k for k, _, _ in region.read}
+        written = region.made.keys() if split else \
+            region.kept | {t.untyped_storage()._cdata for t in _tensors(out)} | {k for k, _, _ in region.read}
         self._bytes += sum(region.read.values()) + sum(region.made[k] for k in written if k in region.made)
 
     def calling(self) -> None:
@@ -472,13 +475,23 @@ class WorkCounter:
         stream is in no segment. torch's fake one copies an all-gather's input into every rank's chunk of its
         output (torch 2.13 c10d/FakeProcessGroup.hpp ``_allgather_base``), 1,024 copies a call at world 1,024,
         where NCCL's kernel writes the output and the forecast times the call on its link."""
+        self._split_region()
         self._close()
+
+    def _split_region(self) -> None:
+        """A compiled region's fused ops so far end at a collective, in the segment before it: a collective in
+        compiled code splits its kernels, and what it reads was written."""
+        region = getattr(_compiled, "region", None)
+        if region is not None and region.counter is self:
+            self.ran_compiled(region, split=True)
+            region.read, region.made, region.kept = {}, {}, set()
 
     def issued(self, call: int, func, args, out) -> None:
         """The rank issued its `call`-th call (c10d op `func`): what it writes is needed where first read."""
         # (also inside `outside_the_job`: a fake world's replay issues the job's calls there, `trace.fake.replay`)
         if self.context.step != self._step:
             self._stepped()
+        self._split_region()
         self._close()
         phase = self.context.phase()  # now, not the last op's: a call right after backward is not backward's
         stream = self._number(self.current_stream())
