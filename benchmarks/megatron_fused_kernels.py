@@ -1,8 +1,9 @@
 """Megatron-LM's compiled kernels, for an install that lacks them (no Apex, no megatron/fused_kernels build).
 
-Megatron-LM trains GPT with ``--masked-softmax-fusion`` and ``--gradient-accumulation-fusion`` on by default
-(arguments.py); both need CUDA extensions that Apex (or Megatron-LM's own fused_kernels/, which
-``_compile_dependencies`` built at start-up in 2022-2023) provides:
+Megatron-LM trains GPT with ``masked_softmax_fusion`` and ``gradient_accumulation_fusion`` on unless
+``--no-masked-softmax-fusion`` / ``--no-gradient-accumulation-fusion`` turn them off (arguments.py); both need CUDA
+extensions that Apex (or Megatron-LM's own fused_kernels/, which ``_compile_dependencies`` built at start-up in
+2022-2023) provides:
 
 * ``scaled_upper_triang_masked_softmax_cuda`` (and ``scaled_masked_softmax_cuda``, whose ``get_batch_per_block``
   megatron-core's ``FusedScaleMaskSoftmax.is_kernel_available`` asks): scale, causal mask and softmax in one
