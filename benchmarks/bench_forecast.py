@@ -129,8 +129,8 @@ def _gpt_175b(dp: int, global_batch: int, megascale: bool) -> tuple[str, ...]:
     data-parallel gradient reduction (Megatron-LM's default; 285068c8 has no option for it). Megatron-LM's fused
     masked softmax and gradient-accumulation fusion on, as its defaults have them (one operator stands in for each
     kernel where Apex is not installed: megatron_fused_kernels.py); its jit-fused bias-GeLU and bias-dropout-add run
-    op by op (a fake world runs torch.compile eagerly), and attention is unfused (no flash attention: MegaScale
-    counts FlashAttention-2 among its own changes)."""
+    eagerly in the fake world, counted as the kernel each compiles to (`capture.work.run_compiled`), and attention
+    is unfused (no flash attention: MegaScale counts FlashAttention-2 among its own changes)."""
     heads, vocab, vpp = ("128", "64512", "6") if megascale else ("96", "51200", "12")
     return (str(MEGATRON_GPT), "--tp", "8", "--pp", "8", "--vpp", vpp, "--layers", "96", "--hidden", "12288",
             "--heads", heads, "--seq", "2048", "--vocab", vocab, "--micro-batch", "1", "--global-batch",

@@ -45,16 +45,17 @@ def _(inputs, scale):
     return torch.empty_like(inputs)
 
 
-@torch.library.custom_op("megatron_fused::softmax_backward", mutates_args=())
-def softmax_backward(grads: torch.Tensor, probs: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The gradient of the scaled softmax from its output: scale x p x (g - sum(g x p))."""
+@torch.library.custom_op("megatron_fused::softmax_backward_", mutates_args=("grads",))
+def softmax_backward_(grads: torch.Tensor, probs: torch.Tensor, scale: torch.Tensor) -> None:
+    """The gradient of the scaled softmax from its output, scale x p x (g - sum(g x p)), written over the incoming
+    gradient, as Megatron's kernel writes it (no buffer of its own)."""
     g, p = grads.float(), probs.float()
-    return (scale.to(g.device) * p * (g - (g * p).sum(dim=-1, keepdim=True))).to(grads.dtype)
+    grads.copy_(scale.to(g.device) * p * (g - (g * p).sum(dim=-1, keepdim=True)))
 
 
-@softmax_backward.register_fake
-def _(grads, probs, scale):
-    return torch.empty_like(grads)
+def softmax_backward(grads: torch.Tensor, probs: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    softmax_backward_(grads, probs, scale)
+    return grads
 
 
 def get_batch_per_block(sq: int, sk: int, b: int, np: int) -> int:

@@ -192,6 +192,14 @@ def test_a_compiled_functions_elementwise_ops_count_as_one_fused_kernel():
     # y read and y * 2 written; h read once (its two consumers fuse); out read and written; h * 3 written
     assert other_bytes(lambda y, b, w, out: run_compiled(project_then_scale, y, w, out)) == 6 * tensor
 
+    def saved(y, b, w, out):  # h is saved for backward (h * h's gradient), so written: y read, h and h * h written
+        return run_compiled(lambda y: (lambda h: h * h)(y * 2), y.requires_grad_())
+
+    assert other_bytes(saved) == 3 * tensor
+    # a result in a dict is a result; a bare allocation moves nothing
+    assert other_bytes(lambda y, b, w, out: run_compiled(lambda y: {"out": y + 1}, y)) == 2 * tensor
+    assert other_bytes(lambda y, b, w, out: run_compiled(torch.empty_like, y)) == 0
+
 
 def test_a_collective_in_compiled_code_splits_its_fused_kernels(fake_pg):
     """A collective inside a compiled function (tests/jobs/compiled.py all-reduces in its compiled forward) ends

@@ -123,10 +123,12 @@ def run_compiled(fn, *args, **kwargs):
     """`fn(*args, **kwargs)`, a function ``torch.compile`` returned, run eagerly (a fake world's stance) and
     counted as the kernels its compilation makes of it: its matmuls and attention as they run, every other op
     fused, so that what they move is what the region reads from before it once and what it writes that outlives
-    it (its results, and what a matmul inside reads), not each op's operands (Megatron's bias-GeLU, jit-fused:
-    nine elementwise passes eagerly, one kernel compiled). Inductor's fusion is the model; its choices
-    (a reduction's own kernel, a recomputation) are not. A compiled module's backward, which AOTAutograd compiles
-    too, runs op by op in eager autograd and is counted so. A region inside another is the outer one's."""
+    it (`WorkCounter.ran_compiled`), not each op's operands (Megatron's bias-GeLU, jit-fused: nine elementwise
+    passes eagerly, one kernel compiled). Inductor's fusion is the model; its choices (a reduction's own kernel,
+    a recomputation) are not; an op with no FLOP formula that dominates a step, or one outside aten (a custom
+    op), is a kernel of its own. A compiled module's backward, which AOTAutograd compiles too, runs op by op in
+    eager autograd and is counted so. A region inside another is the outer one's. Writes are kept per storage: two
+    halves of one storage written in one region count as one write of the larger."""
     if getattr(_compiled, "region", None) is not None:
         return fn(*args, **kwargs)
     region = _compiled.region = _Region()
@@ -135,7 +137,7 @@ def run_compiled(fn, *args, **kwargs):
     finally:
         _compiled.region = None
     if region.counter is not None:
-        region.counter.ran_compiled(region, out)
+        region.counter.ran_compiled(region)
     return out
 
 
@@ -446,13 +448,20 @@ class WorkCounter:
             if region is not None:  # a kernel of its own in the compiled code: what it reads was written
                 region.kept.update(t.untyped_storage()._cdata for a in args for t in _tensors(a))
         else:
-            if name.startswith(HEAVY_WITHOUT_FORMULA):
+            heavy = name.startswith(HEAVY_WITHOUT_FORMULA)
+            if heavy:
                 log.uncounted[name] = log.uncounted.get(name, 0) + 1
             region = getattr(_compiled, "region", None)
-            if region is None:
+            if region is None or heavy or func.namespace != "aten":
                 self._bytes += nbytes
+                if region is not None:  # an extern kernel of compiled code (sort, a custom op): its operands written
+                    region.kept.update(t.untyped_storage()._cdata for a in args for t in _tensors(a))
                 return
             region.counter = self
+            if name in ALLOCATIONS:  # a buffer, moved by nothing yet: written only by what fills it
+                for t in results:
+                    region.made.setdefault(t.untyped_storage()._cdata, 0)
+                return
             for a in args:
                 for t in _tensors(a):
                     if t.untyped_storage()._cdata not in region.made:
@@ -461,13 +470,16 @@ class WorkCounter:
                 key = t.untyped_storage()._cdata
                 region.made[key] = max(region.made.get(key, 0), t.nbytes)
 
-    def ran_compiled(self, region: _Region, out=None, split: bool = False) -> None:
-        """The bytes of a compiled region's fused ops (`run_compiled`), into the open segment; `split` before a
-        collective (`calling`): everything they made so far, which the collective or the region's later kernels
-        may read."""
-        # what outlives it: its results, what a kernel of its own reads, and storages from before it, written in place
+    def ran_compiled(self, region: _Region, split: bool = False) -> None:
+        """The bytes of a compiled region's fused ops (`run_compiled`), into the open segment: what they read from
+        before once, and what they wrote that outlives the call (still alive once it returned: its results, in any
+        container, what autograd saved for backward, tensors from before written in place) or that a kernel of
+        its own reads; `split`, where a segment ends inside the region (`_close`): everything they made so far."""
+        if not split:
+            self._freed()  # the region's temporaries died when its frame returned
+        live = self._live
         written = region.made.keys() if split else \
-            region.kept | {t.untyped_storage()._cdata for t in _tensors(out)} | {k for k, _, _ in region.read}
+            region.kept | {k for k in region.made if k in live} | {k for k, _, _ in region.read}
         self._bytes += sum(region.read.values()) + sum(region.made[k] for k in written if k in region.made)
 
     def calling(self) -> None:
@@ -475,12 +487,12 @@ class WorkCounter:
         stream is in no segment. torch's fake one copies an all-gather's input into every rank's chunk of its
         output (torch 2.13 c10d/FakeProcessGroup.hpp ``_allgather_base``), 1,024 copies a call at world 1,024,
         where NCCL's kernel writes the output and the forecast times the call on its link."""
-        self._split_region()
         self._close()
 
     def _split_region(self) -> None:
-        """A compiled region's fused ops so far end at a collective, in the segment before it: a collective in
-        compiled code splits its kernels, and what it reads was written."""
+        """A compiled region's fused ops so far end where a segment ends inside it (a collective, a wait for one, a
+        stream or phase change), in the segment before: a collective in compiled code splits its kernels, and what
+        it reads was written."""
         region = getattr(_compiled, "region", None)
         if region is not None and region.counter is self:
             self.ran_compiled(region, split=True)
@@ -491,7 +503,6 @@ class WorkCounter:
         # (also inside `outside_the_job`: a fake world's replay issues the job's calls there, `trace.fake.replay`)
         if self.context.step != self._step:
             self._stepped()
-        self._split_region()
         self._close()
         phase = self.context.phase()  # now, not the last op's: a call right after backward is not backward's
         stream = self._number(self.current_stream())
@@ -572,6 +583,7 @@ class WorkCounter:
     # -- segments and memory -------------------------------------------------------------------------
     def _close(self) -> None:
         """End the compute segment so far (if it did anything), and the host's work in it."""
+        self._split_region()
         if self._mm or self._bytes:
             item = [COMPUTE, self._phase or "other", self._mm, self._mm_bytes, self._bytes, self._stream]
             self.log.items.append(item)
