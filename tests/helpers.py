@@ -15,24 +15,21 @@ from pathlib import Path
 
 import pytest
 
+from meshscope.capture.segment_clock import CpuClock
 from meshscope.run.launch import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class CountClock:
-    """A stand-in for `capture.segment_clock`'s clocks whose time is what `read()` returns, a count: a measured
-    segment's "seconds" are how much it grew between the segment's marks."""
+class CountClock(CpuClock):
+    """`capture.segment_clock`'s CPU clock whose time is what `read()` returns, a count: a measured segment's
+    "seconds" are how much it grew between the segment's marks."""
 
     def __init__(self, read):
         self.read = read
 
     def mark(self, stream=None) -> int:
         return self.read()
-
-    @staticmethod
-    def seconds(start: int, end: int) -> int:
-        return end - start
 
     @staticmethod
     def name() -> str:

@@ -137,7 +137,10 @@ def test_a_rank_lists_the_library_modules_it_imported_before_the_first_of_the_sc
     library.mkdir(), own.mkdir()
     for folder, name in ((library, "ms_lib_first"), (own, "ms_own"), (library, "ms_lib_after")):
         (folder / f"{name}.py").write_text("X = 1\n")
-    monkeypatch.setattr(fork_server, "LIBRARY_ROOTS", (str(library) + os.sep,))
+    from meshscope.trace import script_frames
+
+    for module in (fork_server, script_frames):  # a library's module, and not the script's (`is_library`)
+        monkeypatch.setattr(module, "LIBRARY_ROOTS", (str(library) + os.sep,))
     monkeypatch.syspath_prepend(str(library))
     monkeypatch.syspath_prepend(str(own))
     before = set(sys.modules)
@@ -150,6 +153,7 @@ def test_a_rank_lists_the_library_modules_it_imported_before_the_first_of_the_sc
     finally:
         for name in ("ms_lib_first", "ms_own", "ms_lib_after"):
             sys.modules.pop(name, None)
+        script_frames.is_library.cache_clear()  # it answered for the patched roots
     assert json.loads(run_dir.imports(0).read_text()) == ["ms_lib_first"]
 
 

@@ -113,7 +113,11 @@ class _Region:
         self.counter = None  # the rank's counter, once an op of the region reached it
         self.read: dict[tuple, int] = {}  # (storage, offset, bytes) of a tensor made before the region -> bytes
         self.made: dict[int, int] = {}  # storage key -> bytes an op of the region wrote there
-        self.kept: set[int] = set()  # storages of `made` that a matmul or attention kernel read
+        self.kept: set[int] = set()  # storages of `made` that a kernel of its own read
+
+    def keep(self, args) -> None:
+        """A kernel of its own in the compiled code (a matmul, attention, an extern op) read `args`: written."""
+        self.kept.update(t.untyped_storage()._cdata for a in args for t in _tensors(a))
 
 
 _compiled = threading.local()
@@ -445,8 +449,8 @@ class WorkCounter:
             self._mm[dtype] = self._mm.get(dtype, 0) + flops
             self._mm_bytes += nbytes
             region = getattr(_compiled, "region", None)
-            if region is not None:  # a kernel of its own in the compiled code: what it reads was written
-                region.kept.update(t.untyped_storage()._cdata for a in args for t in _tensors(a))
+            if region is not None:
+                region.keep(args)
         else:
             heavy = name.startswith(HEAVY_WITHOUT_FORMULA)
             if heavy:
@@ -454,8 +458,8 @@ class WorkCounter:
             region = getattr(_compiled, "region", None)
             if region is None or heavy or func.namespace != "aten":
                 self._bytes += nbytes
-                if region is not None:  # an extern kernel of compiled code (sort, a custom op): its operands written
-                    region.kept.update(t.untyped_storage()._cdata for a in args for t in _tensors(a))
+                if region is not None:  # an extern kernel of compiled code (sort, a custom op)
+                    region.keep(args)
                 return
             region.counter = self
             if name in ALLOCATIONS:  # a buffer, moved by nothing yet: written only by what fills it
@@ -464,8 +468,9 @@ class WorkCounter:
                 return
             for a in args:
                 for t in _tensors(a):
-                    if t.untyped_storage()._cdata not in region.made:
-                        region.read.setdefault((t.untyped_storage()._cdata, t.storage_offset(), t.nbytes), t.nbytes)
+                    key = t.untyped_storage()._cdata
+                    if key not in region.made:
+                        region.read.setdefault((key, t.storage_offset(), t.nbytes), t.nbytes)
             for t in results or [t for i in written_positions(func) if i < len(args) for t in _tensors(args[i])]:
                 key = t.untyped_storage()._cdata
                 region.made[key] = max(region.made.get(key, 0), t.nbytes)

@@ -42,10 +42,11 @@ import sys
 
 from ...core.errors import UsageError
 from ...core.rundir import RunDir, write_atomic
+from ...capture.native_build import NAME as NATIVE_RECORDER
 from ...core.rank_end import exit_code
 from ...run import agent, zygote
 from ..options import RankOptions
-from ..script_frames import LIBRARY_ROOTS, MESHSCOPE
+from ..script_frames import LIBRARY_ROOTS, is_library
 from . import files
 
 PRELOAD = (*agent.PRELOAD, "torch.testing._internal.distributed.fake_pg", "meshscope.trace.rank")
@@ -164,11 +165,10 @@ def _library_module(module) -> bool:
 
 
 def _script_module(name: str, module) -> bool:
-    """A module of the script's own (from its folder or another of the user's): not a library's, nor meshscope's
-    (its package, or its native recorder, built into the user's cache: `capture.native_build`)."""
-    path = getattr(module, "__file__", None) or ""
-    return bool(path) and not path.startswith(LIBRARY_ROOTS) and not name.startswith("meshscope") and \
-        not os.path.abspath(path).startswith(MESHSCOPE)
+    """A module of the script's own (from its folder or another of the user's): by the rule for the script's
+    frames (`script_frames.is_library`), but for meshscope's native recorder, built into the user's cache."""
+    path = getattr(module, "__file__", None)
+    return bool(path) and not is_library(path) and name != NATIVE_RECORDER
 
 
 def _write_imports(run_dir: RunDir, rank: int, before: set[str]):
