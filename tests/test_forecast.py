@@ -147,9 +147,9 @@ def test_grouped_query_attention_counts_each_query_head_over_its_groups_keys():
     meta = {"device": "meta", "dtype": torch.bfloat16}
     q, k = torch.empty(1, 32, 1024, 128, **meta), torch.empty(1, 8, 1024, 128, **meta)
     repeated = torch.empty(1, 32, 1024, 128, **meta)
-    forward = formulas[aten._scaled_dot_product_flash_attention]
+    forward = formulas[aten._scaled_dot_product_flash_attention.default]
     assert forward(q, k, k, 0.0, True, out_val=None) == forward(q, repeated, repeated, 0.0, True, out_val=None) > 0
-    backward = formulas[aten._scaled_dot_product_efficient_attention_backward]
+    backward = formulas[aten._scaled_dot_product_efficient_attention_backward.default]
     args = (q, q, k, k, None, q, torch.empty(1, 32, 1024, **meta), None, None, 0.0, (True, True, True, False))
     same = (q, q, repeated, repeated, *args[4:])
     assert backward(*args, out_val=None) == backward(*same, out_val=None) > 0

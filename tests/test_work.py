@@ -155,6 +155,26 @@ def test_a_bf16_gemm_accumulating_into_fp32_counts_its_flops_at_bf16():
     assert segment[4] == 0
 
 
+def test_an_overloads_flops_read_its_operands_by_name():
+    """fp8 flash attention (``_scaled_dot_product_flash_attention.quantized``, torch 2.11 on) takes three descale
+    tensors between value and ``dropout_p``, so its ``is_causal`` is the 8th operand where the default overload's
+    is the 5th: a causal call counts half the FLOPs of a full one, as the default overload's does (by hand:
+    4 x 8 heads x 1,024^2 x 128 for the forward, halved), and a full call does not read a descale as its flag."""
+    from meshscope.capture.work import _flop_formulas
+
+    formulas, aten = _flop_formulas(), torch.ops.aten
+    if not hasattr(aten._scaled_dot_product_flash_attention, "quantized"):
+        pytest.skip("this torch has no fp8 flash attention")
+    q = torch.empty(1, 8, 1024, 128, device="meta", dtype=torch.float8_e4m3fn)
+    descale = torch.ones(1, device="meta")
+    fp8 = formulas[aten._scaled_dot_product_flash_attention.quantized]
+    full = 4 * 8 * 1024 * 1024 * 128
+    assert fp8(q, q, q, descale, descale, descale, 0.0, True, out_val=None) == full // 2
+    assert fp8(q, q, q, descale, descale, descale, 0.0, False, out_val=None) == full
+    assert fp8(q, q, q, descale, descale, descale, is_causal=True, out_val=None) == full // 2
+    assert formulas[aten._scaled_dot_product_flash_attention.default](q, q, q, 0.0, True, out_val=None) == full // 2
+
+
 def test_a_compiled_functions_elementwise_ops_count_as_one_fused_kernel():
     """Megatron's bias-GeLU (megatron/core/fusions/fused_bias_gelu.py, under its jit_fuser, torch.compile) run
     eagerly as a fake world runs compiled code: nine elementwise passes, counted as the one kernel inductor makes
@@ -199,6 +219,42 @@ def test_a_compiled_functions_elementwise_ops_count_as_one_fused_kernel():
     # a result in a dict is a result; a bare allocation moves nothing
     assert other_bytes(lambda y, b, w, out: run_compiled(lambda y: {"out": y + 1}, y)) == 2 * tensor
     assert other_bytes(lambda y, b, w, out: run_compiled(torch.empty_like, y)) == 0
+
+
+def test_a_compiled_calls_backward_counts_as_its_fused_kernels():
+    """AOTAutograd compiles a compiled call's backward as one graph too; a fake world runs it node by node. The
+    ops of one call's nodes count as one fused kernel: (y * 2).exp()'s backward reads the incoming gradient and the
+    saved result once and writes y's gradient, 3 tensors (256 x 64 fp32), where eagerly its two nodes move 5 (the
+    product with the result written and read again). A node of anything else between two calls ends one region
+    and is counted as it runs (the eager * 3: 2 tensors), and two calls in a row are two regions (each reads the
+    gradient the other wrote)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from meshscope.capture.work import _next_node, run_compiled
+
+    if _next_node is None:
+        pytest.skip("this torch does not number autograd nodes (before 2.2)")
+
+    class Context:
+        step, phase, region = 0, staticmethod(lambda: "backward"), staticmethod(lambda: "")
+
+    def tensors_moved(run) -> float:
+        counter = WorkCounter(0, Context())
+        with FakeTensorMode(), ModeRecorder(lambda *call: 0, None, counter):
+            y, grad = torch.zeros(256, 64, requires_grad=True), torch.zeros(256, 64)
+            out = run(y)
+            counter._close()
+            counter.log.items.clear()
+            out.backward(grad)
+        return sum(item[4] for item in counter.finish().items if item[0] == "c") / (256 * 64 * 4)
+
+    def f(y):
+        return (y * 2).exp()
+
+    assert tensors_moved(f) == 5
+    assert tensors_moved(lambda y: run_compiled(f, y)) == 3
+    assert tensors_moved(lambda y: run_compiled(f, run_compiled(f, y) * 3)) == 3 + 2 + 3
+    assert tensors_moved(lambda y: run_compiled(f, run_compiled(f, y))) == 3 + 3
 
 
 def test_a_collective_in_compiled_code_splits_its_fused_kernels(fake_pg):

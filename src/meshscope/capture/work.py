@@ -42,6 +42,7 @@ import contextlib
 import json
 import threading
 import weakref
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -121,6 +122,10 @@ class _Region:
 
 
 _compiled = threading.local()
+# The sequence number the next autograd node made on this thread will get (torch/csrc/autograd/function.h: each
+# node takes the thread's next one where it is made); absent before torch 2.2, where a compiled call's backward is
+# counted op by op.
+_next_node = getattr(torch._C._autograd, "_get_sequence_nr", None)
 
 
 def run_compiled(fn, *args, **kwargs):
@@ -130,23 +135,27 @@ def run_compiled(fn, *args, **kwargs):
     it (`WorkCounter.ran_compiled`), not each op's operands (Megatron's bias-GeLU, jit-fused: nine elementwise
     passes eagerly, one kernel compiled). Inductor's fusion is the model; its choices (a reduction's own kernel,
     a recomputation) are not; an op with no FLOP formula that dominates a step, or one outside aten (a custom
-    op), is a kernel of its own. A compiled module's backward, which AOTAutograd compiles too, runs op by op in
-    eager autograd and is counted so. A region inside another is the outer one's. Writes are kept per storage: two
-    halves of one storage written in one region count as one write of the larger."""
+    op), is a kernel of its own. Its backward, which AOTAutograd compiles as one graph too, runs in eager autograd
+    as the nodes the call made: their ops are fused the same way (`WorkCounter.backward_region`). A region inside
+    another is the outer one's. Writes are kept per storage: two halves of one storage written in one region count
+    as one write of the larger."""
     if getattr(_compiled, "region", None) is not None:
         return fn(*args, **kwargs)
     region = _compiled.region = _Region()
+    first = _next_node() if _next_node is not None else 0
     try:
         out = fn(*args, **kwargs)
     finally:
         _compiled.region = None
     if region.counter is not None:
         region.counter.ran_compiled(region)
+        if _next_node is not None:
+            region.counter.made_nodes(first, _next_node())
     return out
 
 
 def _flop_formulas() -> dict:
-    """Overload packet -> FLOP formula (torch.utils.flop_counter, torch 2.4-2.15), plus the CPU's fused
+    """Op overload -> FLOP formula (torch.utils.flop_counter, torch 2.4-2.15), plus the CPU's fused
     attention under the GPU flash attention's formula (same operands: query, key, value first).
 
     torch's attention formulas count every query against every key; a causal kernel (flash or memory-efficient
@@ -173,22 +182,41 @@ def _flop_formulas() -> dict:
             query = names.index("query") if "query" in names else -1
             if packet.__name__.startswith("_scaled_dot") and names[query:query + 3] == ["query", "key", "value"]:
                 formula = formulas[packet] = _grouped_heads(formula, query)
-            operands = _positional(packet.default)
-            if any(_positional(getattr(packet, o)) > operands for o in packet.overloads()):
-                formulas[packet] = _default_operands(formula, operands)
-    return formulas
+    by_overload = {}
+    for packet, formula in formulas.items():
+        if not isinstance(packet, torch._ops.OpOverloadPacket):
+            by_overload[packet] = formula
+            continue
+        default = _positional(packet.default)
+        for name in packet.overloads():
+            overload = getattr(packet, name)
+            same = _positional(overload) == default
+            by_overload[overload] = formula if same else _default_operands(formula, overload, default)
+    return by_overload
 
 
-def _positional(overload) -> int:
-    return sum(not a.kwarg_only for a in overload._schema.arguments)
+def _positional(overload) -> list[str]:
+    return [a.name for a in overload._schema.arguments if not a.kwarg_only]
 
 
-def _default_operands(formula, operands: int):
-    """`formula` called with its op's default operands: torch's formulas take those, then ``out_shape``, so an
-    overload with one more positional argument (``mm.dtype``'s and ``addmm.dtype_out``'s ``out_dtype``, torch 2.8
-    on: a bf16 GEMM into an fp32 output) would pass it as ``out_shape`` (torch 2.13 flop_counter.py)."""
+def _default_operands(formula, overload, default: list[str]):
+    """`formula` called with its op's default operands, taken from `overload`'s by name: torch's formulas (and
+    the wrappers above, which read ``is_causal`` at its default position) take those, then ``out_shape``. An
+    overload with another positional argument would pass it in the wrong place: ``mm.dtype``'s and
+    ``addmm.dtype_out``'s ``out_dtype`` (torch 2.8 on: a bf16 GEMM into an fp32 output) as ``out_shape`` (torch
+    2.13 flop_counter.py), ``_scaled_dot_product_flash_attention.quantized``'s three descales (fp8 attention)
+    ahead of ``is_causal``."""
+    names = _positional(overload)
+
     def flops(*args, out_val=None, **kwargs):
-        return formula(*args[:operands], out_val=out_val, **kwargs)
+        given = dict(zip(names, args)) | kwargs
+        operands = []
+        for name in default:
+            if name not in given:
+                break
+            operands.append(given.pop(name))
+        rest = {k: v for k, v in given.items() if k in default or k not in names}
+        return formula(*operands, out_val=out_val, **rest)
     return flops
 
 
@@ -357,6 +385,11 @@ class WorkCounter:
         self._died: deque[int] = deque()  # keys of live storages that died since the last `_freed`
         self._live_bytes = 0
         self._by_phase: dict[str, int] = {}  # live bytes by the phase that made them
+        # the autograd nodes compiled calls made this step, as [first, end) sequence numbers (`made_nodes`), and
+        # the one whose backward is being counted: (its index, its region)
+        self._graph_firsts: list[int] = []
+        self._graph_ends: list[int] = []
+        self._backward: tuple[int, _Region] | None = None
         self.allocator = CachingAllocator(expandable_segments())
         self.log.reserved_at = {"expandable_segments": self.allocator.expandable}
 
@@ -419,7 +452,7 @@ class WorkCounter:
             return  # a view, or a query (prim::device, is_same_size): nothing moved, nothing made
         if results and all(t.device.type == "meta" for t in results):
             return  # a model built on the meta device (torchtitan's, before it is sharded) holds and moves nothing
-        formula = self.formulas.get(func._overloadpacket)
+        formula = self.formulas.get(func)
         if self._died:  # before its results count: what died since the op before is gone by now
             self._freed()
         on_host = [self._made(t, phase) for t in results]
@@ -448,14 +481,15 @@ class WorkCounter:
                 dtype = f"{dtype} {ATTENTION}"
             self._mm[dtype] = self._mm.get(dtype, 0) + flops
             self._mm_bytes += nbytes
-            region = getattr(_compiled, "region", None)
+            region = self.region()
             if region is not None:
+                region.counter = self
                 region.keep(args)
         else:
             heavy = name.startswith(HEAVY_WITHOUT_FORMULA)
             if heavy:
                 log.uncounted[name] = log.uncounted.get(name, 0) + 1
-            region = getattr(_compiled, "region", None)
+            region = self.region()
             if region is None or heavy or func.namespace != "aten":
                 self._bytes += nbytes
                 if region is not None:  # an extern kernel of compiled code (sort, a custom op)
@@ -494,14 +528,52 @@ class WorkCounter:
         where NCCL's kernel writes the output and the forecast times the call on its link."""
         self._close()
 
+    def made_nodes(self, first: int, end: int) -> None:
+        """A compiled call (`run_compiled`) made the autograd nodes numbered [first, end) on this thread."""
+        if end > first:
+            self._graph_firsts.append(first)
+            self._graph_ends.append(end)
+
+    def region(self) -> _Region | None:
+        """The compiled region the op being counted is in: a compiled call's (`run_compiled`), else in backward the
+        one of the compiled call whose autograd node is running (`backward_region`)."""
+        region = getattr(_compiled, "region", None)
+        if region is None and self._graph_firsts:
+            region = self.backward_region()
+        return region
+
+    def backward_region(self) -> _Region | None:
+        """AOTAutograd compiles a compiled call's backward as one graph, as it does its forward; a fake world runs
+        it eagerly, node by node (torch.compiler's force_eager stance). The ops of consecutive nodes of one
+        compiled call count as one region (its kernels fused); a node of anything else ends it. A node is the
+        call's by the sequence number autograd gave it in forward (`made_nodes`; a node running is
+        ``torch._C._current_autograd_node``, torch 2.1 on)."""
+        node = torch._C._current_autograd_node()
+        graph = None
+        if node is not None:
+            number = node._sequence_nr()
+            i = bisect_right(self._graph_firsts, number) - 1
+            if i >= 0 and number < self._graph_ends[i]:
+                graph = i
+        if self._backward is not None and self._backward[0] != graph:
+            self.ran_compiled(self._backward[1])
+            self._backward = None
+        if graph is None:
+            return None
+        if self._backward is None:
+            self._backward = (graph, _Region())
+        return self._backward[1]
+
     def _split_region(self) -> None:
         """A compiled region's fused ops so far end where a segment ends inside it (a collective, a wait for one, a
         stream or phase change), in the segment before: a collective in compiled code splits its kernels, and what
-        it reads was written."""
-        region = getattr(_compiled, "region", None)
-        if region is not None and region.counter is self:
-            self.ran_compiled(region, split=True)
-            region.read, region.made, region.kept = {}, {}, set()
+        it reads was written. A compiled call's backward whose nodes are done (backward ended) ends whole."""
+        if self._backward is not None:
+            self.backward_region()
+        for region in (getattr(_compiled, "region", None), self._backward and self._backward[1]):
+            if region is not None and region.counter is self:
+                self.ran_compiled(region, split=True)
+                region.read, region.made, region.kept = {}, {}, set()
 
     def issued(self, call: int, func, args, out) -> None:
         """The rank issued its `call`-th call (c10d op `func`): what it writes is needed where first read."""
@@ -568,6 +640,7 @@ class WorkCounter:
     def _stepped(self) -> None:
         """The job's step moved on since the last op (an optimizer step returned): steps before it ended."""
         self._close()
+        self._graph_firsts, self._graph_ends, self._backward = [], [], None  # their backward ran in the step
         for step in range(self._step, self.context.step):
             self.log.items.append([STEP, step])
         self._step = self.context.step
