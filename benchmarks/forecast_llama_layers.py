@@ -89,7 +89,16 @@ def parser(batch: int, seq: int) -> argparse.ArgumentParser:
     p.add_argument("--fsdp", action="store_true", help="FSDP2 (fully_shard per block and the root) instead of DDP")
     p.add_argument("--cpu-offload", action="store_true",
                    help="with --fsdp: fully_shard's CPUOffloadPolicy (sharded state and the optimizer step on the host)")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile each block (fullgraph, inductor), as torchtitan's --compile.enable does")
     return p
+
+
+def compiled(blocks: nn.ModuleList) -> None:
+    """Each of `blocks` replaced by its torch.compile'd self (``--compile``; torchtitan 0.2.2's apply_compile: per
+    block, fullgraph, after activation checkpointing and before FSDP)."""
+    for i, block in enumerate(blocks):
+        blocks[i] = torch.compile(block, fullgraph=True)
 
 
 def step(model: nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
@@ -140,6 +149,8 @@ def train(stack: nn.Module, width: int, args) -> None:
         raise SystemExit("--cpu-offload is FSDP2's: give --fsdp too")
     device = setup()
     model = stack.to(device, torch.bfloat16)
+    if args.compile:
+        compiled(model.blocks)
     if args.fsdp:
         from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
@@ -153,7 +164,8 @@ def train(stack: nn.Module, width: int, args) -> None:
     timed(args.steps, lambda: step(model, opt, torch.randn(args.batch, args.seq, width, device=device,
                                                            dtype=torch.bfloat16)),
           f"layers {args.layers}, batch {args.batch}, seq {args.seq}, "
-          f"{'FSDP2' if args.fsdp else 'DDP'}{' with CPU offload' if args.cpu_offload else ''}")
+          f"{'FSDP2' if args.fsdp else 'DDP'}{' with CPU offload' if args.cpu_offload else ''}"
+          f"{', compiled' if args.compile else ''}")
     dist.destroy_process_group()
 
 
@@ -220,6 +232,8 @@ def train_as_torchtitan(args) -> None:
     device = setup()
     model = Llama(args.layers, args.seq).to(device)
     model.layers.blocks = nn.ModuleList(selective(block) for block in model.layers.blocks)
+    if args.compile:
+        compiled(model.layers.blocks)
     mp = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
     fully_shard(model.tok_embeddings, **mp)
     for block in model.layers.blocks:

@@ -11,7 +11,7 @@ kernels' time per class by kernel name. Prints, per config: the step (CUDA event
 class's kernel time and count, and the ten longest kernels of the memory-bound class.
 
 Run: python benchmarks/forecast_step_kernels.py [--model llama|moe|moe-torchtitan] [--configs 4x1x8192,8x1x8192,...] (blocks x batch
-x seq).
+x seq) [--compile] (each block torch.compile'd: inductor's fused kernels fall in the memory-bound class).
 """
 
 from __future__ import annotations
@@ -53,10 +53,13 @@ def random_input(batch: int, seq: int, dim: int) -> torch.Tensor:
     return torch.randn(batch, seq, dim, device="cuda", dtype=torch.bfloat16)
 
 
-def profile_config(stack, dim: int, layers: int, batch: int, seq: int) -> None:
+def profile_config(stack, dim: int, layers: int, batch: int, seq: int, compile_blocks: bool = False) -> None:
     from torch.profiler import ProfilerActivity, profile
 
-    model = nn.parallel.DistributedDataParallel(stack(layers, seq).to("cuda", torch.bfloat16), device_ids=[0])
+    blocks = stack(layers, seq).to("cuda", torch.bfloat16)
+    if compile_blocks:
+        forecast_llama_layers.compiled(blocks.blocks)
+    model = nn.parallel.DistributedDataParallel(blocks, device_ids=[0])
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     for _ in range(4):
         step(model, opt, random_input(batch, seq, dim))
@@ -98,6 +101,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--model", choices=sorted(MODELS), default="llama")
     p.add_argument("--configs", default="4x1x8192,8x1x8192,4x2x8192,8x1x4096,8x4x2048")
+    p.add_argument("--compile", action="store_true", help="each block torch.compile'd (inductor's kernels)")
     args = p.parse_args()
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29533")
@@ -106,7 +110,7 @@ def main() -> None:
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}", flush=True)
     for config in args.configs.split(","):
         layers, batch, seq = (int(v) for v in config.split("x"))
-        profile_config(*MODELS[args.model], layers, batch, seq)
+        profile_config(*MODELS[args.model], layers, batch, seq, args.compile)
     dist.destroy_process_group()
 
 
