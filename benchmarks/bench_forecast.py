@@ -21,7 +21,8 @@ Rows (the published figure, its source, and the job as its users start it):
   (NeMo-Automodel docs/performance-summary.mdx, pre-training table, row "Llama3 70B": 18.90 s per step; recipe
   examples/llm_benchmark/llama3_3/custom_llama3_1_70b_pretrain_benchmark_8nodes.yaml). NeMo-Automodel is not
   installed here (its recipe needs Transformer Engine): the row is rebuilt on torchtitan's Llama 3 70B with the
-  recipe's layout, batch, sequence and checkpointing, traced eager (the recipe compiles, with TE's kernels).
+  recipe's layout, batch, sequence and checkpointing, compiled as the recipe compiles (``enable_compile: True``;
+  its optimizer is TE's FusedAdam, torchtitan's fused AdamW here).
 
 - NeMo-Automodel Qwen3 30B-A3B pre-training (48 layers, 128 experts, top 8), expert parallel 8 x FSDP2 8 on 8 DGX
   H100, local batch 4, global batch 512 (16 accumulated microbatches), seq 4096, full activation checkpointing, a
@@ -156,7 +157,7 @@ ROWS = {r.key: r for r in (
     Row("nemo70b-64", "Llama 3.1 70B as NeMo-Automodel's recipe, FSDP 32 x CP 2, full AC, batch 128 x 8192 "
         "(4 microbatches of 1 per rank pair)", 64,
         _titan_70b("--parallelism.data_parallel_shard_degree", "32", "--parallelism.context_parallel_degree", "2",
-                   local_batch=1, global_batch=128), 128 * 8192, None, None,
+                   "--compile.enable", local_batch=1, global_batch=128), 128 * 8192, None, None,
         "NeMo-Automodel docs/performance-summary.mdx, pre-training (DGX-H100, BF16), Llama3 70B", ("h100-sxm",),
         published_step_s=18.90),
     Row("qwen3moe-8", "Qwen3 30B-A3B as NeMo-Automodel's benchmark, EP 8 x FSDP 8, balanced routing, full AC, "
