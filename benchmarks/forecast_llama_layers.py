@@ -252,7 +252,7 @@ def train_as_torchtitan(args) -> None:
         opt.zero_grad(set_to_none=True)
 
     timed(args.steps, one_step, f"the whole model with {args.layers} layers, batch {args.batch}, seq {args.seq}, "
-          "as torchtitan trains it")
+          f"as torchtitan trains it{', compiled' if args.compile else ''}")
     dist.destroy_process_group()
 
 
