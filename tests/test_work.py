@@ -256,6 +256,30 @@ def test_a_compiled_calls_backward_counts_as_its_fused_kernels():
     assert tensors_moved(lambda y: run_compiled(f, run_compiled(f, y) * 3)) == 3 + 2 + 3
     assert tensors_moved(lambda y: run_compiled(f, run_compiled(f, y))) == 3 + 3
 
+    # A parameter's gradient accumulates as soon as it is ready, between the call's nodes (AccumulateGrad, from the
+    # second microbatch an add: its gradient and .grad read, .grad written): eager work beside the region, which
+    # stays one. (y * w).exp(), w a parameter: the region reads the gradient, the saved result and y, and writes
+    # w's gradient (4); eagerly its nodes move 6.
+    def microbatches(run) -> list[float]:
+        counter = WorkCounter(0, Context())
+        moved = []
+        with FakeTensorMode(), ModeRecorder(lambda *call: 0, None, counter):
+            y, w, grad = torch.zeros(256, 64), torch.zeros(256, 64, requires_grad=True), torch.zeros(256, 64)
+            for _ in range(2):
+                out = run(y, w)
+                counter._close()
+                counter.log.items.clear()
+                out.backward(grad)
+                counter._close()
+                moved.append(sum(item[4] for item in counter.log.items if item[0] == "c") / (256 * 64 * 4))
+        return moved
+
+    def g(y, w):
+        return (y * w).exp()
+
+    assert microbatches(g) == [6, 6 + 3]
+    assert microbatches(lambda y, w: run_compiled(g, y, w)) == [4, 4 + 3]
+
 
 def test_a_collective_in_compiled_code_splits_its_fused_kernels(fake_pg):
     """A collective inside a compiled function (tests/jobs/compiled.py all-reduces in its compiled forward) ends

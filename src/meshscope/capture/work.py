@@ -120,12 +120,18 @@ class _Region:
         """A kernel of its own in the compiled code (a matmul, attention, an extern op) read `args`: written."""
         self.kept.update(t.untyped_storage()._cdata for a in args for t in _tensors(a))
 
+    def keep_read(self, args) -> None:
+        """An op outside the region read `args`: what of them the region made is written."""
+        self.kept.update(key for a in args for t in _tensors(a) if (key := t.untyped_storage()._cdata) in self.made)
+
 
 _compiled = threading.local()
 # The sequence number the next autograd node made on this thread will get (torch/csrc/autograd/function.h: each
 # node takes the thread's next one where it is made); absent before torch 2.2, where a compiled call's backward is
 # counted op by op.
 _next_node = getattr(torch._C._autograd, "_get_sequence_nr", None)
+_PARAMETER_NODE = 2**64 - 1
+"""A parameter's AccumulateGrad node's sequence number (UINT64_MAX: made outside any forward's order)."""
 
 
 def run_compiled(fn, *args, **kwargs):
@@ -145,12 +151,14 @@ def run_compiled(fn, *args, **kwargs):
     first = _next_node() if _next_node is not None else 0
     try:
         out = fn(*args, **kwargs)
-    finally:
+    finally:  # a recomputation stopped early (torch.utils.checkpoint's early stop raises) still ran what it ran
         _compiled.region = None
-    if region.counter is not None:
-        region.counter.ran_compiled(region)
-        if _next_node is not None:
-            region.counter.made_nodes(first, _next_node())
+        if region.counter is not None:
+            region.counter.ran_compiled(region)
+    # the nodes a forward made, in this thread's numbering; a call made in backward (a recomputation, which may
+    # run on autograd's device thread, numbered apart) keeps its backward op by op
+    if region.counter is not None and _next_node is not None and torch._C._current_autograd_node() is None:
+        region.counter.made_nodes(first, _next_node())
     return out
 
 
@@ -481,7 +489,7 @@ class WorkCounter:
                 dtype = f"{dtype} {ATTENTION}"
             self._mm[dtype] = self._mm.get(dtype, 0) + flops
             self._mm_bytes += nbytes
-            region = self.region()
+            region = self.region(args)
             if region is not None:
                 region.counter = self
                 region.keep(args)
@@ -489,7 +497,7 @@ class WorkCounter:
             heavy = name.startswith(HEAVY_WITHOUT_FORMULA)
             if heavy:
                 log.uncounted[name] = log.uncounted.get(name, 0) + 1
-            region = self.region()
+            region = self.region(args)
             if region is None or heavy or func.namespace != "aten":
                 self._bytes += nbytes
                 if region is not None:  # an extern kernel of compiled code (sort, a custom op)
@@ -534,24 +542,31 @@ class WorkCounter:
             self._graph_firsts.append(first)
             self._graph_ends.append(end)
 
-    def region(self) -> _Region | None:
-        """The compiled region the op being counted is in: a compiled call's (`run_compiled`), else in backward the
-        one of the compiled call whose autograd node is running (`backward_region`)."""
-        region = getattr(_compiled, "region", None)
-        if region is None and self._graph_firsts:
-            region = self.backward_region()
-        return region
+    def region(self, args) -> _Region | None:
+        """The compiled region the op being counted (reading `args`) is in: a compiled call's (`run_compiled`),
+        else in backward the one of the compiled call whose autograd node is running (`backward_region`, asked
+        either way, so that a region whose nodes are done ends before a compiled call's in backward counts)."""
+        backward = self.backward_region(args) if self._graph_firsts else None
+        forward = getattr(_compiled, "region", None)
+        return forward if forward is not None else backward
 
-    def backward_region(self) -> _Region | None:
+    def backward_region(self, args=()) -> _Region | None:
         """AOTAutograd compiles a compiled call's backward as one graph, as it does its forward; a fake world runs
         it eagerly, node by node (torch.compiler's force_eager stance). The ops of consecutive nodes of one
         compiled call count as one region (its kernels fused); a node of anything else ends it. A node is the
         call's by the sequence number autograd gave it in forward (`made_nodes`; a node running is
-        ``torch._C._current_autograd_node``, torch 2.1 on)."""
+        ``torch._C._current_autograd_node``, torch 2.1 on). A parameter's gradient, which autograd accumulates as
+        soon as it is ready, between the call's nodes (an add from the second microbatch on; DDP's copy into its
+        bucket in the node's hook), is eager work beside the region, which stays open: what it reads of the
+        region's is written out."""
         node = torch._C._current_autograd_node()
         graph = None
         if node is not None:
             number = node._sequence_nr()
+            if number == _PARAMETER_NODE:
+                if self._backward is not None:
+                    self._backward[1].keep_read(args)
+                return None
             i = bisect_right(self._graph_firsts, number) - 1
             if i >= 0 and number < self._graph_ends[i]:
                 graph = i
@@ -567,7 +582,8 @@ class WorkCounter:
     def _split_region(self) -> None:
         """A compiled region's fused ops so far end where a segment ends inside it (a collective, a wait for one, a
         stream or phase change), in the segment before: a collective in compiled code splits its kernels, and what
-        it reads was written. A compiled call's backward whose nodes are done (backward ended) ends whole."""
+        it reads was written. A compiled call's backward region ends whole where the node running is not one of
+        its call's (backward ended, or a node of something else runs)."""
         if self._backward is not None:
             self.backward_region()
         for region in (getattr(_compiled, "region", None), self._backward and self._backward[1]):
