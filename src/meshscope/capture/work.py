@@ -586,9 +586,11 @@ class WorkCounter:
         its call's (backward ended, or a node of something else runs)."""
         if self._backward is not None:
             self.backward_region()
-        for region in (getattr(_compiled, "region", None), self._backward and self._backward[1]):
+        # a backward region's nodes have returned what they made but what is alive (a collective in a parameter's
+        # hook, DDP's bucket all-reduce, splits it between nodes): its writes are counted as at its end
+        for region, split in ((getattr(_compiled, "region", None), True), (self._backward and self._backward[1], False)):
             if region is not None and region.counter is self:
-                self.ran_compiled(region, split=True)
+                self.ran_compiled(region, split=split)
                 region.read, region.made, region.kept = {}, {}, set()
 
     def issued(self, call: int, func, args, out) -> None:
