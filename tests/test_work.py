@@ -264,9 +264,10 @@ def test_a_compiled_calls_backward_counts_as_its_fused_kernels():
         counter = WorkCounter(0, Context())
         moved = []
         with FakeTensorMode(), ModeRecorder(lambda *call: 0, None, counter):
-            y, w, grad = torch.zeros(256, 64), torch.zeros(256, 64, requires_grad=True), torch.zeros(256, 64)
+            y, grad = torch.zeros(256, 64), torch.zeros(256, 64)
+            w, v = torch.zeros(256, 64, requires_grad=True), torch.zeros(256, 64, requires_grad=True)
             for _ in range(2):
-                out = run(y, w)
+                out = run(y, w, v)
                 counter._close()
                 counter.log.items.clear()
                 out.backward(grad)
@@ -274,29 +275,18 @@ def test_a_compiled_calls_backward_counts_as_its_fused_kernels():
                 moved.append(sum(item[4] for item in counter.log.items if item[0] == "c") / (256 * 64 * 4))
         return moved
 
-    def g(y, w):
+    def g(y, w, v):
         return (y * w).exp()
 
     assert microbatches(g) == [6, 6 + 3]
-    assert microbatches(lambda y, w: run_compiled(g, y, w)) == [4, 4 + 3]
+    assert microbatches(lambda *a: run_compiled(g, *a)) == [4, 4 + 3]
 
-    # with a parameter whose gradient is ready between the call's nodes (w2's, before w's), the second microbatch's
+    # with a parameter whose gradient is ready between the call's nodes (v's, before w's), the second microbatch's
     # accumulation costs the fused backward no more than the eager one (the same adds): its region is not cut there
-    def g2(y, w):
-        return ((y * w).exp() * w2).sin()
+    def g2(y, w, v):
+        return ((y * w).exp() * v).sin()
 
-    w2 = None
-
-    def with_w2(run):
-        def go(y, w):
-            nonlocal w2
-            w2 = w2 if w2 is not None else torch.zeros(256, 64, requires_grad=True)
-            return run(y, w)
-        return go
-
-    eager = microbatches(with_w2(g2))
-    w2 = None
-    fused = microbatches(with_w2(lambda y, w: run_compiled(g2, y, w)))
+    eager, fused = microbatches(g2), microbatches(lambda *a: run_compiled(g2, *a))
     assert fused[0] < eager[0] and fused[1] - fused[0] <= eager[1] - eager[0]
 
 
