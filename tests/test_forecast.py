@@ -112,6 +112,32 @@ def test_fsdp2s_collectives_are_issued_on_its_own_streams(tmp_path):
 
 
 @pytest.mark.parametrize("tensors", ["--real-tensors", "--fake-tensors"])
+def test_a_call_is_needed_where_the_job_waits_for_it_or_else_where_it_reads_it(tmp_path, tensors):
+    """tests/jobs/waits.py: five all-gathers a step, each followed by a matmul that does not read it. By c10d's
+    semantics (the job's docstring) a call made without async_op, a coalesced one, and one waited for at once are
+    needed before the matmul; one waited for after it, and one only read after it, after it. Until Work.wait was
+    watched, the first three were needed at their first read, after the matmul: a forecast hid them behind it."""
+    from meshscope.capture.work import WorkLog
+    from meshscope.core.events import CommEvent
+
+    proc = cli_here("forecast", "--fake-world", 2, tensors, "--cluster", "h100-sxm", "--out", tmp_path / "t",
+                    "--json", "--", "tests/jobs/waits.py", "--steps", 4)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    items = WorkLog.read(tmp_path / "t" / "work" / "rank0.json").items
+    ledger = [CommEvent.from_json(json.loads(line)) for line in
+              (tmp_path / "t" / "ledgers" / "rank0.jsonl").read_text().splitlines()]
+    issued = [k for k, item in enumerate(items) if item[0] == "i" and ledger[item[1]].step == 2]
+    assert [ledger[items[k][1]].op for k in issued] == ["all_gather"] * 5
+    before = []
+    for k in issued:
+        call = items[k][1]
+        wait = next(j for j in range(k, len(items)) if items[j][:2] == ["w", call])
+        matmul = next(j for j in range(k, len(items)) if items[j][0] == "c" and items[j][2])
+        before.append(wait < matmul)
+    assert before == [True, True, True, False, False]
+
+
+@pytest.mark.parametrize("tensors", ["--real-tensors", "--fake-tensors"])
 def test_a_moe_whose_routing_sizes_its_calls_is_forecast_at_its_tokens(tmp_path, tensors):
     """tests/jobs/moe_a2a.py at world 4 (one Linear(16, 16) expert per rank; every rank sends [14, 2, 2, 2]
     tokens, so expert 0 gets 56 and the others 8: the job's docstring): its routing counts tokens with

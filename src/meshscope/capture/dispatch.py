@@ -266,25 +266,34 @@ def _kernel(op, name):
     return kernel
 
 
+def work_of(out) -> Work | None:
+    """The Work among a c10d op's outputs `out` (boxed, as the dispatcher returns it), or None. The object is the
+    one the job's Python gets back from the op while this one is alive (pybind11 keeps one wrapper per Work)."""
+    for value in out if isinstance(out, tuple) else (out,):
+        if isinstance(value, torch.ScriptObject):
+            return Work.unbox(value)
+    return None
+
+
 def watch(out, call_id: int, done) -> None:
     """``done(call_id, time.perf_counter())`` once the Work among an op's outputs `out` completed (its
     future: gloo's worker thread finished it; NCCL enqueued it, native_recorder.cpp says more)."""
-    for value in out if isinstance(out, tuple) else (out,):
-        if isinstance(value, torch.ScriptObject):
-            try:
-                future = Work.unbox(value).get_future()
-            except RuntimeError:  # a backend whose Work has no future: its completion stays unknown
-                return
-            if future is None:  # NCCL sets none inside a coalescing block
-                return
-            # NCCL's is complete at enqueue: noted now rather than by a callback, which Python's binding (it
-            # has no `uses_future`) runs after a CUDA synchronisation and a record_stream of every output
-            # (native_recorder.cpp)
-            if future.done():
-                done(call_id, time.perf_counter())
-            else:
-                future.add_done_callback(lambda _: done(call_id, time.perf_counter()))
-            return
+    work = work_of(out)
+    if work is None:
+        return
+    try:
+        future = work.get_future()
+    except RuntimeError:  # a backend whose Work has no future: its completion stays unknown
+        return
+    if future is None:  # NCCL sets none inside a coalescing block
+        return
+    # NCCL's is complete at enqueue: noted now rather than by a callback, which Python's binding (it
+    # has no `uses_future`) runs after a CUDA synchronisation and a record_stream of every output
+    # (native_recorder.cpp)
+    if future.done():
+        done(call_id, time.perf_counter())
+    else:
+        future.add_done_callback(lambda _: done(call_id, time.perf_counter()))
 
 
 def comm_ops() -> list[str]:

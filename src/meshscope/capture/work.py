@@ -11,10 +11,11 @@ A ``--fake-tensors`` rank runs every aten op of its job through one dispatch mod
   stands for the GPU) is counted by the formula of the GPU's flash attention, the kernel it stands for.
 - **Bytes** an op reads and writes (its tensor operands and results), the memory traffic of a roofline;
   views, which move nothing, count none.
-- **Where a call is first needed**: the first op that reads a storage a call wrote (an all-gather's output,
-  an all-reduced bucket, a received activation, ``wait_tensor`` of a functional collective). On a GPU that
-  is where the compute stream must wait for the call at the latest (a job may wait earlier, as a
-  synchronous call on the compute stream does; docs/forecast.md says what that changes).
+- **Where a call is first needed**: where the job waits for it (``Work.wait``, which c10d calls for every call
+  not made with ``async_op=True``: `work_waited`, reported by a fake world's stand-in), else the first op that
+  reads a storage it wrote (an all-gather's output, an all-reduced bucket, a received activation,
+  ``wait_tensor`` of a functional collective). On a GPU the stream must wait for the call there: NCCL's
+  ``Work.wait`` orders the current stream after the call's kernel, read or not.
 - **Live bytes**: every storage an op creates counts from its creation until it is freed (seen before the
   rank's next op: a weak reference's callback on the storage's Python object, which torch keeps for as long as
   the storage lives), with the phase it was made in; the
@@ -50,6 +51,7 @@ import torch
 from torch.multiprocessing.reductions import StorageWeakRef
 
 from .caching_allocator import CachingAllocator, expandable_segments
+from .dispatch import work_of
 
 VIEWS = frozenset({"view", "_unsafe_view", "reshape", "expand", "as_strided", "t", "transpose", "permute",
                    "squeeze", "unsqueeze", "alias", "detach", "slice", "select", "split", "split_with_sizes",
@@ -387,6 +389,9 @@ class WorkCounter:
         self._host_bytes = 0  # bytes the host's ops read and wrote
         self._pending: dict[int, list[int]] = {}  # storage key -> calls that wrote it, not yet needed
         self._in_backward: set[int] = set()  # calls issued in backward, not yet needed
+        self._unneeded: set[int] = set()  # calls issued this step that nothing has waited for yet
+        self._works: dict[int, tuple[object, list[int]]] = {}  # id(Work) -> (it, kept so that no id is reused;
+        # the calls it covers) for this step's calls not waited for yet (`work_waited`)
         # storage key -> (torch's weak reference, which keeps the key from being reused while the entry is here;
         # a Python weak reference, whose callback says it died; bytes; phase made in)
         self._live: dict[int, tuple] = {}
@@ -445,6 +450,7 @@ class WorkCounter:
                         calls = pending.pop(key)
                         self.log.items.extend([WAIT, c, stream] for c in calls)
                         self._in_backward.difference_update(calls)
+                        self._unneeded.difference_update(calls)
                 nbytes += t.nbytes
         if self.clock is not None and self._opened is None:
             self._opened = (self.clock.mark(selected), selected)
@@ -611,22 +617,47 @@ class WorkCounter:
             self._made(t, phase, stream)
         if written and phase == "backward":
             self._in_backward.add(call)
+        self._unneeded.add(call)
+        work = work_of(out)
+        if work is not None:
+            self._works.setdefault(id(work), (work, []))[1].append(call)
         self._freed()
+
+    def work_waited(self, work, stream) -> None:
+        """The job waited for `work` on `stream` (the selected one): its calls are needed there, read or not. NCCL's
+        ``Work.wait`` makes the current stream wait for the call's kernel (torch 2.13 ProcessGroupNCCL.cpp
+        ``WorkNCCL::synchronizeStream``), and c10d waits so for every call not made with ``async_op=True``
+        (distributed_c10d.py; `_coalescing_manager` for the coalesced ones: Megatron's distributed optimizer
+        all-gathers its parameters so after its step, and reads each model chunk's only when that chunk's forward
+        runs). A send, which writes nothing, is needed there too. Reported by the fake world's stand-in
+        (`trace.fake.cuda_api.work_waits_watched`), also inside `outside_the_job`: a fake world's replay issues the
+        job's calls there, and c10d waits for them there."""
+        if self.context.step != self._step:
+            self._stepped()
+        entry = self._works.pop(id(work), None)
+        calls = {c for c in entry[1] if c in self._unneeded} if entry is not None else None
+        if calls:
+            self._close()
+            self._needed(calls, self._number(stream))
 
     def _backward_done(self) -> None:
         """Autograd finished: a call its backward issued whose result no op has read yet is needed now. DDP and
         FSDP read theirs below Python, in a callback autograd runs at its end (torch 2.13 reducer.cpp
         ``finalize_backward`` copies each bucket into the gradients; FSDP2's ``_root_post_backward_final_callback``
         waits for its reduce-scatters), so the first read a dispatch mode sees would be the optimizer's, or none."""
-        done = self._in_backward
-        self.log.items.extend([WAIT, c, self._stream] for c in sorted(done))
-        for key in [k for k, calls in self._pending.items() if done.intersection(calls)]:
-            rest = [c for c in self._pending[key] if c not in done]
+        self._needed(set(self._in_backward), self._stream)
+
+    def _needed(self, calls: set[int], stream: int) -> None:
+        """`stream` needs `calls`' results from here: a wait item for each, and none of them is pending after."""
+        self.log.items.extend([WAIT, c, stream] for c in sorted(calls))
+        for key in [k for k, pending in self._pending.items() if calls.intersection(pending)]:
+            rest = [c for c in self._pending[key] if c not in calls]
             if rest:
                 self._pending[key] = rest
             else:
                 del self._pending[key]
-        self._in_backward = set()
+        self._in_backward.difference_update(calls)
+        self._unneeded.difference_update(calls)
 
     # -- orders between streams (`current_stream`'s stand-ins call these) ---------------------------------
     def stream_waits(self, stream, other) -> None:
@@ -659,6 +690,7 @@ class WorkCounter:
         """The job's step moved on since the last op (an optimizer step returned): steps before it ended."""
         self._close()
         self._graph_firsts, self._graph_ends, self._backward = [], [], None  # their backward ran in the step
+        self._unneeded, self._works = set(), {}  # a later step's forecast takes them as done
         for step in range(self._step, self.context.step):
             self.log.items.append([STEP, step])
         self._step = self.context.step

@@ -166,6 +166,31 @@ def cpu_streams_watched() -> None:
     _watch(torch.cpu.Stream, torch.cpu.Event, StreamWatch.key, lambda: StreamWatch.current())
 
 
+@functools.cache
+def work_waits_watched() -> None:
+    """A Work's ``wait`` reports to `StreamWatch.listener` which stream waits for the call (the one selected),
+    then waits. On a GPU that is where the stream needs the call, whether or not it reads its output yet (NCCL's
+    ``WorkNCCL::wait``, torch 2.13 ProcessGroupNCCL.cpp); c10d calls it for every call not made with
+    ``async_op=True``. Each Work type torch binds with its own ``wait`` is wrapped (the fake backend's
+    ``FakeWork``); a subclass defined in Python is the job's own."""
+    from torch._C import _distributed_c10d as c10d
+
+    for kind in (c10d.Work, *c10d.Work.__subclasses__()):
+        if "wait" in kind.__dict__ and not isinstance(kind.__dict__["wait"], FunctionType):
+            _watch_work(kind)
+
+
+def _watch_work(kind) -> None:
+    wait = kind.wait
+
+    def watched_wait(self, *args, **kwargs):
+        if StreamWatch.listener is not None:
+            StreamWatch.listener.work_waited(self, StreamWatch.current())
+        return wait(self, *args, **kwargs)
+
+    kind.wait = watched_wait
+
+
 def local_world() -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
 

@@ -308,6 +308,13 @@ PATCHES = (
           "streams with torch.cpu's, which do nothing (record_event returns None); --work's forecast needs those "
           "orders (torch 2.13 distributed/fsdp/_fully_shard/_fsdp_init.py _get_device_from_mesh, torch/cpu/__init__.py)",
           "2.13", FAKE_WORLD, cuda_api.cpu_streams_watched),
+    Patch("Work.wait watched", ("torch._C._distributed_c10d.Work.wait",),
+          "where the job waits for a call is where its stream needs it on a GPU, read or not (NCCL's Work.wait "
+          "orders the current stream after the call's kernel); c10d waits so for every call not async_op, and "
+          "Megatron's distributed optimizer all-gathers its parameters so, each model chunk's read only when that "
+          "chunk's forward runs (megatron/core/distributed/param_and_grad_buffer.py start_param_sync); --work's "
+          "forecast needs those waits (torch 2.13 distributed_c10d.py, _coalescing_manager)", "2.11, 2.13",
+          FAKE_WORLD, cuda_api.work_waits_watched),
     Patch("torch.cuda's streams watched", ("torch.cuda.Stream.wait_stream", "torch.cuda.Stream.record_event",
                                             "torch.cuda.Stream.wait_event", "torch.cuda.Event.record",
                                             "torch.cuda.Event.wait"),
