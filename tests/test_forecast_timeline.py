@@ -91,6 +91,19 @@ def test_a_call_issued_on_a_side_stream_runs_beside_compute_until_the_compute_st
     assert tl.end_s == 4.0
 
 
+def test_a_side_stream_that_waited_for_a_call_passes_the_wait_on_as_the_calls_exposed_time():
+    # FSDP2 under c10d's Work.wait: its all-gather stream 1 issues a 2-s all-gather and waits for it there, records
+    # event 0; the compute stream, at 0.5 s, waits for the event (1.5 s) and again, through wait_stream, for
+    # stream 1 after a second 1-s call: both waits are the calls' exposed time, none a wait on a side stream's
+    # work. Once stream 1 computes after its wait (0.25 s), a wait for it is for that work.
+    ledger = [_event(0, 0, "all_gather", [0]), _event(0, 1, "all_gather", [0])]
+    program = [_compute(0.5), ["i", 0, 1], ["w", 0, 1], ["e", 0, 1], ["v", 0, 0],
+               ["i", 1, 1], ["w", 1, 1], ["j", 0, 1], _compute(0.25, stream=1), ["j", 0, 1]]
+    tl = _sim({0: program}, {0: ledger}, seconds={(0, 0): 2.0, (0, 1): 1.0})[0]
+    assert (tl.calls[0].waited, tl.calls[1].waited) == (1.5, 1.0)
+    assert tl.waited_on_streams_s == 0.25 and tl.end_s == 3.25
+
+
 def test_an_event_orders_the_compute_stream_after_a_side_streams_work():
     # side stream 1 computes 2 s (a copy) and records event 0; the compute stream waits for it at t = 0.5
     program = [_compute(0.5), _compute(2.0, stream=1), ["e", 0, 1], ["v", 0, 0], _compute(1.0)]

@@ -175,7 +175,9 @@ class Simulation:
     def run(self) -> dict[int, RankTimeline]:
         pc = {r: 0 for r in self.programs}
         clock = {r: {0: 0.0} for r in self.programs}  # rank -> stream -> when its work so far ends
-        self._events: dict[tuple[int, int], float] = {}
+        # rank -> stream -> the call whose end its clock is at, where it last waited for one and did nothing since
+        self._held: dict[int, dict[int, int]] = {r: {} for r in self.programs}
+        self._events: dict[tuple[int, int], tuple[float, int | None]] = {}  # (rank, event) -> (time, call held at)
         last_issue: dict[int, int | None] = {r: None for r in self.programs}
         while True:
             progress = False
@@ -202,7 +204,7 @@ class Simulation:
     def _advance(self, r: int, item, clock, last_issue) -> bool:
         """Run one item of `r`'s program; False if it must wait for a partner not reached yet."""
         tl = self.ranks[r]
-        streams = clock[r]
+        streams, held = clock[r], self._held[r]
         kind = item[0]
         if kind == HOST_WORK:  # the CPU works once the job's streams have done what it reads (FSDP2's offload
             # synchronizes its copies to the host before its optimizer step), and issues nothing meanwhile: every
@@ -212,12 +214,14 @@ class Simulation:
             s = self.compute_s(item)
             for stream in streams:
                 streams[stream] = start + s
+            held.clear()
             tl.compute_s += s
             tl.compute_by_phase[item[1]] = tl.compute_by_phase.get(item[1], 0.0) + s
             last_issue[r] = None
         elif kind == COMPUTE:
             s, stream = self.compute_s(item), item[5]
             streams[stream] = streams.get(stream, 0.0) + s
+            held.pop(stream, None)
             if stream:
                 tl.side_compute_s += s
             else:
@@ -226,13 +230,21 @@ class Simulation:
             last_issue[r] = None
         elif kind in (STREAM_WAITS, EVENT_WAITED):
             stream = item[1] if kind == STREAM_WAITS else item[2]
-            until = streams.get(item[2], 0.0) if kind == STREAM_WAITS else self._events.get((r, item[1]), 0.0)
-            if until > streams.get(stream, 0.0):
-                if stream == 0:
-                    tl.waited_on_streams_s += until - streams[0]
+            until, call = ((streams.get(item[2], 0.0), held.get(item[2])) if kind == STREAM_WAITS else
+                           self._events.get((r, item[1]), (0.0, None)))
+            now = streams.get(stream, 0.0)
+            if until > now:
+                if stream == 0 and call is not None:  # the other stream waits for a call: its exposed time
+                    self._exposed(tl.calls[call], until - now, now)
+                elif stream == 0:
+                    tl.waited_on_streams_s += until - now
                 streams[stream] = until
+                if call is not None:
+                    held[stream] = call
+                else:
+                    held.pop(stream, None)
         elif kind == RECORDED:
-            self._events[(r, item[1])] = streams.get(item[2], 0.0)
+            self._events[(r, item[1])] = (streams.get(item[2], 0.0), held.get(item[2]))
         elif kind == ISSUE:
             call = tl.calls[item[1]]
             call.issued = streams.get(item[2], 0.0)
@@ -253,12 +265,19 @@ class Simulation:
             now = streams.get(stream, 0.0)
             if call.end > now:
                 if stream == 0:  # the compute stream waits: the call's exposed time
-                    wait = call.end - now
-                    call.waited += wait
-                    call.waited_for_peers += min(wait, max(0.0, call.start - max(call.ready, now)))
+                    self._exposed(call, call.end - now, now)
                 streams[stream] = call.end
+                held[stream] = item[1]
             last_issue[r] = None
         return True
+
+    @staticmethod
+    def _exposed(call: CallTime, wait: float, now: float) -> None:
+        """The compute stream, at `now`, waits `wait` for `call` (directly, or through a stream or event that
+        waited for it: FSDP2's all-gather stream waits for its call, c10d's ``Work.wait``, and the compute stream
+        for an event recorded there after): the call's exposed time, split as `CallTime.waited_for_peers` says."""
+        call.waited += wait
+        call.waited_for_peers += min(wait, max(0.0, call.start - max(call.ready, now)))
 
     def _resolve(self, r: int, index: int, alone: bool = False) -> bool:
         """Give `r`'s call `index` (and the calls batched with it) a start and an end, once every partner has
