@@ -121,7 +121,7 @@ def test_a_call_is_needed_where_the_job_waits_for_it_or_else_where_it_reads_it(t
     from meshscope.core.events import CommEvent
 
     proc = cli_here("forecast", "--fake-world", 2, tensors, "--cluster", "h100-sxm", "--out", tmp_path / "t",
-                    "--json", "--", "tests/jobs/waits.py", "--steps", 4)
+                    "--json", "--", "tests/jobs/waits.py", "--steps", 3)
     assert proc.returncode == 0, proc.stderr[-2000:]
     items = WorkLog.read(tmp_path / "t" / "work" / "rank0.json").items
     ledger = [CommEvent.from_json(json.loads(line)) for line in
