@@ -3,7 +3,10 @@ fake world traces one rank per class, and a pipeline's odd inner stages are one 
 is played by stage 1. Its members issue the same calls with their peers relabelled by offset, so a receive from
 stage 3 must be matched with stage 1's send to the next stage (offset +1), not with whatever stage 1 sends to the
 class of the receiver (found with Megatron GPT-3 175B on TP 8 x PP 8: stage 2's forward sends to stage 3 were
-paired with stage 1's backward receives from stage 2, and its class's step came out 23.1 s instead of 15.2 s)."""
+paired with stage 1's backward receives from stage 2, and its class's step came out 23.1 s instead of 15.2 s).
+Stage 3 runs as a player of its own, stage 1's program at stage 3's place: played by stage 1 itself, its backward
+(which waits for stage 4's) and stage 1's (which waits for stage 2's, which waits for stage 3's) waited for each
+other, and the calls were timed without their partners."""
 
 from meshscope.core.events import CommEvent
 from meshscope.forecast.timeline import Simulation
@@ -17,28 +20,52 @@ def _p2p(rank, seq, op, peer):
     return CommEvent(rank, seq, op, "pp", PP, "forward", "bfloat16", 1024, 1024, peer=peer, step=1)
 
 
-def _stage(rank):
-    """Stage `rank` of a forward-only pipeline: receive from the stage before (but the first), compute 1 s, send to
-    the stage after (but the last)."""
+def _stage(rank, backward=False):
+    """Stage `rank` of a pipeline of one microbatch: receive from the stage before (but the first), compute 1 s,
+    send to the stage after (but the last); with `backward`, then receive from the stage after (but the last),
+    compute 2 s, send to the stage before (but the first)."""
     ledger, program = [], []
+
+    def move(op, peer, wait):
+        ledger.append(_p2p(rank, len(ledger), op, peer))
+        program.append(["i", len(ledger) - 1, 0])
+        if wait:
+            program.append(["w", len(ledger) - 1, 0])
+
     if rank > 0:
-        ledger.append(_p2p(rank, len(ledger), "recv", rank - 1))
-        program += [["i", 0, 0], ["w", 0, 0]]
+        move("recv", rank - 1, True)
     program.append(["c", "forward", {"bfloat16": 1.0}, 0, 0, 0])
     if rank < PP[-1]:
-        ledger.append(_p2p(rank, len(ledger), "send", rank + 1))
-        program.append(["i", len(ledger) - 1, 0])
+        move("send", rank + 1, False)
+    if backward:
+        if rank < PP[-1]:
+            move("recv", rank + 1, True)
+        program.append(["c", "backward", {"bfloat16": 2.0}, 0, 0, 0])
+        if rank > 0:
+            move("send", rank - 1, False)
     return ledger, program
 
 
-def test_a_pipeline_stage_played_by_its_class_is_matched_by_offset():
+def _run(backward):
     traced = sorted(set(PLAYS.values()))  # 0, 1, 2, 4: stage 3 is played by stage 1
-    stages = {r: _stage(r) for r in traced}
+    stages = {r: _stage(r, backward) for r in traced}
     sim = Simulation({r: p for r, (_, p) in stages.items()}, {r: ledger for r, (ledger, _) in stages.items()},
                      PLAYS.get, compute_s=lambda item: item[2]["bfloat16"], call_s=lambda e: 0.0)
-    out = sim.run()
+    return traced, sim, sim.run()
+
+
+def test_a_pipeline_stage_played_by_its_class_is_matched_by_offset():
+    traced, sim, out = _run(backward=False)
     assert not sim.unmatched  # every send finds its receive at the mirrored offset, played or traced
-    # stage 1 sends at 2 s, so stage 2 computes 2-3 s; stage 4 receives what stage 3 (played by stage 1) sends,
-    # at 2 s, and ends at 3 s (unmatched, it started alone at 0 and ended at 1 s)
-    assert [out[r].end_s for r in traced] == [1.0, 2.0, 3.0, 3.0]
-    assert out[4].calls[0].start == 2.0 and out[4].calls[0].waited_for_peers == 2.0
+    # each stage computes a second after the one before: stage 3 (stage 1's program at its place) 3-4 s, so stage 4
+    # receives at 4 s and ends at 5 s (matched with stage 1's own send, at 2 s, it had ended at 3 s; unmatched, at 1)
+    assert [out[r].end_s for r in traced] == [1.0, 2.0, 3.0, 5.0]
+    assert out[4].calls[0].start == 4.0 and out[4].calls[0].waited_for_peers == 4.0
+
+
+def test_a_played_stages_backward_waits_for_the_stages_after_it_not_for_its_representative():
+    traced, sim, out = _run(backward=True)
+    assert not sim.unmatched  # timed alone, stage 2's backward had begun at 3 s and stage 0's ended at 9 s
+    # forward: stage s computes s to s+1 s; stage 4 then its backward, 5-7 s; each stage before it 2 s later
+    # (stage 3, played, 7-9 s): stage 2 ends at 11 s, stage 1 at 13 s, stage 0 at 15 s
+    assert [out[r].end_s for r in traced] == [15.0, 13.0, 11.0, 7.0]

@@ -19,7 +19,12 @@ A rank that was not traced is played by its class's representative (`FakeWorld.c
 matching call is the representative's call of the same axis, size and position, a pipeline peer's receive
 the representative's receive from the member at the mirrored offset in the group (a class's members issue the
 same calls with their peers relabelled by offset: its odd inner stages each receive from the stage before
-them). Calls on different groups share no bandwidth in this model (docs/forecast.md says what that leaves
+them). A stage of a traced rank's pipeline played by a rank at another stage of it runs as a player of its own:
+the representative's program, at its own place, its peers the stages next to that place and its collectives'
+members the ranks of its own stage (a stage's calls wait for the stages after it in backward, which its
+representative, earlier in the pipeline, reaches only after its own: played by the representative itself, the
+two would wait for each other, and a trace of Megatron GPT-3 175B at TP 8 x PP 8 x DP 16 timed its pipeline's
+calls without their partners, the bubble unseen). Calls on different groups share no bandwidth in this model (docs/forecast.md says what that leaves
 out), and every rank starts the step at 0: the step's own syncs (gradient all-reduce, a loss broadcast) align
 the ranks the way a real step's previous end does.
 
@@ -84,14 +89,17 @@ class Simulation:
 
     def __init__(self, programs: dict[int, list], ledgers: dict[int, list[CommEvent]], represent,
                  compute_s, call_s):
-        self.programs, self.ledgers, self.represent = programs, ledgers, represent
+        self.traced, self.represent = programs, represent
+        self._rep = self._players(programs, ledgers, represent)  # player (a global rank) -> the traced rank it runs
+        self.programs = {p: programs[r] for p, r in self._rep.items()}
+        self.ledgers = {p: ledgers[r] for p, r in self._rep.items()}
         self.compute_s = compute_s
-        self.ranks = {r: RankTimeline(r) for r in programs}
-        for r, items in programs.items():
+        self.ranks = {p: RankTimeline(p) for p in self.programs}
+        for p, items in self.programs.items():
             for item in items:
                 if item[0] == ISSUE:
-                    e = ledgers[r][item[1]]
-                    self.ranks[r].calls[item[1]] = CallTime(e, call_s(e))
+                    e = self.ledgers[p][item[1]]
+                    self.ranks[p].calls[item[1]] = CallTime(e, call_s(e))
         # each call's group as a small number (a group of 1,024 ranks is a tuple of 1,024 to hash and compare),
         # and per (rank, group) its calls in issue order with how many of them have run: a group's calls run in
         # that order on its stream (`_earlier_done`)
@@ -104,13 +112,47 @@ class Simulation:
                 self._on_group.setdefault((r, gid), []).append(i)
         self._run_on_group: dict[tuple[int, int], int] = {}
         self._keys: dict[tuple[int, int], tuple] = {}  # (rank, call) -> its matching key
-        self._by_key = {r: self._positions(r) for r in programs}
+        self._by_key = {r: self._positions(r) for r in self.programs}
         self._stream_free: dict[tuple[int, int], float] = {}  # (rank, group id) -> when its last call ended
         self._batch: dict[tuple[int, int], list[int]] = {}  # (rank, call) -> the P2P calls issued with it
         self._resolving: set[tuple[int, int]] = set()  # (rank, first call of a batch) being resolved
         self.unmatched: set[tuple[int, int]] = set()
         """(rank, call) of calls with a partner whose matching call the trace does not show, or timed alone
         (`CallTime.alone`) to untie a wait."""
+
+    def _players(self, programs, ledgers, represent) -> dict[int, int]:
+        """Player -> the traced rank whose program it runs: each traced rank, and each stage of a traced rank's
+        pipeline (the group it sends and receives on) played by a rank at another stage of it (module doc)."""
+        self._column: dict[int, tuple[int, ...]] = {}  # traced rank -> its pipeline's group
+        for r, items in programs.items():
+            for item in items:
+                if item[0] == ISSUE:
+                    e = ledgers[r][item[1]]
+                    if e.op in P2P and r in e.group:
+                        self._column[r] = e.group
+                        break
+        players = {r: r for r in programs}
+        for group in self._column.values():
+            for g in group:
+                r = represent(g)
+                if g not in players and r in programs and r in group:
+                    players[g] = r
+        return players
+
+    def _player(self, rank: int):
+        """Who plays global `rank` in the step: itself where it is a player, else its class's representative."""
+        return rank if rank in self._rep else self.represent(rank)
+
+    def _member(self, p: int, member: int, group: tuple[int, ...]):
+        """Who plays `member` of `group` (a collective's, as the representative of player `p` issued it) for `p`:
+        where `p` is a stage played by a rank at another stage, the rank of `p`'s stage at `member`'s place (the
+        stage of `member`'s pipeline at `p`'s place in its own)."""
+        rep = self._rep[p]
+        if p == rep or p in group:
+            return self._player(member)
+        column = self._column.get(self.represent(member))
+        mine = self._column[rep]
+        return self._player(column[mine.index(p)] if column is not None and len(column) == len(mine) else member)
 
     @staticmethod
     def _offset(e: CommEvent, rank: int, peer: int) -> int | None:
@@ -125,7 +167,7 @@ class Simulation:
         classes relabel peers), so that a class playing ranks at several places of a pipeline (its odd inner stages)
         answers each of its members' neighbours as the neighbour at that offset; a receive from any source (peer
         -1), or a peer outside the group, by the peer's representative."""
-        offset = self._offset(e, r, e.peer) if e.peer is not None and e.peer >= 0 else None
+        offset = self._offset(e, self._rep[r], e.peer) if e.peer is not None and e.peer >= 0 else None
         if offset is None:
             return (e.op, self.represent(e.peer))
         return (e.op, e.axis, len(e.group), "offset", offset)
@@ -149,20 +191,21 @@ class Simulation:
         e = self.ledgers[r][index]
         key = self._keys[(r, index)]
         if e.op in P2P:
-            other = self.represent(e.peer)
             mirror = "recv" if e.op == "send" else "send"
-            if len(key) == 6:  # by offset
+            if len(key) == 6:  # by offset: the stage at that offset from this player's own place
                 _, axis, size, _, offset, n = key
+                other = self._player(e.group[(e.group.index(r) + offset) % size] if r in e.group else e.peer)
                 wanted = (mirror, axis, size, "offset", (-offset) % size, n)
             else:
-                wanted = (mirror, r, key[-1])
+                other = self.represent(e.peer)
+                wanted = (mirror, self._rep[r], key[-1])
             found = self._by_key.get(other, {}).get(wanted)
             if found is None:
                 self.unmatched.add((r, index))
             return [(other, found)] if found is not None else []
         out = []
         for member in e.group:
-            other = self.represent(member)
+            other = self._member(r, member, e.group)
             if other != r and other in self._by_key:
                 found = self._by_key[other].get(key)
                 if found is None:
@@ -199,7 +242,7 @@ class Simulation:
                 if call.end is None and not self._resolve(r, index):
                     self._resolve(r, index, alone=True)
             tl.end_s = max([*clock[r].values(), *(c.end for c in tl.calls.values())])
-        return self.ranks
+        return {r: self.ranks[r] for r in self.traced}
 
     def _advance(self, r: int, item, clock, last_issue) -> bool:
         """Run one item of `r`'s program; False if it must wait for a partner not reached yet."""
@@ -298,35 +341,46 @@ class Simulation:
         gid = self._gid[(r, batch[0])]
         if any(c.issued is None for c in calls) or not self._earlier_done(r, min(batch), gid, alone):
             return False
-        ready = max(c.issued for c in calls)
         free = self._stream_free.get((r, gid), 0.0)
-        partners_free = free
-        started = None  # a partner's start, where its side has run already: the call starts there on every member
-        if not alone:
-            for i in batch:
-                for other, j in self._partners(r, i):
-                    partner = self.ranks[other].calls[j]
-                    if partner.end is not None:
-                        started = partner.start if started is None else max(started, partner.start)
-                        continue
-                    first = min(self._batch.get((other, j), [j]))  # its batch runs together with it
-                    other_gid = self._gid[(other, j)]
-                    if partner.issued is None or not self._earlier_done(other, first, other_gid, False):
-                        return False
-                    ready = max(ready, partner.issued)
-                    partners_free = max(partners_free, self._stream_free.get((other, other_gid), 0.0))
-        # batched sends and receives run at once, but several to one peer in one direction one after another
+        launched = max(max(c.issued for c in calls), free)  # a batch is launched once, when its last call is issued
+        # each call of a batch starts once its own pair is ready, whether or not the batch's other calls' partners
+        # are (an interleaved pipeline's stage sends a microbatch on in the batch that receives the next one, from a
+        # stage still waiting for what it sends): a start found is kept while the rest wait
+        for i, c in zip(batch, calls):
+            if c.start is None:
+                c.start = self._pair_start(r, i, launched, free, alone)
+        if any(c.start is None for c in calls):
+            return False
+        # several to one peer in one direction run one after another; the batch, one NCCL group, ends with its last,
+        # and so does every call's Work
         lanes: dict[tuple, float] = {}
         for c in calls:
-            lanes[(c.event.op, c.event.peer)] = lanes.get((c.event.op, c.event.peer), 0.0) + c.seconds
-        start = max(ready, partners_free) if started is None else max(started, free)
-        seconds = max(lanes.values())
+            lane = (c.event.op, c.event.peer)
+            lanes[lane] = max(lanes.get(lane, 0.0), c.start) + c.seconds
+        end = max(lanes.values())
         for c in calls:
-            c.ready, c.start, c.end, c.alone = max(c.issued, free), start, start + seconds, alone
+            c.ready, c.end, c.alone = launched, end, alone
         if alone:
             self.unmatched.update((r, i) for i in batch)
-        self._stream_free[(r, gid)] = start + seconds
+        self._stream_free[(r, gid)] = end
         return True
+
+    def _pair_start(self, r: int, index: int, launched: float, free: float, alone: bool) -> float | None:
+        """When `r`'s call `index`, launched at `launched` on a group stream free from `free`, starts: once every
+        partner issued its own and its group's stream is free, or where a partner's side started already (the call
+        starts there on every member); None while a partner has not issued it."""
+        ready, started = launched, None
+        for other, j in [] if alone else self._partners(r, index):
+            partner = self.ranks[other].calls[j]
+            if partner.start is not None:
+                started = partner.start if started is None else max(started, partner.start)
+                continue
+            first = min(self._batch.get((other, j), [j]))  # its batch runs together with it
+            other_gid = self._gid[(other, j)]
+            if partner.issued is None or not self._earlier_done(other, first, other_gid, False):
+                return None
+            ready = max(ready, partner.issued, self._stream_free.get((other, other_gid), 0.0))
+        return ready if started is None else max(started, free)
 
     def _earlier_done(self, r: int, index: int, gid: int, alone: bool) -> bool:
         """Whether `r`'s calls on group `gid` before `index` have run (resolving them where they can): a group's

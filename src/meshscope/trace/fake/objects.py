@@ -47,6 +47,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from ...capture.work import outside_the_job
 from ...core.rundir import RunDir, write_atomic
 from ..entry_points import rebind
 
@@ -379,7 +380,11 @@ def _receiving(name: str, into):
             if not queue:
                 out = original(*args, **kwargs)
                 if name in ZEROED and _inbox.queues is None:  # a P2P tensor of the job's own, not an object's
-                    with torch.no_grad():  # a stage's receive buffer is a leaf that requires grad
+                    # the fake world's doing, not the job's (`outside_the_job`): counted, the zeros read the buffer
+                    # and so needed the receive at once, before a send the job issues in the same batch (Megatron's
+                    # interleaved schedule receives the next microbatch with the send of this one), and a forecast's
+                    # pipeline waited on itself
+                    with torch.no_grad(), outside_the_job():  # a stage's receive buffer is a leaf that requires grad
                         for tensor in into(signature.bind(*args, **kwargs).arguments):
                             tensor.zero_()
                 return out
