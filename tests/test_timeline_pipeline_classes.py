@@ -69,3 +69,37 @@ def test_a_played_stages_backward_waits_for_the_stages_after_it_not_for_its_repr
     # forward: stage s computes s to s+1 s; stage 4 then its backward, 5-7 s; each stage before it 2 s later
     # (stage 3, played, 7-9 s): stage 2 ends at 11 s, stage 1 at 13 s, stage 0 at 15 s
     assert [out[r].end_s for r in traced] == [15.0, 13.0, 11.0, 7.0]
+
+
+def test_a_played_stages_collective_is_with_the_ranks_of_its_own_stage():
+    # TP 2 x PP 4, rank = tp + 2 * stage; stage 2 (ranks 4, 5) played by stage 1 (ranks 2, 3). Each stage receives
+    # from the one before (but the first), computes 1 s, all-reduces over its TP pair (1 s), sends on (but the
+    # last). Stage 2's all-reduce is its own pair's (played 4 and 5), not stage 1's (2 and 3, which ran at 3-4 s).
+    plays = {0: 0, 1: 1, 2: 2, 3: 3, 4: 2, 5: 3, 6: 6, 7: 7}
+
+    def stage(rank):
+        s, column = rank // 2, tuple(rank % 2 + 2 * k for k in range(4))
+        ledger, program = [], []
+        if s > 0:
+            ledger.append(CommEvent(rank, 0, "recv", "pp", column, "forward", "bfloat16", 1, 1, peer=rank - 2, step=1))
+            program += [["i", 0, 0], ["w", 0, 0]]
+        program.append(["c", "forward", {"bfloat16": 1.0}, 0, 0, 0])
+        tp = (rank - rank % 2, rank - rank % 2 + 1)
+        ledger.append(CommEvent(rank, len(ledger), "all_reduce", "tp", tp, "forward", "bfloat16", 1, 1, step=1))
+        program += [["i", len(ledger) - 1, 0], ["w", len(ledger) - 1, 0]]
+        if s < 3:
+            ledger.append(CommEvent(rank, len(ledger), "send", "pp", column, "forward", "bfloat16", 1, 1,
+                                    peer=rank + 2, step=1))
+            program.append(["i", len(ledger) - 1, 0])
+        return ledger, program
+
+    traced = sorted(set(plays.values()))
+    stages = {r: stage(r) for r in traced}
+    seconds = {"all_reduce": 1.0}
+    sim = Simulation({r: p for r, (_, p) in stages.items()}, {r: ledger for r, (ledger, _) in stages.items()},
+                     plays.get, compute_s=lambda item: item[2]["bfloat16"],
+                     call_s=lambda e: seconds.get(e.op, 0.0))
+    out = sim.run()
+    assert not sim.unmatched
+    # stage s computes at 2 s, all-reduces at 2 s + 1, sends at 2 s + 2: stage 3 ends at 8 s
+    assert [out[r].end_s for r in traced] == [2.0, 2.0, 4.0, 4.0, 8.0, 8.0]
