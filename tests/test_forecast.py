@@ -113,10 +113,11 @@ def test_fsdp2s_collectives_are_issued_on_its_own_streams(tmp_path):
 
 @pytest.mark.parametrize("tensors", ["--real-tensors", "--fake-tensors"])
 def test_a_call_is_needed_where_the_job_waits_for_it_or_else_where_it_reads_it(tmp_path, tensors):
-    """tests/jobs/waits.py: five all-gathers a step, each followed by a matmul that does not read it. By c10d's
-    semantics (the job's docstring) a call made without async_op, a coalesced one, and one waited for at once are
-    needed before the matmul; one waited for after it, and one only read after it, after it. Until Work.wait was
-    watched, the first three were needed at their first read, after the matmul: a forecast hid them behind it."""
+    """tests/jobs/waits.py: five all-gathers a step, each followed by a matmul that does not read it, and a receive
+    waited for after one. By c10d's semantics (the job's docstring) a call made without async_op, a coalesced one, and
+    one waited for at once are needed before the matmul; one waited for after it, one only read after it, and the
+    receive, after it. Until Work.wait was watched, the first three were needed at their first read, after the
+    matmul: a forecast hid them behind it."""
     from meshscope.capture.work import WorkLog
     from meshscope.core.events import CommEvent
 
@@ -126,8 +127,9 @@ def test_a_call_is_needed_where_the_job_waits_for_it_or_else_where_it_reads_it(t
     items = WorkLog.read(tmp_path / "t" / "work" / "rank0.json").items
     ledger = [CommEvent.from_json(json.loads(line)) for line in
               (tmp_path / "t" / "ledgers" / "rank0.jsonl").read_text().splitlines()]
-    issued = [k for k, item in enumerate(items) if item[0] == "i" and ledger[item[1]].step == 2]
-    assert [ledger[items[k][1]].op for k in issued] == ["all_gather"] * 5
+    issued = [k for k, item in enumerate(items) if item[0] == "i" and ledger[item[1]].step == 2
+              and ledger[item[1]].op == "all_gather"]
+    assert len(issued) == 5
     before = []
     for k in issued:
         call = items[k][1]
@@ -135,6 +137,16 @@ def test_a_call_is_needed_where_the_job_waits_for_it_or_else_where_it_reads_it(t
         matmul = next(j for j in range(k, len(items)) if items[j][0] == "c" and items[j][2])
         before.append(wait < matmul)
     assert before == [True, True, True, False, False]
+    # rank 1 receives with irecv, runs a matmul, then waits: needed after it (the fake world's zeros in its receive
+    # buffer, counted as the job's until 2026-12-08, read it at once)
+    items = WorkLog.read(tmp_path / "t" / "work" / "rank1.json").items
+    ledger = [CommEvent.from_json(json.loads(line)) for line in
+              (tmp_path / "t" / "ledgers" / "rank1.jsonl").read_text().splitlines()]
+    (k,) = [k for k, item in enumerate(items) if item[0] == "i" and ledger[item[1]].step == 2
+            and ledger[item[1]].op == "recv"]
+    wait = next(j for j in range(k, len(items)) if items[j][:2] == ["w", items[k][1]])
+    matmul = next(j for j in range(k, len(items)) if items[j][0] == "c" and items[j][2])
+    assert matmul < wait
 
 
 @pytest.mark.parametrize("tensors", ["--real-tensors", "--fake-tensors"])

@@ -152,3 +152,17 @@ def test_the_hosts_work_waits_for_the_jobs_streams_and_holds_back_all_of_them():
     assert (tl.calls[0].start, tl.calls[0].end, tl.calls[1].start, tl.calls[1].end) == (3.0, 5.0, 6.0, 7.0)
     assert tl.calls[0].waited == 0.0 and tl.calls[1].waited == 0.0 and tl.waited_on_streams_s == 2.0
     assert tl.compute_s == 5.0 and tl.compute_by_phase == {"backward": 2.0, "optimizer": 3.0} and tl.end_s == 7.0
+
+
+def test_each_call_of_a_batch_starts_when_its_own_pair_is_ready():
+    # rank 0 sends to rank 1 and receives from rank 2 in one batch at t = 0, and waits; rank 1 receives at 0; rank 2
+    # computes 5 s before it sends. The send to rank 1 runs at 0 (its pair is ready), the receive at 5; the batch, one
+    # NCCL group, ends with the receive at 6, and rank 1's receive at 1.
+    group = (0, 1, 2)
+    ledgers = {0: [_event(0, 0, "send", group, "pp", peer=1), _event(0, 1, "recv", group, "pp", peer=2)],
+               1: [_event(1, 0, "recv", group, "pp", peer=0)], 2: [_event(2, 0, "send", group, "pp", peer=0)]}
+    programs = {0: [["i", 0, 0], ["i", 1, 0], ["w", 0, 0], ["w", 1, 0]], 1: [["i", 0, 0], ["w", 0, 0]],
+                2: [_compute(5.0), ["i", 0, 0]]}
+    out = _sim(programs, ledgers)
+    assert (out[0].calls[0].start, out[0].calls[1].start, out[0].calls[0].end, out[0].end_s) == (0.0, 5.0, 6.0, 6.0)
+    assert out[1].calls[0].end == 1.0 and out[1].end_s == 1.0

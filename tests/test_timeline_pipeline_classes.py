@@ -103,3 +103,38 @@ def test_a_played_stages_collective_is_with_the_ranks_of_its_own_stage():
     assert not sim.unmatched
     # stage s computes at 2 s, all-reduces at 2 s + 1, sends at 2 s + 2: stage 3 ends at 8 s
     assert [out[r].end_s for r in traced] == [2.0, 2.0, 4.0, 4.0, 8.0, 8.0]
+
+
+def test_a_played_stages_other_point_to_point_group_is_its_own_stages():
+    # CP 2 x PP 5, rank = cp + 2 * stage; stage 3 (6, 7) played by stage 1 (2, 3). Each stage receives from the one
+    # before, computes 1 s, exchanges with its cp peer (a send and a receive of 1 s in one batch, both waited), sends
+    # on. Stage 3's exchange is between 6 and 7 at 7-8 s, not stage 1's (2 and 3, at 3-4 s): stage 4 ends at 10 s.
+    plays = {0: 0, 1: 1, 2: 2, 3: 3, 4: 4, 5: 5, 6: 2, 7: 3, 8: 8, 9: 9}
+
+    def stage(rank):
+        s, cp = rank // 2, rank % 2
+        column, ring = tuple(cp + 2 * k for k in range(5)), (2 * s, 2 * s + 1)
+        ledger, program = [], []
+
+        def issue(op, axis, group, peer):
+            ledger.append(CommEvent(rank, len(ledger), op, axis, group, "forward", "bfloat16", 1, 1, peer=peer, step=1))
+            program.append(["i", len(ledger) - 1, 0])
+            return len(ledger) - 1
+
+        if s > 0:
+            program.append(["w", issue("recv", "pp", column, rank - 2), 0])
+        program.append(["c", "forward", {"bfloat16": 1.0}, 0, 0, 0])
+        sent, received = issue("send", "cp", ring, ring[1 - cp]), issue("recv", "cp", ring, ring[1 - cp])
+        program += [["w", sent, 0], ["w", received, 0]]
+        if s < 4:
+            issue("send", "pp", column, rank + 2)
+        return ledger, program
+
+    traced = sorted(set(plays.values()))
+    stages = {r: stage(r) for r in traced}
+    sim = Simulation({r: p for r, (_, p) in stages.items()}, {r: ledger for r, (ledger, _) in stages.items()},
+                     plays.get, compute_s=lambda item: item[2]["bfloat16"],
+                     call_s=lambda e: 1.0 if e.axis == "cp" else 0.0)
+    out = sim.run()
+    assert not sim.unmatched
+    assert [out[r].end_s for r in traced] == [2.0, 2.0, 4.0, 4.0, 6.0, 6.0, 10.0, 10.0]

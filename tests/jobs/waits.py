@@ -17,10 +17,13 @@ call's kernel, ProcessGroupNCCL.cpp ``WorkNCCL::synchronizeStream``), per step, 
   gathers its parameters): one coalesced call, waited for when the block ends, **before** the matmul;
 * ``waited at once``: ``async_op=True``, then ``wait()`` at once: **before** the matmul;
 * ``waited late``: ``async_op=True``, ``wait()`` after the matmul: **after** it;
-* ``read late``: ``async_op=True``, never waited for, its output read after the matmul: **after** it.
+* ``read late``: ``async_op=True``, its output read after the matmul, waited for only at the step's end:
+  **after** it.
 
-So 5 all-gathers a step on the world's group, of 4 KiB each per rank (1,024 fp32), then a Linear's forward and
-backward and an SGD step.
+So 5 all-gathers a step on the world's group, of 4 KiB each per rank (1,024 fp32). Then, where the world has a
+rank after it, each even rank sends 4 KiB to the next one, which receives it with ``irecv``, runs a matmul that does
+not read it and then waits (``received late``: needed **after** the matmul). Then a Linear's forward and backward
+and an SGD step.
 """
 
 from __future__ import annotations
@@ -68,7 +71,20 @@ def main() -> None:
             if style == "waited late":
                 handle.wait()
             reads.append(full.sum())
+            if style == "read late":
+                unwaited = handle  # waited for at the step's end, after its read: dropped unwaited, gloo
+                # aborted the job (torch 2.13, "terminate called without an active exception")
+        rank = dist.get_rank()
+        message = torch.randn(1024, device=device)
+        if rank % 2 == 0 and rank + 1 < world:
+            dist.send(message, rank + 1)
+        elif rank % 2 == 1:
+            received = dist.irecv(message, rank - 1)
+            x = x @ square  # reads nothing received
+            received.wait()
+        reads.append(message.sum())
         loss = model(x).sum() + torch.stack(reads).sum()
+        unwaited.wait()
         loss.backward()
         opt.step()
         opt.zero_grad()

@@ -117,26 +117,39 @@ class Simulation:
         self._batch: dict[tuple[int, int], list[int]] = {}  # (rank, call) -> the P2P calls issued with it
         self._resolving: set[tuple[int, int]] = set()  # (rank, first call of a batch) being resolved
         self.unmatched: set[tuple[int, int]] = set()
-        """(rank, call) of calls with a partner whose matching call the trace does not show, or timed alone
+        """(traced rank, call) of calls with a partner whose matching call the trace does not show, or timed alone
         (`CallTime.alone`) to untie a wait."""
 
     def _players(self, programs, ledgers, represent) -> dict[int, int]:
-        """Player -> the traced rank whose program it runs: each traced rank, and each stage of a traced rank's
-        pipeline (the group it sends and receives on) played by a rank at another stage of it (module doc)."""
-        self._column: dict[int, tuple[int, ...]] = {}  # traced rank -> its pipeline's group
+        """Player -> the traced rank whose program it runs: each traced rank, and each rank its players send to or
+        receive from (at the offsets their representatives do, in the same group) that is played by a rank at
+        another place of that group, where the group's members are not all of one class (a ring's are alike: a
+        member playing its neighbour is as early as the neighbour; a pipeline's stages are not)."""
+        offsets: dict[int, dict[tuple, set[int]]] = {}  # traced rank -> (axis, group) -> the peers' offsets
         for r, items in programs.items():
             for item in items:
                 if item[0] == ISSUE:
                     e = ledgers[r][item[1]]
-                    if e.op in P2P and r in e.group:
-                        self._column[r] = e.group
-                        break
+                    if e.op in P2P and e.peer is not None and r in e.group and e.peer in e.group:
+                        offsets.setdefault(r, {}).setdefault((e.axis, e.group), set()).add(
+                            (e.group.index(e.peer) - e.group.index(r)) % len(e.group))
+        self._columns = {(r, axis): group for r, places in offsets.items() for axis, group in places}
+        self._place: dict[int, tuple[str, tuple[int, ...]]] = {}  # a played stage -> the (axis, group) it is in
         players = {r: r for r in programs}
-        for group in self._column.values():
-            for g in group:
-                r = represent(g)
-                if g not in players and r in programs and r in group:
-                    players[g] = r
+        alike: dict[tuple[int, ...], bool] = {}
+        queue = [(r, r, place) for r, places in offsets.items() for place in places]
+        while queue:
+            p, r, (axis, group) = queue.pop()
+            if alike.setdefault(group, len({represent(m) for m in group}) < 2):
+                continue
+            at = group.index(p)
+            for offset in offsets[r][(axis, group)]:
+                g = group[(at + offset) % len(group)]
+                played = represent(g)
+                if g not in players and played in programs and played != g and played in group:
+                    players[g] = played
+                    self._place[g] = (axis, group)
+                    queue.append((g, played, (axis, group)))
         return players
 
     def _player(self, rank: int):
@@ -144,15 +157,16 @@ class Simulation:
         return rank if rank in self._rep else self.represent(rank)
 
     def _member(self, p: int, member: int, group: tuple[int, ...]):
-        """Who plays `member` of `group` (a collective's, as the representative of player `p` issued it) for `p`:
-        where `p` is a stage played by a rank at another stage, the rank of `p`'s stage at `member`'s place (the
-        stage of `member`'s pipeline at `p`'s place in its own)."""
-        rep = self._rep[p]
-        if p == rep or p in group:
+        """Who plays `member` of `group` (a call's, as the representative of player `p` issued it) for `p`: where
+        `p` is a stage played by a rank at another stage and not in `group`, the rank of `p`'s stage at
+        `member`'s place (the stage at `p`'s place in the pipeline of `member`'s representative)."""
+        if p not in self._place or p in group:
             return self._player(member)
-        column = self._column.get(self.represent(member))
-        mine = self._column[rep]
-        return self._player(column[mine.index(p)] if column is not None and len(column) == len(mine) else member)
+        axis, mine = self._place[p]
+        column = self._columns.get((self.represent(member), axis))
+        if column is None or len(column) != len(mine):
+            return self._player(member)
+        return self._player(column[mine.index(p)])
 
     @staticmethod
     def _offset(e: CommEvent, rank: int, peer: int) -> int | None:
@@ -194,13 +208,14 @@ class Simulation:
             mirror = "recv" if e.op == "send" else "send"
             if len(key) == 6:  # by offset: the stage at that offset from this player's own place
                 _, axis, size, _, offset, n = key
-                other = self._player(e.group[(e.group.index(r) + offset) % size] if r in e.group else e.peer)
+                other = (self._player(e.group[(e.group.index(r) + offset) % size]) if r in e.group else
+                         self._member(r, e.peer, e.group))
                 wanted = (mirror, axis, size, "offset", (-offset) % size, n)
             else:
                 other = self.represent(e.peer)
                 wanted = (mirror, self._rep[r], key[-1])
             found = self._by_key.get(other, {}).get(wanted)
-            if found is None:
+            if found is None and r in self.traced:
                 self.unmatched.add((r, index))
             return [(other, found)] if found is not None else []
         out = []
@@ -209,7 +224,8 @@ class Simulation:
             if other != r and other in self._by_key:
                 found = self._by_key[other].get(key)
                 if found is None:
-                    self.unmatched.add((r, index))
+                    if r in self.traced:
+                        self.unmatched.add((r, index))
                 else:
                     out.append((other, found))
         return out
@@ -348,7 +364,7 @@ class Simulation:
         # stage still waiting for what it sends): a start found is kept while the rest wait
         for i, c in zip(batch, calls):
             if c.start is None:
-                c.start = self._pair_start(r, i, launched, free, alone)
+                c.start = self._pair_start(r, i, launched, alone)
         if any(c.start is None for c in calls):
             return False
         # several to one peer in one direction run one after another; the batch, one NCCL group, ends with its last,
@@ -360,15 +376,15 @@ class Simulation:
         end = max(lanes.values())
         for c in calls:
             c.ready, c.end, c.alone = launched, end, alone
-        if alone:
+        if alone and r in self.traced:
             self.unmatched.update((r, i) for i in batch)
         self._stream_free[(r, gid)] = end
         return True
 
-    def _pair_start(self, r: int, index: int, launched: float, free: float, alone: bool) -> float | None:
-        """When `r`'s call `index`, launched at `launched` on a group stream free from `free`, starts: once every
-        partner issued its own and its group's stream is free, or where a partner's side started already (the call
-        starts there on every member); None while a partner has not issued it."""
+    def _pair_start(self, r: int, index: int, launched: float, alone: bool) -> float | None:
+        """When `r`'s call `index`, launched at `launched` (its batch issued, its group's stream free), starts: once
+        every partner issued its own and its group's stream is free, or where a partner's side started already (the
+        call starts there on every member, not before it is launched); None while a partner has not issued it."""
         ready, started = launched, None
         for other, j in [] if alone else self._partners(r, index):
             partner = self.ranks[other].calls[j]
@@ -380,7 +396,7 @@ class Simulation:
             if partner.issued is None or not self._earlier_done(other, first, other_gid, False):
                 return None
             ready = max(ready, partner.issued, self._stream_free.get((other, other_gid), 0.0))
-        return ready if started is None else max(started, free)
+        return ready if started is None else max(started, launched)
 
     def _earlier_done(self, r: int, index: int, gid: int, alone: bool) -> bool:
         """Whether `r`'s calls on group `gid` before `index` have run (resolving them where they can): a group's
