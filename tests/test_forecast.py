@@ -149,6 +149,22 @@ def test_a_call_is_needed_where_the_job_waits_for_it_or_else_where_it_reads_it(t
     assert matmul < wait
 
 
+def test_a_1f1b_pipeline_is_traced_stage_by_stage_and_its_stages_end_in_order(tmp_path):
+    """tests/jobs/pipelining.py, 1F1B over 6 stages of the default group with 6 microbatches: a stage runs as many
+    forwards before its first backward as there are stages after it (torch 2.13 pipelining/schedules.py
+    Schedule1F1B), so inner stages of one parity, one class of a plain trace, issue their calls in other orders: a
+    forecast traces each stage, and none of its calls is timed without its partner. The last backward reaches stage
+    0 last: each stage ends no earlier than the one after it, and the last one first."""
+    proc = cli_here("forecast", "--fake-world", 6, "--cluster", "h100-sxm", "--out", tmp_path / "t", "--json", "--",
+                    "tests/jobs/pipelining.py", "--schedule", "1f1b", "--microbatches", 6, "--batch", 12, "--steps", 3)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)
+    assert [c["rank"] for c in doc["classes"]] == list(range(6))
+    assert not [note for note in doc["notes"] if "without a partner" in note]
+    ends = [c["step_s"] for c in doc["classes"]]
+    assert all(a >= b for a, b in zip(ends, ends[1:])) and ends[0] > ends[-1], ends
+
+
 @pytest.mark.parametrize("tensors", ["--real-tensors", "--fake-tensors"])
 def test_a_moe_whose_routing_sizes_its_calls_is_forecast_at_its_tokens(tmp_path, tensors):
     """tests/jobs/moe_a2a.py at world 4 (one Linear(16, 16) expert per rank; every rank sends [14, 2, 2, 2]

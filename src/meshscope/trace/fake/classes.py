@@ -23,7 +23,7 @@ ORDERED = "ordered"
 
 
 def rank_classes(world: int, groups: list[tuple[str, list[int]]],
-                 ordered: set[str] | str = ORDERED) -> dict[tuple, list[int]]:
+                 ordered: set[str] | str = ORDERED, exact: bool = False) -> dict[tuple, list[int]]:
     """Ranks grouped by their place in every group they belong to.
 
     A rank's key is, for each kind of group (`kinds`: a description or an inferred axis; the default group is one,
@@ -36,7 +36,10 @@ def rank_classes(world: int, groups: list[tuple[str, list[int]]],
     calls, its first member being the root of torch's and Megatron-core's rooted calls (broadcast,
     gather, logging on a group's rank 0).
     Ranks with equal keys issue the same ledger up to relabelling in the parallel APIs torch and
-    Megatron-core provide. A script that branches on the rank number itself can defeat this; the
+    Megatron-core provide, though not always in the same order: a 1F1B schedule's stage runs as many forwards
+    before its first backward as there are stages after it (torch 2.13 pipelining/schedules.py
+    ``Schedule1F1B``, megatron-core's interleaved schedule), so with `exact` (``--work``, whose forecast runs each
+    rank's program in order) a middle member's place is its own position. A script that branches on the rank number itself can defeat this; the
     claim is verified on small worlds by tracing every rank (tests/test_fake_world.py).
     """
     by_desc: dict[str, list[list[int]]] = {DEFAULT: [list(range(world))]}
@@ -48,7 +51,7 @@ def rank_classes(world: int, groups: list[tuple[str, list[int]]],
         for ranks in by_desc[desc]:
             for i, r in enumerate(ranks):
                 if r in key:
-                    key[r].append((desc, place(i, len(ranks), in_order), len(ranks)))
+                    key[r].append((desc, place(i, len(ranks), in_order, exact), len(ranks)))
     classes: dict[tuple, list[int]] = {}
     for r in range(world):
         classes.setdefault(tuple(key[r]), []).append(r)  # built in one fixed order: sorting would merge places
@@ -59,15 +62,15 @@ OTHER = "other"
 """`place`'s name for a member after the first where the members' order does not show."""
 
 
-def place(i: int, size: int, in_order: bool) -> str:
+def place(i: int, size: int, in_order: bool, exact: bool = False) -> str:
     """The place of a group's `i`-th member of `size` (`rank_classes`; a budget's rank classes too):
     ``first`` or ``other``; where the members' order shows (`in_order`), ``first``, ``middle 0`` or
-    ``middle 1`` (the parity of its position) or ``last``."""
+    ``middle 1`` (the parity of its position; with `exact`, ``middle i``) or ``last``."""
     if i == 0:
         return "first"
     if not in_order:
         return OTHER
-    return "last" if i == size - 1 else f"middle {i % 2}"
+    return "last" if i == size - 1 else f"middle {i if exact else i % 2}"
 
 
 def kinds(world: int, groups: list[tuple[str, list[int]]]) -> list[tuple[str, list[int]]]:

@@ -66,7 +66,7 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
                 # not counts; a rank that did not end may not have reached its pipeline's sends
                 ordered = ordered_kinds(world, groups, (e for r in asked for e in rank_events(run_dir, r))) if all(
                     end.ended for end in first) else ORDERED
-                classes = rank_classes(world, groups, ordered)
+                classes = rank_classes(world, groups, ordered, exact=options.work)
                 chosen = sorted(_representative(members, codes) for members in classes.values())
         if same is None:
             echo(f"meshscope trace: fake world of {world}: tracing ranks {chosen}\n")
@@ -94,8 +94,8 @@ def trace_fake_world(options, run_dir: RunDir, echo=None) -> TraceResult:
         RankClass(_representative(m, codes), rank_ranges(m), len(m)) for m in sorted(classes.values(), key=min))
         if classes else None,
         f"one rank per class of rank 0's group creations: ranks in the same place of every kind of group (its "
-        f"size, and whether first member or not; first, odd or even middle, or last member "
-        f"{_ordered_text(ordered)}); a script that branches on its rank number can defeat this"
+        f"size, and whether first member or not; first, {'each' if options.work else 'odd or even'} middle, or "
+        f"last member {_ordered_text(ordered)}); a script that branches on its rank number can defeat this"
         if classes else "the ranks given" if options.chosen_ranks() is not None else
         "the first ranks only: they failed the same way, so the classes were not traced", patched, stand_in(ends))
     result = assemble(run_dir, account=failure, fake_world=section)
