@@ -49,7 +49,8 @@ assets: the model's vocabulary is the flavor's, 128,256, whatever the tokenizer'
 Run: python benchmarks/bench_forecast.py [--rows 8b-8,8b-128,70b-256,nemo70b-64,qwen3moe-8,gpt175b-64,...] [--keep DIR]. On this project's 2-core
 box a torchtitan row traces in about a minute, a GPT-3 175B row in 19 (64 GPUs) to 115 minutes (MegaScale's
 model with Megatron-LM's kernels: 1,024 GPUs 31, 768 GPUs 36, 2026-12-07 evening; with the fallbacks that morning,
-512 GPUs 81 beside other work, 256 GPUs 115).
+512 GPUs 81 beside other work, 256 GPUs 115); since a forecast's trace traces every pipeline stage (2026-12-08),
+twice the ranks: 1,024 GPUs 51 minutes (32 ranks, beside the test suite part of the time).
 """
 
 from __future__ import annotations
