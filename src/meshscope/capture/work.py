@@ -594,7 +594,8 @@ class WorkCounter:
             self.backward_region()
         # a backward region's nodes have returned what they made but what is alive (a collective in a parameter's
         # hook, DDP's bucket all-reduce, splits it between nodes): its writes are counted as at its end
-        for region, split in ((getattr(_compiled, "region", None), True), (self._backward and self._backward[1], False)):
+        backward = self._backward and self._backward[1]
+        for region, split in ((getattr(_compiled, "region", None), True), (backward, False)):
             if region is not None and region.counter is self:
                 self.ran_compiled(region, split=split)
                 region.read, region.made, region.kept = {}, {}, set()

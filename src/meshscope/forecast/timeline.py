@@ -19,14 +19,15 @@ A rank that was not traced is played by its class's representative (`FakeWorld.c
 matching call is the representative's call of the same axis, size and position, a pipeline peer's receive
 the representative's receive from the member at the mirrored offset in the group (a class's members issue the
 same calls with their peers relabelled by offset: its odd inner stages each receive from the stage before
-them). A stage of a traced rank's pipeline played by a rank at another stage of it runs as a player of its own:
-the representative's program, at its own place, its peers the stages next to that place and its collectives'
-members the ranks of its own stage (a stage's calls wait for the stages after it in backward, which its
-representative, earlier in the pipeline, reaches only after its own: played by the representative itself, the
-two would wait for each other, and a trace of Megatron GPT-3 175B at TP 8 x PP 8 x DP 16 timed its pipeline's
-calls without their partners, the bubble unseen). Calls on different groups share no bandwidth in this model (docs/forecast.md says what that leaves
-out), and every rank starts the step at 0: the step's own syncs (gradient all-reduce, a loss broadcast) align
-the ranks the way a real step's previous end does.
+them). A forecast's trace traces every stage of a pipeline (`trace.fake.classes.rank_classes`' `exact`); in a
+trace whose classes put stages together, a stage of a traced rank's pipeline played by a rank at another stage of
+it runs as a player of its own: the representative's program, at its own place, its peers the stages next to that
+place and its collectives' members the ranks of its own stage (a stage's calls wait for the stages after it in
+backward, which its representative, earlier in the pipeline, reaches only after its own: played by the
+representative itself, the two would wait for each other, and a trace of Megatron GPT-3 175B at TP 8 x PP 8 x DP
+16 timed its pipeline's calls without their partners, the bubble unseen). Calls on different groups share no
+bandwidth in this model (docs/forecast.md says what that leaves out), and every rank starts the step at 0: the
+step's own syncs (gradient all-reduce, a loss broadcast) align the ranks the way a real step's previous end does.
 
 The result per traced rank: when its step ended, the compute it ran, and per call the start, end and the
 time the compute stream waited on it, split into waiting for a member that had not issued yet (a pipeline

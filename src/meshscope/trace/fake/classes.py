@@ -39,8 +39,9 @@ def rank_classes(world: int, groups: list[tuple[str, list[int]]],
     Megatron-core provide, though not always in the same order: a 1F1B schedule's stage runs as many forwards
     before its first backward as there are stages after it (torch 2.13 pipelining/schedules.py
     ``Schedule1F1B``, megatron-core's interleaved schedule), so with `exact` (``--work``, whose forecast runs each
-    rank's program in order) a middle member's place is its own position. A script that branches on the rank number itself can defeat this; the
-    claim is verified on small worlds by tracing every rank (tests/test_fake_world.py).
+    rank's program in order) a middle member's place is its own position. A script that branches on the rank
+    number itself can defeat this; the claim is verified on small worlds by tracing every rank
+    (tests/test_fake_world.py).
     """
     by_desc: dict[str, list[list[int]]] = {DEFAULT: [list(range(world))]}
     for desc, ranks in kinds(world, groups):
